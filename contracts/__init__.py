@@ -1,0 +1,1 @@
+"""zoo.contracts: the Solidity sources (src/) and the solcjs build that turns them into cached artifacts."""

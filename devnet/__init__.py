@@ -1,0 +1,1 @@
+"""zoo.devnet: a local chain (anvil) and IPFS daemon with deployed contracts, for running and testing."""

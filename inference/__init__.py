@@ -1,0 +1,1 @@
+"""zoo.inference: bundled models, retrieval, prompt assembly, generation backends, expert factors."""

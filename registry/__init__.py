@@ -1,0 +1,1 @@
+"""zoo.registry: experience schema, canonical encoding, Merkle commitments, IPFS, chain client, sync."""
