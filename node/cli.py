@@ -1,3 +1,192 @@
-"""Placeholder CLI, replaced below."""
+"""The `zoo-node` command line: start the daemon, inspect it, prepare models, build contracts.
+
+Sub-command groups (devnet, dao, library, job) live in their own modules and are added here.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from zoo.node import __version__
+
+app = typer.Typer(
+    name="zoo-node",
+    help="zoo-node: serve frozen LLMs improved by verified, DAO-governed experience libraries.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+config_app = typer.Typer(help="Inspect the configuration.", no_args_is_help=True)
+models_app = typer.Typer(help="Bundled models.", no_args_is_help=True)
+contracts_app = typer.Typer(help="Solidity contracts.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+app.add_typer(models_app, name="models")
+app.add_typer(contracts_app, name="contracts")
+
+out = Console()
+err = Console(stderr=True)
+
+ConfigOpt = typer.Option(None, "--config", "-c", help="TOML config file (env ZOO_NODE_* overrides it).")
+DataDirOpt = typer.Option(None, "--data-dir", help="Data directory (default ~/.local/share/zoo-node).")
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"zoo-node {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version."
+    ),
+) -> None:
+    """zoo-node command line."""
+
+
+def load(config: Path | None, **overrides: Any) -> Any:
+    from zoo.node.config import ConfigError, load_config
+
+    flat = {k: v for k, v in overrides.items() if v is not None}
+    tree: dict[str, Any] = {}
+    for key, value in flat.items():
+        node = tree
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    try:
+        return load_config(config, overrides=tree)
+    except ConfigError as e:
+        err.print(f"[red]zoo-node: {e}[/red]", highlight=False)
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def start(
+    config: Path | None = ConfigOpt,
+    data_dir: Path | None = DataDirOpt,
+    listen: str | None = typer.Option(None, "--listen", help="gRPC listen address HOST:PORT."),
+) -> None:
+    """Run the node daemon in the foreground until SIGINT/SIGTERM."""
+    cfg = load(config, data_dir=data_dir and str(data_dir), **{"server.listen": listen})
+    from zoo.node.daemon import run
+
+    raise typer.Exit(run(cfg))
+
+
+@app.command()
+def status(
+    config: Path | None = ConfigOpt,
+    data_dir: Path | None = DataDirOpt,
+    address: str | None = typer.Option(
+        None, "--address", help="HOST:PORT of the node (default: from data dir)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Ask the running node for its status and print a readable summary."""
+    import grpc
+    from google.protobuf.json_format import MessageToDict
+
+    from zoo.node.client import NodeClient, NodeNotRunning
+
+    cfg = load(config, data_dir=data_dir and str(data_dir))
+    try:
+        client = NodeClient(address) if address else NodeClient.from_data_dir(cfg.data_dir)
+        st = client.status()
+    except NodeNotRunning as e:
+        err.print(f"[red]{e}[/red] (start one with `zoo-node start`, or pass --address)")
+        raise typer.Exit(1) from None
+    except grpc.RpcError as e:
+        err.print(f"[red]cannot reach the node: {e.code().name}: {e.details()}[/red]")
+        raise typer.Exit(1) from None
+    if as_json:
+        import json
+
+        out.print_json(json.dumps(MessageToDict(st, preserving_proto_field_name=True)))
+        return
+    from zoo.v1 import node_pb2
+
+    lib = st.library
+    out.print(f"[bold]zoo-node {st.node_version}[/bold] at {st.listen_address}, up {st.uptime_seconds:.0f} s")
+    out.print(f"data dir  {st.data_dir}")
+    out.print(f"model     {st.model_id or '-'}")
+    out.print(f"chain id  {st.chain_id or '-'}")
+    out.print(
+        f"library   version {lib.version} root {lib.root} ({lib.experience_count} experiences)"
+        if lib.root
+        else "library   none active yet"
+    )
+    table = Table("component", "state", "detail")
+    colours = {
+        "SERVING": "green",
+        "DEGRADED": "yellow",
+        "FAILED": "red",
+        "STARTING": "cyan",
+        "DISABLED": "dim",
+    }
+    for c in st.components:
+        state = node_pb2.ComponentState.Name(c.state).removeprefix("COMPONENT_STATE_")
+        table.add_row(c.name, f"[{colours.get(state, 'white')}]{state.lower()}[/]", c.detail)
+    out.print(table)
+
+
+@config_app.command("show")
+def config_show(config: Path | None = ConfigOpt, data_dir: Path | None = DataDirOpt) -> None:
+    """Print the effective configuration (file + environment + defaults) as TOML, secrets masked."""
+    import tomli_w
+
+    from zoo.node.config import effective_config
+
+    cfg = load(config, data_dir=data_dir and str(data_dir))
+    data = _drop_none(effective_config(cfg))
+    sys.stdout.write(tomli_w.dumps(data))
+
+
+def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
+    # TOML has no null: an unset optional setting is simply absent.
+    return {k: _drop_none(v) if isinstance(v, dict) else v for k, v in d.items() if v is not None}
+
+
+@models_app.command("prepare")
+def models_prepare(
+    config: Path | None = ConfigOpt,
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing when already prepared."),
+) -> None:
+    """Convert the bundled chat model into a cached Hugging Face directory (once)."""
+    from zoo.inference.models import bundled_embedder_dir, bundled_gguf, prepare_bundled_chat_model
+
+    cfg = load(config)
+    bundled_gguf(), bundled_embedder_dir()  # fail early and clearly when a model package is missing
+    with err.status("converting the bundled SmolLM2-135M-Instruct model (once, ~25 s)…"):
+        prepared = prepare_bundled_chat_model(cfg.cache_dir)
+    if prepared.converted:
+        err.print(f"converted bundled model into {prepared.path} in {prepared.seconds:.1f} s")
+    elif not quiet:
+        err.print(f"bundled model ready at {prepared.path}")
+
+
+@contracts_app.command("build")
+def contracts_build() -> None:
+    """Compile the Solidity contracts with solcjs (always, refreshing the cached artifacts)."""
+    from zoo.contracts.build import build
+
+    with err.status("compiling contracts with solcjs…"):
+        artifacts = build(force=True)
+    for name in sorted(artifacts.contracts):
+        out.print(f"compiled {name}")
+
+
 def main() -> None:
-    print("zoo-node")
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""NodeClient: a small synchronous Python client for a running zoo-node (used by the CLI and users).
+
+from zoo.node.client import NodeClient
+client = NodeClient("127.0.0.1:50051")
+print(client.status().node_version)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from zoo.v1 import inference_pb2_grpc, jobs_pb2, jobs_pb2_grpc, library_pb2_grpc, node_pb2, node_pb2_grpc
+
+
+class NodeNotRunning(Exception):
+    """No node is running for the given data directory."""
+
+
+class NodeClient:
+    def __init__(
+        self,
+        address: str,
+        admin_token: str | None = None,
+        tls_root_cert: bytes | None = None,
+        use_tls: bool = False,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self._token = admin_token
+        if use_tls or tls_root_cert is not None:
+            self.channel = grpc.secure_channel(
+                address, grpc.ssl_channel_credentials(root_certificates=tls_root_cert)
+            )
+        else:
+            self.channel = grpc.insecure_channel(address)
+        self.node = node_pb2_grpc.NodeServiceStub(self.channel)
+        self.inference = inference_pb2_grpc.InferenceServiceStub(self.channel)
+        self.library = library_pb2_grpc.LibraryServiceStub(self.channel)
+        self.jobs = jobs_pb2_grpc.JobServiceStub(self.channel)
+        self.health_stub = health_pb2_grpc.HealthStub(self.channel)
+
+    @classmethod
+    def from_data_dir(cls, data_dir: Path, **kwargs: Any) -> NodeClient:
+        """Connect to the node running on this machine with DATA_DIR (reads node.json and admin.token)."""
+        data_dir = Path(data_dir).expanduser()
+        try:
+            info = json.loads((data_dir / "node.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            raise NodeNotRunning(f"no zoo-node is running with data directory {data_dir}") from None
+        token_file = data_dir / "admin.token"
+        if "admin_token" not in kwargs and token_file.exists():
+            kwargs["admin_token"] = token_file.read_text().strip()
+        kwargs.setdefault("use_tls", bool(info.get("tls")))
+        return cls(info["listen"], **kwargs)
+
+    def admin_metadata(self) -> list[tuple[str, str]]:
+        return [("authorization", f"Bearer {self._token}")] if self._token else []
+
+    def status(self) -> node_pb2.NodeStatus:
+        return self.node.GetStatus(node_pb2.GetStatusRequest(), timeout=self.timeout_s)
+
+    def health(self, service: str = "") -> str:
+        """SERVING / NOT_SERVING / SERVICE_UNKNOWN for the node ("") or a component name."""
+        resp = self.health_stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=self.timeout_s)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Block until the channel connects (not until SERVING: see health for that)."""
+        grpc.channel_ready_future(self.channel).result(timeout=timeout_s)
+
+    def list_jobs(self, limit: int = 50) -> jobs_pb2.ListJobsResponse:
+        return self.jobs.ListJobs(
+            jobs_pb2.ListJobsRequest(limit=limit), metadata=self.admin_metadata(), timeout=self.timeout_s
+        )
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> NodeClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,267 @@
+"""The node's configuration: one TOML file, overridden by ZOO_NODE_* environment variables.
+
+Every setting has a default, so `zoo-node start` needs no file at all. Validation happens once, at
+start-up: unknown keys, wrong types and bad values stop the node with a message naming the key and
+the file. Environment overrides use `__` for nesting: ZOO_NODE_SERVER__LISTEN=0.0.0.0:50051.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+ENV_PREFIX = "ZOO_NODE_"
+
+
+def default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "zoo-node"
+
+
+def default_cache_dir() -> Path:
+    """Where converted models and compiled contracts are cached (ZOO_NODE_CACHE_DIR overrides)."""
+    env = os.environ.get("ZOO_NODE_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "zoo-node"
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; the message names the key, the source and the fix."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True, use_attribute_docstrings=True)
+
+
+_LISTEN_RE = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]+):(?P<port>\d{1,5})$")
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """Split HOST:PORT (IPv6 as [::1]:PORT); raise ValueError naming what is wrong."""
+    m = _LISTEN_RE.match(value.strip())
+    if not m:
+        raise ValueError(f"{value!r} is not HOST:PORT (e.g. 127.0.0.1:50051 or [::1]:50051)")
+    port = int(m.group("port"))
+    if port > 65535:
+        raise ValueError(f"port {port} in {value!r} is out of range 0-65535")
+    return m.group("host"), port
+
+
+class ServerConfig(_Section):
+    listen: str = "127.0.0.1:50051"
+    """gRPC listen address HOST:PORT; port 0 picks a free port (the chosen one is logged and written to
+    DATA_DIR/node.json)."""
+    grace_period_s: float = Field(10.0, ge=0, le=600)
+    """On SIGINT/SIGTERM, in-flight RPCs get this long to finish before the node exits."""
+    admin_token: SecretStr | None = None
+    """Bearer token for admin RPCs (jobs, key-spending and library-writing calls). When unset the node
+    generates one on first start and keeps it in DATA_DIR/admin.token (mode 0600)."""
+    tls_cert: Path | None = None
+    """PEM certificate chain; TLS is on when tls_cert and tls_key are both set."""
+    tls_key: Path | None = None
+    """PEM private key for tls_cert."""
+    max_concurrent_rpcs: int = Field(64, ge=1, le=10_000)
+    """RPCs handled at once; further calls are refused with RESOURCE_EXHAUSTED."""
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        parse_listen(v)
+        return v
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> ServerConfig:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key must be set together (TLS needs both)")
+        return self
+
+
+class MetricsConfig(_Section):
+    enabled: bool = True
+    """Serve Prometheus metrics over HTTP."""
+    listen: str = "127.0.0.1:9464"
+    """Metrics HTTP listen address HOST:PORT (port 0 picks a free port)."""
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        parse_listen(v)
+        return v
+
+
+class LogConfig(_Section):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    """Lowest level written to stderr."""
+    format: Literal["text", "json"] = "text"
+    """`text`: key=value lines for people; `json`: one JSON object per line for log shippers."""
+
+
+class ChainConfig(_Section):
+    mode: Literal["devnet", "external", "off"] = "devnet"
+    """`devnet`: use (and start if needed) the local devnet; `external`: rpc_url + registry_address;
+    `off`: no chain (the node serves its local library unverified by governance)."""
+    rpc_url: str | None = None
+    """JSON-RPC endpoint of an EVM chain (external mode)."""
+    registry_address: str | None = None
+    """ExperienceRegistry contract address (external mode)."""
+    probe_interval_s: float = Field(5.0, gt=0, le=3600)
+    """How often the chain's health is probed."""
+    confirmations: int = Field(0, ge=0, le=1000)
+    """Follow LibraryUpdated events this many blocks behind the head."""
+
+    @field_validator("registry_address")
+    @classmethod
+    def _address(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"0x[0-9a-fA-F]{40}", v):
+            raise ValueError(f"{v!r} is not a 0x-prefixed 20-byte hex address")
+        return v
+
+    @model_validator(mode="after")
+    def _external_needs_endpoints(self) -> ChainConfig:
+        if self.mode == "external" and not (self.rpc_url and self.registry_address):
+            raise ValueError("rpc_url and registry_address must be set when mode = 'external'")
+        return self
+
+
+class IpfsConfig(_Section):
+    api_url: str | None = None
+    """Kubo RPC API base URL (e.g. http://127.0.0.1:5001). Unset: the devnet's IPFS in devnet mode."""
+    timeout_s: float = Field(30.0, gt=0, le=3600)
+    """Timeout of one IPFS call."""
+    probe_interval_s: float = Field(5.0, gt=0, le=3600)
+    """How often IPFS health is probed."""
+
+
+class ModelConfig(_Section):
+    backend: Literal["transformers", "vllm", "openai"] = "transformers"
+    """Generation backend."""
+    path: Path | None = None
+    """Local Hugging Face model directory. Unset: the bundled SmolLM2-135M-Instruct (converted once and
+    cached under the cache dir)."""
+    device: str = "cpu"
+    """torch device for the transformers backend (`cpu`, `cuda`, `cuda:1`)."""
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    """Weight dtype. bfloat16 halves memory and is what the bundled model is cached in."""
+    threads: int = Field(0, ge=0, le=1024)
+    """CPU threads for torch (0 = torch's default)."""
+
+
+class EmbedderConfig(_Section):
+    path: Path | None = None
+    """sentence-transformers model directory. Unset: the bundled all-MiniLM-L6-v2."""
+
+
+class NodeConfig(_Section):
+    """Root of the configuration file."""
+
+    data_dir: Path = Field(default_factory=default_data_dir)
+    """Node state: library store, job database, lock, admin token, devnet state."""
+    cache_dir: Path = Field(default_factory=default_cache_dir)
+    """Rebuildable caches: converted models, compiled contracts."""
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+    chain: ChainConfig = Field(default_factory=ChainConfig)
+    ipfs: IpfsConfig = Field(default_factory=IpfsConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    embedder: EmbedderConfig = Field(default_factory=EmbedderConfig)
+
+    @field_validator("data_dir", "cache_dir")
+    @classmethod
+    def _expand(cls, v: Path) -> Path:
+        return Path(os.path.expandvars(str(v))).expanduser().absolute()
+
+
+def _parse_env_value(raw: str) -> Any:
+    """Interpret an env value as a TOML value when it is one (numbers, booleans, arrays), else a string."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for key, raw in environ.items():
+        if not key.startswith(ENV_PREFIX) or key in {"ZOO_NODE_MODULES", "ZOO_NODE_CACHE_DIR"}:
+            continue
+        path = key[len(ENV_PREFIX) :].lower().split("__")
+        node = tree
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"environment variable {key} conflicts with another override")
+        node[path[-1]] = _parse_env_value(raw)
+    return tree
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in override.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _describe(err: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration ({source}):"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "(root)"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  {key}: unknown key")
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append(f"  {key}: {msg} (got {e.get('input')!r})")
+    return "\n".join(lines)
+
+
+def load_config(
+    path: Path | None = None,
+    environ: dict[str, str] | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> NodeConfig:
+    """Read FILE (if given), apply ZOO_NODE_* env vars, then explicit overrides (CLI flags), validate."""
+    environ = dict(os.environ) if environ is None else environ
+    data: dict[str, Any] = {}
+    sources = []
+    if path is not None:
+        path = Path(path).expanduser()
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+        except OSError as e:
+            raise ConfigError(f"config file {path} cannot be read: {e}") from None
+        sources.append(f"file {path}")
+    env = _env_overrides(environ)
+    if env:
+        sources.append("environment " + ", ".join(sorted(k for k in environ if k.startswith(ENV_PREFIX))))
+    data = _merge(_merge(data, env), overrides or {})
+    try:
+        return NodeConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_describe(e, "; ".join(sources) or "defaults")) from None
+
+
+def effective_config(cfg: NodeConfig) -> dict[str, Any]:
+    """The configuration as a plain dict for display, secrets masked."""
+    out = cfg.model_dump(mode="json")
+    token = cfg.server.admin_token
+    out["server"]["admin_token"] = "********" if token is not None else None
+    return out

@@ -1,0 +1,87 @@
+"""The node's data directory and the exclusive lock that keeps two daemons from sharing it.
+
+Layout: node.lock (flock held for the daemon's lifetime), node.json (where the running node listens),
+admin.token (0600), library/ (store), jobs.sqlite, devnet/ (devnet state).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+from zoo.registry.fsutil import write_atomic
+
+
+class DataDirLocked(Exception):
+    """Another process holds the data directory."""
+
+
+class DataDir:
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._lock_fd: int | None = None
+
+    @property
+    def lock_file(self) -> Path:
+        return self.path / "node.lock"
+
+    @property
+    def node_file(self) -> Path:
+        return self.path / "node.json"
+
+    @property
+    def token_file(self) -> Path:
+        return self.path / "admin.token"
+
+    def create(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    def lock(self) -> None:
+        """Take the exclusive lock or raise DataDirLocked naming the holder's pid."""
+        self.create()
+        fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise DataDirLocked(
+                f"data directory {self.path} is in use by another zoo-node (pid {holder}); "
+                "stop it or start this one with a different --data-dir"
+            ) from None
+        # flock is released by the kernel when the process dies, so a crashed node never leaves a stale lock.
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.ftruncate(self._lock_fd, 0)
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def admin_token(self) -> str:
+        """The generated admin token, created (0600) on first use."""
+        self.create()
+        if self.token_file.exists():
+            return self.token_file.read_text().strip()
+        token = secrets.token_urlsafe(32)
+        write_atomic(self.token_file, token.encode(), mode=0o600)
+        return token
+
+    def write_node_info(self, info: dict[str, Any]) -> None:
+        write_atomic(self.node_file, json.dumps(info, indent=2).encode())
+
+    def read_node_info(self) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.node_file.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    def clear_node_info(self) -> None:
+        self.node_file.unlink(missing_ok=True)

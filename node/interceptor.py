@@ -1,0 +1,171 @@
+"""The one server interceptor: admin authentication, concurrency limit, error mapping and metrics.
+
+Servicers stay thin; everything that applies to every RPC lives here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from grpc.aio import AbortError
+
+from zoo.node.errors import status_for
+from zoo.node.logs import get_logger
+from zoo.node.metrics import NodeMetrics
+
+log = get_logger(__name__)
+
+# Admin services/methods: spend keys, write the library or run jobs.
+ADMIN_PREFIXES = ("/zoo.v1.JobService/",)
+# Health and reflection must answer load balancers and grpcurl even when the node is busy.
+UNLIMITED_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+
+
+class NodeInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(
+        self, metrics: NodeMetrics, admin_token: str, max_concurrent: int, admin_methods: tuple[str, ...] = ()
+    ) -> None:
+        self.metrics = metrics
+        self._token = admin_token.encode()
+        self._slots = asyncio.Semaphore(max_concurrent)
+        self._admin = ADMIN_PREFIXES + admin_methods
+
+    def _authorized(self, metadata: tuple[Any, ...] | None) -> bool:
+        for key, value in metadata or ():
+            if key == "authorization":
+                scheme, _, token = (value if isinstance(value, str) else value.decode()).partition(" ")
+                return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self._token)
+        return False
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        method = details.method
+        if method.startswith(self._admin) and not self._authorized(details.invocation_metadata):
+            self.metrics.rpc_rejected.labels(method, "unauthenticated").inc()
+            return _replace(handler, _deny(grpc.StatusCode.UNAUTHENTICATED, _auth_message(method)))
+        if method.startswith(UNLIMITED_PREFIXES):
+            return handler
+        return _replace(handler, self._wrap(method, handler))
+
+    def _wrap(self, method: str, handler: grpc.RpcMethodHandler) -> Callable[..., Any]:
+        metrics = self.metrics
+        slots = self._slots
+
+        async def run(call: Callable[[], Awaitable[Any]], context: grpc.aio.ServicerContext) -> Any:
+            if slots.locked():
+                metrics.rpc_rejected.labels(method, "overloaded").inc()
+                metrics.rpc_requests.labels(method, "RESOURCE_EXHAUSTED").inc()
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "node is at its concurrency limit")
+            start = time.perf_counter()
+            code = "OK"
+            async with slots:
+                try:
+                    return await call()
+                except AbortError:
+                    code = _code_name(context)
+                    raise
+                except asyncio.CancelledError:
+                    code = "CANCELLED"
+                    raise
+                except Exception as e:
+                    status, message = _map_error(e, method)
+                    code = status.name
+                    await context.abort(status, message)
+                finally:
+                    metrics.rpc_requests.labels(method, code).inc()
+                    metrics.rpc_latency.labels(method).observe(time.perf_counter() - start)
+
+        if handler.unary_unary or handler.stream_unary:
+            inner = handler.unary_unary or handler.stream_unary
+
+            async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                return await run(lambda: inner(request, context), context)
+
+            return unary
+
+        inner_stream = handler.unary_stream or handler.stream_stream
+
+        async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            # Streams are forwarded item by item; the wrapper only accounts for the whole call.
+            gen = inner_stream(request, context)
+            start = time.perf_counter()
+            code = "OK"
+            if slots.locked():
+                metrics.rpc_requests.labels(method, "RESOURCE_EXHAUSTED").inc()
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "node is at its concurrency limit")
+            async with slots:
+                try:
+                    async for item in gen:
+                        yield item
+                except AbortError:
+                    code = _code_name(context)
+                    raise
+                except asyncio.CancelledError:
+                    code = "CANCELLED"
+                    raise
+                except Exception as e:
+                    status, message = _map_error(e, method)
+                    code = status.name
+                    await context.abort(status, message)
+                finally:
+                    metrics.rpc_requests.labels(method, code).inc()
+                    metrics.rpc_latency.labels(method).observe(time.perf_counter() - start)
+
+        return streaming
+
+
+def _auth_message(method: str) -> str:
+    return (
+        f"{method} is an admin RPC: send metadata 'authorization: Bearer <token>' "
+        "(the token is server.admin_token, or DATA_DIR/admin.token when unset)"
+    )
+
+
+def _code_name(context: grpc.aio.ServicerContext) -> str:
+    code = context.code()
+    return code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
+
+
+def _map_error(exc: Exception, method: str) -> tuple[grpc.StatusCode, str]:
+    mapped = status_for(exc)
+    if mapped is None:
+        log.error("unhandled error in RPC", method=method, exc_info=exc)
+        return (
+            grpc.StatusCode.INTERNAL,
+            f"internal error in {method} ({type(exc).__name__}); see the node log",
+        )
+    log.info("rpc refused", method=method, code=mapped[0].name, reason=mapped[1])
+    return mapped
+
+
+def _deny(code: grpc.StatusCode, message: str) -> Callable[..., Any]:
+    async def deny(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(code, message)
+
+    return deny
+
+
+def _replace(handler: grpc.RpcMethodHandler, behaviour: Callable[..., Any]) -> grpc.RpcMethodHandler:
+    """A handler of the same kind and (de)serialisers as `handler`, running `behaviour`."""
+    kw = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(behaviour, **kw)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(behaviour, **kw)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(behaviour, **kw)
+    return grpc.stream_stream_rpc_method_handler(behaviour, **kw)

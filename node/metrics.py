@@ -1,0 +1,66 @@
+"""Prometheus metrics of one node: per-RPC counts and latencies, component health, library version."""
+
+from __future__ import annotations
+
+import threading
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+
+from zoo.node.components import Status
+
+
+class NodeMetrics:
+    """The node's metrics, in a registry of its own (so several nodes in one process never collide)."""
+
+    def __init__(self, version: str) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        Info("zoo_node", "zoo-node build information", registry=r).info({"version": version})
+        self.rpc_requests = Counter(
+            "zoo_rpc_requests",
+            "gRPC requests handled, by method and status code",
+            ["method", "code"],
+            registry=r,
+        )
+        self.rpc_latency = Histogram(
+            "zoo_rpc_latency_seconds",
+            "gRPC handling time by method",
+            ["method"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=r,
+        )
+        self.rpc_rejected = Counter(
+            "zoo_rpc_rejected",
+            "RPCs refused before running (auth, overload)",
+            ["method", "reason"],
+            registry=r,
+        )
+        self.component_up = Gauge(
+            "zoo_component_up",
+            "1 when the component is serving or degraded, else 0",
+            ["component"],
+            registry=r,
+        )
+        self.library_version = Gauge(
+            "zoo_library_version", "Version number of the active library", registry=r
+        )
+        self.library_experiences = Gauge(
+            "zoo_library_experiences", "Experiences in the active library", registry=r
+        )
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def component_changed(self, status: Status) -> None:
+        self.component_up.labels(status.name).set(1 if status.state.usable else 0)
+
+    def serve(self, host: str, port: int) -> int:
+        """Start the HTTP endpoint in a thread; returns the bound port."""
+        self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        return int(self._server.server_port)
+
+    def shutdown(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

@@ -1,0 +1,140 @@
+"""The node's built-in components: real health probes of the chain, IPFS, the model and the library."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from zoo.node.components import Component, State
+from zoo.node.logs import get_logger
+
+log = get_logger(__name__)
+
+
+class ChainComponent(Component):
+    """Probes an EVM JSON-RPC endpoint (eth_chainId) and checks that the registry contract has code."""
+
+    name = "chain"
+
+    def __init__(self, rpc_url: str, registry_address: str | None, probe_interval_s: float = 5.0) -> None:
+        self.rpc_url = rpc_url
+        self.registry_address = registry_address
+        self.probe_interval_s = probe_interval_s
+        self.chain_id = 0
+        self._http = httpx.AsyncClient(timeout=5.0)
+
+    async def _rpc(self, method: str, params: list[Any]) -> Any:
+        resp = await self._http.post(
+            self.rpc_url, json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+        )
+        resp.raise_for_status()
+        body = resp.json()
+        if "error" in body:
+            raise RuntimeError(f"{method}: {body['error'].get('message', body['error'])}")
+        return body["result"]
+
+    async def probe(self) -> tuple[State, str]:
+        try:
+            self.chain_id = int(await self._rpc("eth_chainId", []), 16)
+        except (httpx.HTTPError, RuntimeError, ValueError) as e:
+            return State.FAILED, f"chain RPC {self.rpc_url} unreachable: {type(e).__name__}: {e}"
+        if self.registry_address:
+            code = await self._rpc("eth_getCode", [self.registry_address, "latest"])
+            if code in ("0x", "0x0", None):
+                return (
+                    State.FAILED,
+                    f"no contract at registry address {self.registry_address} on chain {self.chain_id}",
+                )
+        return State.SERVING, f"chain {self.chain_id} at {self.rpc_url}"
+
+    async def stop(self) -> None:
+        await self._http.aclose()
+
+
+class IpfsComponent(Component):
+    """Probes a Kubo-compatible RPC API (POST /api/v0/version)."""
+
+    name = "ipfs"
+
+    def __init__(self, api_url: str, probe_interval_s: float = 5.0) -> None:
+        self.api_url = api_url.rstrip("/")
+        self.probe_interval_s = probe_interval_s
+        self._http = httpx.AsyncClient(timeout=5.0)
+
+    async def probe(self) -> tuple[State, str]:
+        try:
+            resp = await self._http.post(f"{self.api_url}/api/v0/version")
+            resp.raise_for_status()
+            version = resp.json().get("Version", "?")
+        except (httpx.HTTPError, ValueError) as e:
+            return State.FAILED, f"IPFS API {self.api_url} unreachable: {type(e).__name__}: {e}"
+        return State.SERVING, f"IPFS {version} at {self.api_url}"
+
+    async def stop(self) -> None:
+        await self._http.aclose()
+
+
+class ModelComponent(Component):
+    """Loads the chat model (in a worker thread, so the server answers meanwhile) and proves it generates."""
+
+    name = "model"
+    probe_interval_s = 30.0
+
+    def __init__(self, path: Path, device: str, dtype: str, threads: int) -> None:
+        self.path = Path(path)
+        self.device = device
+        self.dtype = dtype
+        self.threads = threads
+        self.model: Any = None
+        self.tokenizer: Any = None
+        self.load_seconds = 0.0
+
+    async def setup(self) -> None:
+        await asyncio.to_thread(self._load)
+
+    def _load(self) -> None:
+        import time
+
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        start = time.perf_counter()
+        if not (self.path / "config.json").is_file():
+            raise FileNotFoundError(f"{self.path} is not a Hugging Face model directory (no config.json)")
+        self.tokenizer = AutoTokenizer.from_pretrained(self.path)
+        model = AutoModelForCausalLM.from_pretrained(self.path, dtype=getattr(torch, self.dtype))
+        self.model = model.to(self.device).eval()
+        # Readiness is "it generates", not "the file loaded": one greedy token through the real model.
+        ids = self.tokenizer("ok", return_tensors="pt").to(self.device)
+        with torch.inference_mode():
+            self.model.generate(**ids, max_new_tokens=1, do_sample=False)
+        self.load_seconds = time.perf_counter() - start
+        log.info("model loaded", path=str(self.path), device=self.device, seconds=round(self.load_seconds, 2))
+
+    async def probe(self) -> tuple[State, str]:
+        if self.model is None:
+            return State.STARTING, "loading"
+        return State.SERVING, f"{self.path.name} on {self.device}"
+
+
+class LibraryComponent(Component):
+    """The active experience library. Until a verified version is active the node answers without one."""
+
+    name = "library"
+    probe_interval_s = 5.0
+
+    def __init__(self) -> None:
+        self.root = ""
+        self.version = 0
+        self.cid = ""
+        self.experience_count = 0
+
+    async def probe(self) -> tuple[State, str]:
+        if not self.root:
+            return State.DEGRADED, "no verified library version is active yet; answering without experiences"
+        return State.SERVING, f"version {self.version} root {self.root[:18]}…"

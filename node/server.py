@@ -1,0 +1,98 @@
+"""Assemble the gRPC server: services, health (per component), reflection, interceptor, TLS."""
+
+from __future__ import annotations
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from zoo.node.components import Status, Supervisor
+from zoo.node.config import NodeConfig
+from zoo.node.interceptor import NodeInterceptor
+from zoo.node.metrics import NodeMetrics
+from zoo.node.services import PLANNED, NodeServicer, unimplemented_handler
+from zoo.v1 import node_pb2, node_pb2_grpc
+
+# The component that must be usable for the node as a whole to report SERVING: without a model the
+# node cannot answer queries; without chain or IPFS it still serves its last verified library.
+ESSENTIAL = ("model",)
+
+SERVICE_NAMES = (
+    node_pb2.DESCRIPTOR.services_by_name["NodeService"].full_name,
+    *PLANNED,
+)
+
+
+class BindError(Exception):
+    """The listen address cannot be bound."""
+
+
+class HealthBridge:
+    """Mirrors component states into the standard grpc.health.v1 service.
+
+    Service names: "" (the node as a whole), each component by name ("chain", "ipfs", "model",
+    "library"), and each zoo.v1 service (serving when the node is).
+    """
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self.servicer = HealthServicer()
+        self.supervisor = supervisor
+
+    async def update(self, status: Status | None = None) -> None:
+        serving = health_pb2.HealthCheckResponse.SERVING
+        not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+        for s in self.supervisor.statuses.values():
+            await self.servicer.set(s.name, serving if s.state.usable else not_serving)
+        overall = all(
+            self.supervisor.statuses[n].state.usable for n in ESSENTIAL if n in self.supervisor.statuses
+        )
+        for name in ("", *SERVICE_NAMES):
+            await self.servicer.set(name, serving if overall else not_serving)
+
+    async def shutdown(self) -> None:
+        await self.servicer.enter_graceful_shutdown()
+
+
+def build_server(
+    cfg: NodeConfig,
+    supervisor: Supervisor,
+    metrics: NodeMetrics,
+    admin_token: str,
+    node_servicer: NodeServicer,
+    health: HealthBridge,
+) -> tuple[grpc.aio.Server, int]:
+    """Create and bind the server; returns it with the bound port (not started yet)."""
+    interceptor = NodeInterceptor(metrics, admin_token, cfg.server.max_concurrent_rpcs)
+    server = grpc.aio.server(
+        interceptors=[interceptor],
+        options=[
+            ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+            ("grpc.max_send_message_length", 64 * 1024 * 1024),
+            ("grpc.so_reuseport", 0),  # a second node on the same port must fail, not share it
+        ],
+    )
+    node_pb2_grpc.add_NodeServiceServicer_to_server(node_servicer, server)
+    for full_name, (module, what) in PLANNED.items():
+        server.add_generic_rpc_handlers((unimplemented_handler(full_name, module, what),))
+    health_pb2_grpc.add_HealthServicer_to_server(health.servicer, server)
+    reflection.enable_server_reflection(
+        (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+        server,
+    )
+    address = cfg.server.listen
+    try:
+        if cfg.server.tls_cert and cfg.server.tls_key:
+            creds = grpc.ssl_server_credentials(
+                [(cfg.server.tls_key.read_bytes(), cfg.server.tls_cert.read_bytes())]
+            )
+            port = server.add_secure_port(address, creds)
+        else:
+            port = server.add_insecure_port(address)
+    except OSError as e:
+        raise BindError(f"cannot read TLS files: {e}") from None
+    except RuntimeError as e:
+        raise BindError(f"cannot listen on {address}: {e}") from None
+    if port == 0:
+        raise BindError(f"cannot listen on {address} (address in use or not local)")
+    return server, port

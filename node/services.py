@@ -1,0 +1,108 @@
+"""Thin gRPC servicers: translate proto <-> domain objects; validation errors surface as domain errors."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from google.protobuf import descriptor as _descriptor
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from zoo.node import __version__
+from zoo.node.components import State, Supervisor
+from zoo.node.probes import ChainComponent, LibraryComponent, ModelComponent
+from zoo.v1 import inference_pb2, jobs_pb2, library_pb2, node_pb2, node_pb2_grpc
+
+_STATE_TO_PROTO = {
+    State.STARTING: node_pb2.COMPONENT_STATE_STARTING,
+    State.SERVING: node_pb2.COMPONENT_STATE_SERVING,
+    State.DEGRADED: node_pb2.COMPONENT_STATE_DEGRADED,
+    State.FAILED: node_pb2.COMPONENT_STATE_FAILED,
+    State.DISABLED: node_pb2.COMPONENT_STATE_DISABLED,
+}
+
+
+class NodeServicer(node_pb2_grpc.NodeServiceServicer):
+    def __init__(
+        self, supervisor: Supervisor, data_dir: str, listen: Callable[[], str], model_id: str
+    ) -> None:
+        self.supervisor = supervisor
+        self.data_dir = data_dir
+        self.listen = listen
+        self.model_id = model_id
+        self.started = time.monotonic()
+
+    async def GetStatus(self, request: node_pb2.GetStatusRequest, context: grpc.aio.ServicerContext) -> Any:
+        comps = self.supervisor.components
+        chain = comps.get("chain")
+        library = comps.get("library")
+        components = []
+        for status in self.supervisor.statuses.values():
+            ts = Timestamp()
+            ts.FromNanoseconds(int(status.since * 1e9))
+            components.append(
+                node_pb2.Component(
+                    name=status.name,
+                    state=_STATE_TO_PROTO[status.state],
+                    detail=status.detail,
+                    last_change=ts,
+                )
+            )
+        lib = node_pb2.LibraryInfo()
+        if isinstance(library, LibraryComponent):
+            lib = node_pb2.LibraryInfo(
+                root=library.root,
+                version=library.version,
+                cid=library.cid,
+                experience_count=library.experience_count,
+            )
+        model = comps.get("model")
+        return node_pb2.NodeStatus(
+            node_version=__version__,
+            uptime_seconds=time.monotonic() - self.started,
+            data_dir=self.data_dir,
+            chain_id=chain.chain_id if isinstance(chain, ChainComponent) else 0,
+            library=lib,
+            model_id=self.model_id if isinstance(model, ModelComponent) else "",
+            components=components,
+            listen_address=self.listen(),
+        )
+
+
+# Services defined in proto/ whose implementation arrives with later work; they answer UNIMPLEMENTED.
+PLANNED = {
+    "zoo.v1.InferenceService": (inference_pb2, "retrieval-augmented inference"),
+    "zoo.v1.LibraryService": (library_pb2, "library queries and Merkle proofs"),
+    "zoo.v1.JobService": (jobs_pb2, "learning jobs"),
+}
+
+
+def unimplemented_handler(full_name: str, module: Any, what: str) -> grpc.GenericRpcHandler:
+    """Handlers for every RPC of a service that answer UNIMPLEMENTED with a message, never crash."""
+    service: _descriptor.ServiceDescriptor = module.DESCRIPTOR.services_by_name[full_name.rsplit(".", 1)[1]]
+    handlers = {}
+    for method in service.methods:
+        message = f"{full_name}/{method.name} is not implemented by zoo-node {__version__} yet ({what})"
+        req_cls = _message_class(method.input_type)
+        resp_cls = _message_class(method.output_type)
+
+        async def abort(request: Any, context: grpc.aio.ServicerContext, _m: str = message) -> Any:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, _m)
+
+        factory = (
+            grpc.unary_stream_rpc_method_handler
+            if method.server_streaming
+            else grpc.unary_unary_rpc_method_handler
+        )
+        handlers[method.name] = factory(
+            abort, request_deserializer=req_cls.FromString, response_serializer=resp_cls.SerializeToString
+        )
+    return grpc.method_handlers_generic_handler(full_name, handlers)
+
+
+def _message_class(desc: _descriptor.Descriptor) -> Any:
+    from google.protobuf import message_factory
+
+    return message_factory.GetMessageClass(desc)

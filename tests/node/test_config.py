@@ -1,0 +1,77 @@
+"""Config loading: defaults, TOML, env overrides, and errors that name the key and the source."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from zoo.node.config import ConfigError, effective_config, load_config
+
+
+def test_defaults_need_no_file() -> None:
+    cfg = load_config(None, environ={})
+    assert cfg.server.listen == "127.0.0.1:50051"
+    assert cfg.chain.mode == "devnet"
+    assert cfg.data_dir.is_absolute()
+
+
+def test_file_then_env_then_overrides(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text('[server]\nlisten = "127.0.0.1:7000"\ngrace_period_s = 3\n[log]\nlevel = "debug"\n')
+    cfg = load_config(
+        f, environ={"ZOO_NODE_SERVER__GRACE_PERIOD_S": "7.5", "ZOO_NODE_METRICS__ENABLED": "false"}
+    )
+    assert cfg.server.listen == "127.0.0.1:7000"
+    assert cfg.server.grace_period_s == 7.5
+    assert cfg.metrics.enabled is False
+    assert cfg.log.level == "debug"
+    cfg = load_config(f, environ={}, overrides={"server": {"listen": "[::1]:9"}})
+    assert cfg.server.listen == "[::1]:9"
+
+
+@pytest.mark.parametrize(
+    ("toml", "needle"),
+    [
+        ('[server]\nlisen = "x"\n', "server.lisen: unknown key"),
+        ('[server]\ngrace_period_s = "soon"\n', "server.grace_period_s"),
+        ('[server]\nlisten = "nohost"\n', "server.listen"),
+        ('[server]\nlisten = "127.0.0.1:70000"\n', "out of range"),
+        ('[chain]\nmode = "external"\n', "rpc_url and registry_address must be set"),
+        ('[chain]\nregistry_address = "0x12"\n', "chain.registry_address"),
+        ('[server]\ntls_cert = "/x.pem"\n', "tls_cert and tls_key must be set together"),
+        ("bogus = 1\n", "bogus: unknown key"),
+    ],
+)
+def test_bad_config_names_key_and_file(tmp_path: Path, toml: str, needle: str) -> None:
+    f = tmp_path / "bad.toml"
+    f.write_text(toml)
+    with pytest.raises(ConfigError) as e:
+        load_config(f, environ={})
+    assert needle in str(e.value)
+    assert str(f) in str(e.value)
+
+
+def test_env_errors_name_the_variable() -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(None, environ={"ZOO_NODE_SERVER__MAX_CONCURRENT_RPCS": "0"})
+    assert "ZOO_NODE_SERVER__MAX_CONCURRENT_RPCS" in str(e.value)
+    assert "server.max_concurrent_rpcs" in str(e.value)
+
+
+def test_not_toml_and_missing_file(tmp_path: Path) -> None:
+    f = tmp_path / "broken.toml"
+    f.write_text("[server\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(f, environ={})
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml", environ={})
+
+
+def test_secrets_are_masked() -> None:
+    cfg = load_config(None, environ={"ZOO_NODE_SERVER__ADMIN_TOKEN": "s3cret-token"})
+    assert cfg.server.admin_token is not None
+    assert cfg.server.admin_token.get_secret_value() == "s3cret-token"
+    shown = effective_config(cfg)
+    assert shown["server"]["admin_token"] == "********"
+    assert "s3cret-token" not in repr(cfg)
