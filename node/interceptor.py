@@ -98,7 +98,6 @@ class NodeInterceptor(grpc.aio.ServerInterceptor):
 
         async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             # Streams are forwarded item by item; the wrapper only accounts for the whole call.
-            gen = inner_stream(request, context)
             start = time.perf_counter()
             code = "OK"
             if slots.locked():
@@ -106,8 +105,12 @@ class NodeInterceptor(grpc.aio.ServerInterceptor):
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "node is at its concurrency limit")
             async with slots:
                 try:
-                    async for item in gen:
-                        yield item
+                    result = inner_stream(request, context)
+                    if hasattr(result, "__aiter__"):
+                        async for item in result:
+                            yield item
+                    else:  # a coroutine that writes with context.write() (or aborts)
+                        await result
                 except AbortError:
                     code = _code_name(context)
                     raise

@@ -94,14 +94,23 @@ def write_config(path: Path, text: str) -> Path:
     return path
 
 
-def base_config(data_dir: Path, extra: str = "") -> str:
-    return (
-        f'data_dir = "{data_dir}"\n'
-        '[server]\nlisten = "127.0.0.1:0"\ngrace_period_s = 5\n'
-        '[metrics]\nlisten = "127.0.0.1:0"\n'
-        '[chain]\nmode = "off"\n'
-        "[model]\nthreads = 1\n" + extra
-    )
+def base_config(data_dir: Path, extra: dict | None = None) -> str:
+    """TOML for a test node: loopback ports picked by the OS, no chain, one torch thread; `extra` merges in."""
+    import tomli_w
+
+    cfg: dict = {
+        "data_dir": str(data_dir),
+        "server": {"listen": "127.0.0.1:0", "grace_period_s": 5},
+        "metrics": {"listen": "127.0.0.1:0"},
+        "chain": {"mode": "off"},
+        "model": {"threads": 1},
+    }
+    for section, values in (extra or {}).items():
+        if isinstance(values, dict):
+            cfg.setdefault(section, {}).update(values)
+        else:
+            cfg[section] = values
+    return tomli_w.dumps(cfg)
 
 
 def launch(config_file: Path, data_dir: Path, *args: str, env: dict[str, str] | None = None) -> NodeProcess:
@@ -122,10 +131,12 @@ def launch(config_file: Path, data_dir: Path, *args: str, env: dict[str, str] | 
 
 @pytest.fixture
 def start_node(tmp_path: Path) -> Iterator:
-    """Factory: start_node(extra_toml="", wait=True) -> NodeProcess; every node is stopped afterwards."""
+    """Factory: start_node(extra={section: {key: value}}, wait=True) -> NodeProcess; every node is stopped afterwards."""
     nodes: list[NodeProcess] = []
 
-    def _start(extra: str = "", wait: bool = True, name: str = "node", env: dict[str, str] | None = None):
+    def _start(
+        extra: dict | None = None, wait: bool = True, name: str = "node", env: dict[str, str] | None = None
+    ):
         data_dir = tmp_path / f"{name}-data"
         cfg = write_config(tmp_path / f"{name}.toml", base_config(data_dir, extra))
         node = launch(cfg, data_dir, env=env)
