@@ -95,7 +95,7 @@ def write_config(path: Path, text: str) -> Path:
 
 
 def base_config(data_dir: Path, extra: dict | None = None) -> str:
-    """TOML for a test node: loopback ports picked by the OS, no chain, one torch thread; `extra` merges in."""
+    """TOML for a test node: OS-picked loopback ports, no chain, one torch thread; `extra` merges in."""
     import tomli_w
 
     cfg: dict = {
@@ -131,7 +131,7 @@ def launch(config_file: Path, data_dir: Path, *args: str, env: dict[str, str] | 
 
 @pytest.fixture
 def start_node(tmp_path: Path) -> Iterator:
-    """Factory: start_node(extra={section: {key: value}}, wait=True) -> NodeProcess; every node is stopped afterwards."""
+    """Factory: start_node(extra={section: {key: value}}) -> NodeProcess; all are stopped afterwards."""
     nodes: list[NodeProcess] = []
 
     def _start(
