@@ -1,0 +1,40 @@
+"""Domain exceptions of the registry layer; the daemon maps each class to one gRPC status code."""
+
+from __future__ import annotations
+
+
+class ZooError(Exception):
+    """Base of zoo-node's domain errors; `values` keeps the offending values for logs and error details."""
+
+    def __init__(self, message: str, **values: object) -> None:
+        super().__init__(message)
+        self.message = message
+        self.values = values
+
+
+class ValidationError(ZooError, ValueError):
+    """Input that breaks the schema or a limit; `field` names where (e.g. `experiences[3].confidence`)."""
+
+    def __init__(self, field: str, message: str, **values: object) -> None:
+        super().__init__(f"{field}: {message}", **values)
+        self.field = field
+
+
+class NotFound(ZooError, LookupError):
+    """A requested item (experience id, library version, ...) does not exist."""
+
+
+class IntegrityError(ZooError):
+    """Content does not match the Merkle root or CID that should commit to it."""
+
+
+class IpfsError(ZooError):
+    """The IPFS daemon refused or failed a request; the message carries the daemon's own words."""
+
+
+class IpfsUnavailable(IpfsError):
+    """The IPFS daemon's RPC API cannot be reached."""
+
+
+class IpfsTimeout(IpfsError):
+    """An IPFS request ran out of time (e.g. `cat` of content no reachable peer has)."""

@@ -1,0 +1,157 @@
+"""Merkle commitments to a library (RFC 9162 tree hashing over sha256) and inclusion proofs.
+
+Leaves are the canonical bytes of the library's experiences in canonical order (sorted by id), hashed
+as sha256(0x00 || data); interior nodes are sha256(0x01 || left || right); the empty tree's root is
+sha256(""). pymerkle builds the tree and produces proofs. Proofs travel as RFC 9162 audit paths
+(sibling hashes from the leaf upwards), which the on-chain Solidity verifier consumes unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pymerkle import InmemoryTree
+
+from zoo.registry.canonical import encode_experience
+from zoo.registry.errors import ValidationError
+from zoo.registry.experience import Library
+
+HASH_SIZE = 32
+EMPTY_ROOT = hashlib.sha256(b"").digest()
+MAX_PATH = 64  # a tree of fewer than 2**64 leaves has audit paths of at most 64 hashes
+
+
+def leaf_hash(data: bytes) -> bytes:
+    return hashlib.sha256(b"\x00" + data).digest()
+
+
+def node_hash(left: bytes, right: bytes) -> bytes:
+    return hashlib.sha256(b"\x01" + left + right).digest()
+
+
+@dataclass(frozen=True)
+class InclusionProof:
+    """Proof that leaf `leaf_index` (from 0) is in the tree of `tree_size` leaves; `path` bottom-up."""
+
+    leaf_index: int
+    tree_size: int
+    path: list[bytes] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "leaf_index": self.leaf_index,
+            "tree_size": self.tree_size,
+            "path": ["0x" + h.hex() for h in self.path],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> InclusionProof:
+        """Read to_dict()'s form (hex with or without 0x); malformed input raises ValidationError."""
+        if not isinstance(data, dict) or set(data) != {"leaf_index", "tree_size", "path"}:
+            raise ValidationError("proof", "must be an object with leaf_index, tree_size and path")
+        for name in ("leaf_index", "tree_size"):
+            value = data[name]
+            if type(value) is not int or value < 0:
+                raise ValidationError(f"proof.{name}", "must be a non-negative integer")
+        raw_path = data["path"]
+        if not isinstance(raw_path, list) or len(raw_path) > MAX_PATH:
+            raise ValidationError("proof.path", f"must be a list of at most {MAX_PATH} hashes")
+        path = []
+        for i, item in enumerate(raw_path):
+            try:
+                digest = bytes.fromhex(item.removeprefix("0x")) if isinstance(item, str) else b""
+            except ValueError:
+                digest = b""
+            if len(digest) != HASH_SIZE:
+                raise ValidationError(f"proof.path[{i}]", f"must be {HASH_SIZE} bytes as hex")
+            path.append(digest)
+        return cls(data["leaf_index"], data["tree_size"], path)
+
+
+class MerkleTree:
+    """A built tree over leaf data; use MerkleTree.from_leaves()."""
+
+    def __init__(self, backend: InmemoryTree) -> None:
+        self.backend = backend  # the pymerkle tree, e.g. to cross-check its own proofs
+
+    @classmethod
+    def from_leaves(cls, leaves: Sequence[bytes]) -> MerkleTree:
+        # pymerkle's InmemoryTree hashes with the RFC 9162 prefixes (its default "security" mode) and keeps
+        # every node, so proofs are read off the tree in O(log n); 100k leaves build in under a second.
+        return cls(InmemoryTree.init_from_entries(leaves, algorithm="sha256"))
+
+    @property
+    def size(self) -> int:
+        return int(self.backend.get_size())
+
+    @property
+    def root(self) -> bytes:
+        return bytes(self.backend.get_root())
+
+    def prove(self, index: int) -> InclusionProof:
+        size = self.size
+        if not 0 <= index < size:
+            raise ValidationError("index", f"{index} is outside a tree of {size} leaves")
+        proof = self.backend.prove_inclusion(index + 1)  # pymerkle counts leaves from 1
+        # pymerkle's path starts with the leaf's own hash and continues with the siblings bottom-up;
+        # its `rule` bits (left/right) are implied by index and size in RFC 9162, so they are dropped.
+        return InclusionProof(leaf_index=index, tree_size=size, path=list(proof.path[1:]))
+
+
+def verify_inclusion_hash(leaf: bytes, proof: InclusionProof, root: bytes) -> bool:
+    """RFC 9162 §2.1.3.2 inclusion verification given the leaf hash.
+
+    Hand-written rather than pymerkle's verify because the Solidity verifier implements this exact
+    algorithm step by step and the two must accept and refuse the same proofs.
+    """
+    index, size, path = proof.leaf_index, proof.tree_size, proof.path
+    if not (isinstance(index, int) and isinstance(size, int) and 0 <= index < size):
+        return False
+    if len(leaf) != HASH_SIZE or len(root) != HASH_SIZE or len(path) > MAX_PATH:
+        return False
+    fn, sn, r = index, size - 1, leaf
+    for p in path:
+        if not isinstance(p, bytes) or len(p) != HASH_SIZE or sn == 0:
+            return False
+        if fn & 1 or fn == sn:
+            r = node_hash(p, r)
+            while not fn & 1 and fn != 0:  # only when fn == sn: skip levels where r has no sibling
+                fn >>= 1
+                sn >>= 1
+        else:
+            r = node_hash(r, p)
+        fn >>= 1
+        sn >>= 1
+    return sn == 0 and hmac.compare_digest(r, root)
+
+
+def verify_inclusion(leaf_data: bytes, proof: InclusionProof, root: bytes) -> bool:
+    """RFC 9162 inclusion verification given the leaf's data (hashed here with the 0x00 prefix)."""
+    return verify_inclusion_hash(leaf_hash(leaf_data), proof, root)
+
+
+def library_leaves(lib: Library) -> list[bytes]:
+    """Leaf data of a library: the canonical bytes of each experience, in canonical (id) order."""
+    return [encode_experience(e) for e in lib.experiences]
+
+
+def library_tree(lib: Library) -> MerkleTree:
+    """Build once and prove many times (prove_experience() rebuilds the tree on every call)."""
+    return MerkleTree.from_leaves(library_leaves(lib))
+
+
+def library_root(lib: Library) -> bytes:
+    return library_tree(lib).root
+
+
+def prove_experience(lib: Library, experience_id: str) -> tuple[InclusionProof, bytes]:
+    """Inclusion proof of one experience against library_root(lib), with the leaf bytes it proves.
+
+    Raises NotFound when the library has no experience with this id.
+    """
+    index = lib.index_of(experience_id)
+    return library_tree(lib).prove(index), encode_experience(lib.experiences[index])

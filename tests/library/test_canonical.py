@@ -1,0 +1,251 @@
+"""The canonical encoding: deterministic, independent of order and normalisation, exact, strictly decoded."""
+
+from __future__ import annotations
+
+import json
+import random
+import unicodedata
+from collections.abc import Callable
+from datetime import UTC
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from zoo.registry.canonical import (
+    SCHEMA,
+    decode_experience,
+    decode_library,
+    encode_experience,
+    encode_library,
+    library_document,
+)
+from zoo.registry.errors import ValidationError
+from zoo.registry.experience import Experience, Library
+from zoo.registry.merkle import library_root
+
+Make = Callable[..., Experience]
+
+
+def test_layout_is_compact_sorted_utf8(make_experience: Make) -> None:
+    e = make_experience(0, text="When a café bill arrives, check the total.", confidence=0.87)
+    data = encode_experience(e)
+    assert b" " not in data.replace(e.text.encode(), b"")  # no whitespace outside strings
+    assert "café".encode() in data  # UTF-8, not \u escapes
+    assert b'"confidence":"0.870000"' in data
+    assert b'"created_at":"2025-10-17T12:00:00Z"' in data
+    assert b'"factors":null' in data and b'"examples":[]' in data
+    doc = json.loads(data)
+    assert list(doc) == sorted(doc) and list(doc["provenance"]) == sorted(doc["provenance"])
+
+
+def test_same_library_same_bytes_and_root(experiences: list[Experience]) -> None:
+    a = Library.create(version=0, base_model="m", experiences=experiences)
+    b = Library.create(version=0, base_model="m", experiences=list(experiences))
+    assert encode_library(a) == encode_library(b)
+    assert library_root(a) == library_root(b)
+
+
+def test_insertion_order_does_not_matter(experiences: list[Experience]) -> None:
+    shuffled = list(experiences)
+    random.Random(7).shuffle(shuffled)
+    assert shuffled != experiences
+    a = Library.create(version=0, base_model="m", experiences=experiences)
+    b = Library.create(version=0, base_model="m", experiences=shuffled)
+    assert encode_library(a) == encode_library(b)
+    assert library_root(a) == library_root(b)
+
+
+def test_nfc_and_nfd_inputs_encode_identically(make_experience: Make) -> None:
+    text = "When Ångström-scale data appear, convert units before comparing."
+    examples = ["Résumé: über-naïve"]
+    nfc = make_experience(0, text=text, examples=examples, base_model="modèle")
+    nfd = make_experience(
+        0,
+        text=unicodedata.normalize("NFD", text),
+        examples=[unicodedata.normalize("NFD", x) for x in examples],
+        base_model=unicodedata.normalize("NFD", "modèle"),
+    )
+    assert encode_experience(nfc) == encode_experience(nfd)
+    lib_a = Library.create(version=0, base_model="modèle", experiences=[nfc])
+    lib_b = Library.create(version=0, base_model=unicodedata.normalize("NFD", "modèle"), experiences=[nfd])
+    assert encode_library(lib_a) == encode_library(lib_b)
+
+
+def test_library_round_trip(library: Library) -> None:
+    data = encode_library(library)
+    back = decode_library(data)
+    assert back == library
+    assert encode_library(back) == data
+    assert json.loads(data)["schema"] == SCHEMA
+
+
+def test_leaves_are_embedded_verbatim(library: Library) -> None:
+    data = encode_library(library)
+    for e in library.experiences:
+        assert encode_experience(e) in data
+
+
+def test_experience_round_trip_with_factors(make_experience: Make) -> None:
+    e = make_experience(
+        2,
+        examples=["line one\nline two"],
+        factors={
+            "tokenizer": "smollm2",
+            "token_ids": [5, 9, 1000, 49151],
+            "signs": [1, -1, -1, 1],
+            "block_size": 2,
+            "scales": [0.1, 3.5e-7],
+        },
+    )
+    data = encode_experience(e)
+    assert b"line one\\nline two" in data
+    assert decode_experience(data) == e
+
+
+# -- hypothesis: exact round trips ---------------------------------------------------------------------
+
+_words = st.text(alphabet=st.characters(categories=["L", "N", "P", "S"]), min_size=1, max_size=12)
+_strings = st.text(alphabet=st.characters(exclude_categories=["Cc", "Cs"]), min_size=1, max_size=30)
+
+
+@st.composite
+def experiences(draw: st.DrawFn) -> Experience:
+    n_tokens = draw(st.integers(0, 20))
+    factors = None
+    if n_tokens:
+        block = draw(st.integers(1, 8))
+        factors = {
+            "tokenizer": "tok",
+            "token_ids": sorted(
+                draw(st.sets(st.integers(0, 2**32 - 1), min_size=n_tokens, max_size=n_tokens))
+            ),
+            "signs": draw(st.lists(st.sampled_from([1, -1]), min_size=n_tokens, max_size=n_tokens)),
+            "block_size": block,
+            "scales": draw(
+                st.lists(
+                    st.floats(-3e38, 3e38, allow_nan=False),
+                    min_size=-(-n_tokens // block),
+                    max_size=-(-n_tokens // block),
+                )
+            ),
+        }
+    return Experience.create(
+        text=" ".join(
+            [draw(st.sampled_from(["When", "If", "For"])), *draw(st.lists(_words, min_size=2, max_size=20))]
+        ),
+        domain=draw(st.from_regex(r"[a-z][a-z0-9_]{0,8}(\.[a-z][a-z0-9_]{0,8}){0,3}", fullmatch=True)),
+        confidence=draw(st.floats(0.0, 1.0)),
+        author=draw(st.sampled_from(["0x" + "0f" * 20, "job:abc"])),
+        base_model=draw(_strings),
+        created_at=draw(st.datetimes(timezones=st.just(UTC))),
+        examples=draw(st.lists(_strings, max_size=3)),
+        factors=factors,
+    )
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(experiences())
+def test_experience_round_trip_is_exact(e: Experience) -> None:
+    data = encode_experience(e)
+    back = decode_experience(data)
+    assert back == e  # floats (confidence, float32 scales) come back bit for bit
+    assert encode_experience(back) == data
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(experiences(), max_size=6, unique_by=lambda e: e.id), st.randoms(use_true_random=False))
+def test_library_bytes_independent_of_order(exps: list[Experience], rnd: random.Random) -> None:
+    shuffled = list(exps)
+    rnd.shuffle(shuffled)
+    a = Library.create(version=4, parent_root="0x" + "12" * 32, base_model="m", experiences=exps)
+    b = Library.create(version=4, parent_root="0x" + "12" * 32, base_model="m", experiences=shuffled)
+    assert encode_library(a) == encode_library(b)
+    assert decode_library(encode_library(a)) == a
+
+
+# -- strict decoding ---------------------------------------------------------------------------------
+
+
+def _doc(library: Library) -> dict:
+    return json.loads(encode_library(library))
+
+
+def _rejected(data: bytes, field: str, fragment: str, **kwargs: object) -> None:
+    with pytest.raises(ValidationError) as info:
+        decode_library(data, **kwargs)  # type: ignore[arg-type]
+    assert info.value.field == field, str(info.value)
+    assert fragment in str(info.value)
+
+
+def test_decode_refuses_oversized(library: Library) -> None:
+    data = encode_library(library)
+    assert decode_library(data, max_size=len(data)) == library
+    _rejected(data, "library", f"is {len(data)} bytes; the limit is {len(data) - 1}", max_size=len(data) - 1)
+
+
+def test_decode_refuses_malformed_bytes(library: Library) -> None:
+    _rejected(b"\xff\xfe{}", "library", "not valid UTF-8")
+    _rejected(b'{"schema": ', "library", "not valid JSON")
+    _rejected(b"[1, 2]", "library", "must be a JSON object")
+    _rejected(b"[" * 100_000 + b"]" * 100_000, "library", "nested too deeply")
+    _rejected(b'{"schema":"zoo.experience-library/1","schema":"x"}', "library", "duplicate key 'schema'")
+    _rejected(b'{"version":NaN}', "library", "NaN")
+    _rejected(b'{"version":1.0}', "library", "JSON number 1.0")
+
+
+def test_decode_names_the_bad_field(library: Library) -> None:
+    doc = _doc(library)
+    doc["schema"] = "other/9"
+    _rejected(json.dumps(doc).encode(), "schema", "zoo.experience-library/1")
+
+    doc = _doc(library)
+    doc["experiences"][2]["confidence"] = "0.87"
+    _rejected(json.dumps(doc).encode(), "experiences[2].confidence", "six digits")
+
+    doc = _doc(library)
+    doc["experiences"][1]["domain"] = "Bad Domain"
+    _rejected(json.dumps(doc).encode(), "experiences[1].domain", "dotted lower-case")
+
+    doc = _doc(library)
+    doc["experiences"][0]["provenance"]["votes"] = 3
+    _rejected(json.dumps(doc).encode(), "experiences[0].provenance.votes", "Extra inputs")
+
+    doc = _doc(library)
+    doc["experiences"][0]["factors"] = {"scales": "AAA=", "signs": "AA=="}
+    _rejected(json.dumps(doc).encode(), "experiences[0].factors.scales", "not a whole number of float32")
+
+    doc = _doc(library)
+    doc["experiences"][0]["factors"] = {"signs": "AB=="}  # nonzero unused bits: two spellings of one byte
+    _rejected(json.dumps(doc).encode(), "experiences[0].factors.signs", "not canonical base64")
+
+
+def test_decode_requires_canonical_bytes(library: Library) -> None:
+    pretty = json.dumps(_doc(library), indent=2).encode()
+    _rejected(pretty, "library", "not in canonical form")
+    assert decode_library(pretty, require_canonical=False) == library
+
+    doc = _doc(library)
+    doc["experiences"].reverse()
+    unsorted = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    _rejected(unsorted, "library", "not in canonical form")
+    assert decode_library(unsorted, require_canonical=False) == library
+
+    doc = _doc(library)
+    doc["description"] = "naïve"
+    escaped = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+    _rejected(escaped, "library", "not in canonical form")
+
+
+def test_decode_refuses_non_nfc_text(library: Library) -> None:
+    doc = library_document(library.model_copy(update={"description": "ok"}))
+    doc["description"] = unicodedata.normalize("NFD", "café")
+    data = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    _rejected(data, "library", "not in canonical form")
+    assert decode_library(data, require_canonical=False).description == "café"
+
+
+def test_decode_experience_refuses_oversized_leaf(make_experience: Make) -> None:
+    data = encode_experience(make_experience(0))
+    with pytest.raises(ValidationError, match="the limit is 10"):
+        decode_experience(data, max_size=10)
