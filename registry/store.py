@@ -1,0 +1,152 @@
+"""The node's local library store: every version it accepted, the operator's draft, and the pointer to
+the current (active) version.
+
+Layout under DATA_DIR/library/:
+    versions/v<version>-<root hex>.json   canonical library bytes, immutable once written
+    current.json                          {"version", "root", "cid"}: which stored version is active
+    draft.json                            the operator's working copy (canonical encoding too)
+Every write goes through a temp file, fsync and rename, so a crash (even kill -9) leaves either the old
+or the new file and never half of one. The current pointer only ever names a version whose bytes are
+on disk and hash to its root; loading re-checks that, so a corrupted file is refused, not served.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from zoo.registry.canonical import decode_library, encode_library
+from zoo.registry.errors import IntegrityError, NotFound, ValidationError
+from zoo.registry.experience import Library
+from zoo.registry.fsutil import write_atomic
+from zoo.registry.merkle import library_root
+
+_VERSION_FILE = re.compile(r"v(\d+)-0x([0-9a-f]{64})\.json")
+
+
+def root_hex(root: bytes) -> str:
+    return "0x" + root.hex()
+
+
+@dataclass(frozen=True)
+class StoredVersion:
+    """A verified library version held locally."""
+
+    library: Library
+    root: str  # 0x-hex Merkle root
+    cid: str
+    path: Path
+
+    @property
+    def version(self) -> int:
+        return self.library.version
+
+
+class LibraryStore:
+    def __init__(self, data_dir: Path) -> None:
+        self.dir = Path(data_dir) / "library"
+        self.versions_dir = self.dir / "versions"
+        self.versions_dir.mkdir(parents=True, exist_ok=True)
+        self._cache: dict[str, StoredVersion] = {}
+        # Temp files are what a crash mid-write leaves behind; the real files were never touched.
+        for tmp in self.dir.rglob(".*.tmp"):
+            tmp.unlink(missing_ok=True)
+
+    # -- versions ---------------------------------------------------------------------------------
+
+    def put(self, library: Library, cid: str, expected_root: str | None = None) -> StoredVersion:
+        """Store a version after checking its Merkle root (against expected_root when given)."""
+        root = root_hex(library_root(library))
+        if expected_root is not None and root != expected_root.lower():
+            raise IntegrityError(
+                f"library version {library.version} has Merkle root {root}, not the expected {expected_root}",
+                computed=root,
+                expected=expected_root,
+            )
+        path = self.versions_dir / f"v{library.version}-{root}.json"
+        if not path.exists():
+            write_atomic(path, encode_library(library))
+        meta = path.with_suffix(".cid")
+        if not meta.exists() or meta.read_text() != cid:
+            write_atomic(meta, cid.encode())
+        stored = StoredVersion(library, root, cid, path)
+        self._cache[root] = stored
+        return stored
+
+    def list(self) -> list[tuple[int, str]]:
+        """(version, root) of every stored version, oldest first."""
+        out = []
+        for p in self.versions_dir.glob("v*.json"):
+            m = _VERSION_FILE.fullmatch(p.name)
+            if m:
+                out.append((int(m.group(1)), "0x" + m.group(2)))
+        return sorted(out)
+
+    def get(self, version: int | None = None, root: str | None = None) -> StoredVersion:
+        """A stored version by number or root, re-verified against its root; NotFound if absent."""
+        for v, r in self.list():
+            if (version is None or v == version) and (root is None or r == root.lower()):
+                return self._load(v, r)
+        what = f"root {root}" if root else f"version {version}"
+        raise NotFound(f"library {what} is not in the local store", version=version, root=root)
+
+    def _load(self, version: int, root: str) -> StoredVersion:
+        if root in self._cache:
+            return self._cache[root]
+        path = self.versions_dir / f"v{version}-{root}.json"
+        try:
+            library = decode_library(path.read_bytes())
+        except ValidationError as e:
+            raise IntegrityError(f"stored library {path.name} is corrupt: {e}", path=str(path)) from None
+        computed = root_hex(library_root(library))
+        if computed != root or library.version != version:
+            raise IntegrityError(f"stored library {path.name} does not match its root (got {computed})")
+        cid_file = path.with_suffix(".cid")
+        cid = cid_file.read_text().strip() if cid_file.exists() else ""
+        stored = StoredVersion(library, root, cid, path)
+        self._cache[root] = stored
+        return stored
+
+    # -- the current pointer ------------------------------------------------------------------------
+
+    @property
+    def _current_file(self) -> Path:
+        return self.dir / "current.json"
+
+    def activate(self, stored: StoredVersion) -> None:
+        """Make a stored, verified version the current one (atomically)."""
+        self._load(stored.version, stored.root)  # must be on disk and intact before it can become current
+        write_atomic(
+            self._current_file,
+            json.dumps({"version": stored.version, "root": stored.root, "cid": stored.cid}).encode(),
+        )
+
+    def current(self) -> StoredVersion | None:
+        """The active version, or None when the node has none yet."""
+        try:
+            pointer = json.loads(self._current_file.read_text())
+        except FileNotFoundError:
+            return None
+        except json.JSONDecodeError as e:
+            raise IntegrityError(f"{self._current_file} is corrupt: {e}") from None
+        return self._load(int(pointer["version"]), str(pointer["root"]))
+
+    # -- the operator's draft -------------------------------------------------------------------------
+
+    @property
+    def _draft_file(self) -> Path:
+        return self.dir / "draft.json"
+
+    def draft(self) -> Library | None:
+        try:
+            return decode_library(self._draft_file.read_bytes())
+        except FileNotFoundError:
+            return None
+
+    def save_draft(self, library: Library) -> None:
+        write_atomic(self._draft_file, encode_library(library))
+
+    def discard_draft(self) -> None:
+        self._draft_file.unlink(missing_ok=True)
