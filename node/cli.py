@@ -29,6 +29,17 @@ app.add_typer(config_app, name="config")
 app.add_typer(models_app, name="models")
 app.add_typer(contracts_app, name="contracts")
 
+
+def _add_groups() -> None:
+    # Imported here so that `zoo-node --help` stays fast and each group lives in its own module.
+    from zoo.node import cli_dao, cli_devnet
+
+    app.add_typer(cli_devnet.app, name="devnet")
+    app.add_typer(cli_dao.app, name="dao")
+
+
+_add_groups()
+
 out = Console()
 err = Console(stderr=True)
 
@@ -180,7 +191,7 @@ def contracts_build() -> None:
 
     with err.status("compiling contracts with solcjs…"):
         artifacts = build(force=True)
-    for name in sorted(artifacts.contracts):
+    for name in artifacts.names():
         out.print(f"compiled {name}")
 
 

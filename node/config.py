@@ -123,6 +123,10 @@ class ChainConfig(_Section):
     """How often the chain's health is probed."""
     confirmations: int = Field(0, ge=0, le=1000)
     """Follow LibraryUpdated events this many blocks behind the head."""
+    poll_interval_s: float = Field(2.0, gt=0, le=3600)
+    """How often the node looks for newly approved library versions."""
+    from_block: int = Field(0, ge=0)
+    """First block to read registry events from (its deployment block; public RPCs limit log ranges)."""
 
     @field_validator("registry_address")
     @classmethod
@@ -138,11 +142,24 @@ class ChainConfig(_Section):
         return self
 
 
+class DevnetConfig(_Section):
+    voting_period_s: int = Field(300, ge=1, le=365 * 24 * 3600)
+    """Voting window of the devnet registry (`zoo-node devnet warp` moves the chain clock)."""
+    execution_delay_s: int = Field(0, ge=0, le=365 * 24 * 3600)
+    """Delay between the end of voting and execution on the devnet."""
+    anvil_port: int = Field(0, ge=0, le=65535)
+    """Port of the devnet chain's JSON-RPC (0 = any free port)."""
+    ipfs_api_port: int = Field(0, ge=0, le=65535)
+    """Port of the devnet IPFS RPC API (0 = any free port)."""
+
+
 class IpfsConfig(_Section):
     api_url: str | None = None
     """Kubo RPC API base URL (e.g. http://127.0.0.1:5001). Unset: the devnet's IPFS in devnet mode."""
     timeout_s: float = Field(30.0, gt=0, le=3600)
     """Timeout of one IPFS call."""
+    max_library_bytes: int = Field(64 * 1024 * 1024, ge=1024, le=1024**3)
+    """Largest library blob the node fetches; bigger content is refused."""
     probe_interval_s: float = Field(5.0, gt=0, le=3600)
     """How often IPFS health is probed."""
 
@@ -178,6 +195,7 @@ class NodeConfig(_Section):
     log: LogConfig = Field(default_factory=LogConfig)
     chain: ChainConfig = Field(default_factory=ChainConfig)
     ipfs: IpfsConfig = Field(default_factory=IpfsConfig)
+    devnet: DevnetConfig = Field(default_factory=DevnetConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     embedder: EmbedderConfig = Field(default_factory=EmbedderConfig)
 

@@ -9,17 +9,21 @@ import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from zoo.node import __version__
 from zoo.node.components import Component, DisabledComponent, Supervisor
 from zoo.node.config import NodeConfig, parse_listen
 from zoo.node.datadir import DataDir, DataDirLocked
+from zoo.node.library import LibraryComponent
 from zoo.node.logs import configure_logging, get_logger
 from zoo.node.metrics import NodeMetrics
-from zoo.node.probes import ChainComponent, IpfsComponent, LibraryComponent, ModelComponent
+from zoo.node.probes import ChainComponent, IpfsComponent, ModelComponent
 from zoo.node.server import BindError, HealthBridge, build_server
 from zoo.node.services import NodeServicer
+from zoo.registry.store import LibraryStore
 
 log = get_logger("zoo.node.daemon")
 
@@ -51,44 +55,123 @@ def resolve_model_path(cfg: NodeConfig) -> Path:
     return prepared.path
 
 
-def build_components(cfg: NodeConfig, data_dir: DataDir, model_path: Path) -> list[Component]:
-    comps: list[Component] = []
-    if cfg.chain.mode == "off":
-        comps.append(DisabledComponent("chain", "chain.mode = 'off'"))
-    elif cfg.chain.mode == "external":
-        assert cfg.chain.rpc_url  # guaranteed by ChainConfig's validator
-        comps.append(
-            ChainComponent(cfg.chain.rpc_url, cfg.chain.registry_address, cfg.chain.probe_interval_s)
+@dataclass
+class Wiring:
+    """What start-up resolved before the event loop runs: endpoints and whether this node owns a devnet."""
+
+    rpc_url: str | None = None
+    registry_address: str | None = None
+    ipfs_api: str | None = None
+    from_block: int = 0
+    devnet: Any = None  # the Devnet this node started (and stops on exit), if any
+
+
+def devnet_settings(cfg: NodeConfig) -> Any:
+    from zoo.devnet.manager import DevnetSettings
+
+    d = cfg.devnet
+    return DevnetSettings(
+        voting_period_s=d.voting_period_s,
+        execution_delay_s=d.execution_delay_s,
+        anvil_port=d.anvil_port,
+        ipfs_api_port=d.ipfs_api_port,
+    )
+
+
+def wire(cfg: NodeConfig) -> Wiring:
+    """Resolve chain and IPFS endpoints; in devnet mode start the devnet if none is running.
+
+    Runs on the main thread: a devnet started here dies with this process (PR_SET_PDEATHSIG is tied to
+    the starting thread), so even kill -9 of the node leaves no orphaned anvil or IPFS daemon.
+    """
+    w = Wiring(ipfs_api=cfg.ipfs.api_url)
+    if cfg.chain.mode == "external":
+        w.rpc_url, w.registry_address, w.from_block = (
+            cfg.chain.rpc_url,
+            cfg.chain.registry_address,
+            cfg.chain.from_block,
         )
+    elif cfg.chain.mode == "devnet":
+        from zoo.devnet.manager import Devnet, DevnetError
+
+        devnet = Devnet(cfg.data_dir, devnet_settings(cfg))
+        log.info("bringing up the devnet", dir=str(devnet.dir))
+        try:
+            info, reused = devnet.up(progress=lambda msg: log.info("devnet", step=msg), die_with_parent=True)
+        except (DevnetError, RuntimeError, OSError) as e:
+            raise StartupError(f"the devnet failed to start: {e}") from None
+        log.info(
+            "devnet ready",
+            reused=reused,
+            rpc=info.rpc_url,
+            registry=info.registry_address,
+            ipfs=info.ipfs_api,
+        )
+        w.rpc_url, w.registry_address, w.from_block = info.rpc_url, info.registry_address, info.deploy_block
+        w.ipfs_api = cfg.ipfs.api_url or info.ipfs_api
+        w.devnet = None if reused else devnet
+    return w
+
+
+def build_components(
+    cfg: NodeConfig, data_dir: DataDir, model_path: Path, wiring: Wiring, metrics: NodeMetrics
+) -> list[Component]:
+    comps: list[Component] = []
+    if wiring.rpc_url:
+        comps.append(ChainComponent(wiring.rpc_url, wiring.registry_address, cfg.chain.probe_interval_s))
     else:
-        comps.append(DisabledComponent("chain", "devnet mode: start a devnet with `zoo-node devnet up`"))
-    if cfg.ipfs.api_url:
-        comps.append(IpfsComponent(cfg.ipfs.api_url, cfg.ipfs.probe_interval_s))
+        comps.append(DisabledComponent("chain", "chain.mode = 'off'"))
+    if wiring.ipfs_api:
+        comps.append(IpfsComponent(wiring.ipfs_api, cfg.ipfs.probe_interval_s))
     else:
         comps.append(DisabledComponent("ipfs", "ipfs.api_url is not set"))
     comps.append(ModelComponent(model_path, cfg.model.device, cfg.model.dtype, cfg.model.threads))
-    comps.append(LibraryComponent())
+    store = LibraryStore(data_dir.path)
+    factory = None
+    if wiring.rpc_url and wiring.registry_address and wiring.ipfs_api:
+        factory = _follower_factory(cfg, data_dir, wiring, store)
+
+    def activated(stored: Any) -> None:
+        metrics.library_version.set(stored.version)
+        metrics.library_experiences.set(len(stored.library.experiences))
+
+    comps.append(
+        LibraryComponent(
+            store,
+            factory,
+            cfg.chain.poll_interval_s,
+            on_activate=activated,
+            on_refused=lambda reason: metrics.library_refused.labels(reason).inc(),
+        )
+    )
     return comps
 
 
-async def serve(cfg: NodeConfig) -> int:
+def _follower_factory(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, store: LibraryStore) -> Any:
+    def make() -> Any:
+        from web3 import Web3
+
+        from zoo.node.library import ChainEvents
+        from zoo.registry.chain import RegistryClient
+        from zoo.registry.ipfs import IpfsClient
+        from zoo.registry.sync import LibraryFollower, LibrarySyncer
+
+        w3 = Web3(Web3.HTTPProvider(wiring.rpc_url, request_kwargs={"timeout": 15}))
+        registry = RegistryClient(w3, str(wiring.registry_address))
+        ipfs = IpfsClient(str(wiring.ipfs_api), timeout=cfg.ipfs.timeout_s)
+        syncer = LibrarySyncer(
+            registry, ipfs, store, fetch_timeout_s=cfg.ipfs.timeout_s, max_bytes=cfg.ipfs.max_library_bytes
+        )
+        cursor = data_dir.path / "library" / "sync-cursor.json"
+        return LibraryFollower(
+            syncer, ChainEvents(registry, wiring.from_block), cursor, cfg.chain.confirmations
+        )
+
+    return make
+
+
+async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: float) -> int:
     """Run the node until SIGINT/SIGTERM; returns the process exit code."""
-    started = time.monotonic()
-    data_dir = DataDir(cfg.data_dir)
-    try:
-        data_dir.lock()
-    except DataDirLocked as e:
-        raise StartupError(str(e), EXIT_LOCKED) from None
-    except OSError as e:
-        raise StartupError(f"cannot use data directory {cfg.data_dir}: {e}") from None
-    try:
-        return await _serve_locked(cfg, data_dir, started)
-    finally:
-        data_dir.clear_node_info()
-        data_dir.unlock()
-
-
-async def _serve_locked(cfg: NodeConfig, data_dir: DataDir, started: float) -> int:
     admin_token = (
         cfg.server.admin_token.get_secret_value() if cfg.server.admin_token else data_dir.admin_token()
     )
@@ -105,7 +188,7 @@ async def _serve_locked(cfg: NodeConfig, data_dir: DataDir, started: float) -> i
             raise StartupError(f"cannot serve metrics on {cfg.metrics.listen}: {e}") from None
         metrics_url = f"http://{host}:{bound}/metrics"
 
-    supervisor = Supervisor(build_components(cfg, data_dir, model_path))
+    supervisor = Supervisor(build_components(cfg, data_dir, model_path, wiring, metrics))
     supervisor.on_change(metrics.component_changed)
     health = HealthBridge(supervisor)
     host, _ = parse_listen(cfg.server.listen)
@@ -150,7 +233,6 @@ async def _serve_locked(cfg: NodeConfig, data_dir: DataDir, started: float) -> i
     await server.stop(cfg.server.grace_period_s)
     await supervisor.stop()
     metrics.shutdown()
-    log.info("stopped")
     return EXIT_OK
 
 
@@ -175,8 +257,25 @@ def run(cfg: NodeConfig) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TQDM_DISABLE", "1")
     configure_logging(cfg.log.level, cfg.log.format)
+    started = time.monotonic()
+    data_dir = DataDir(cfg.data_dir)
+    wiring = Wiring()
     try:
-        return asyncio.run(serve(cfg))
+        try:
+            data_dir.lock()
+        except DataDirLocked as e:
+            raise StartupError(str(e), EXIT_LOCKED) from None
+        except OSError as e:
+            raise StartupError(f"cannot use data directory {cfg.data_dir}: {e}") from None
+        try:
+            wiring = wire(cfg)
+            return asyncio.run(serve(cfg, data_dir, wiring, started))
+        finally:
+            if wiring.devnet is not None:
+                log.info("stopping the devnet this node started", stopped=wiring.devnet.down())
+            data_dir.clear_node_info()
+            data_dir.unlock()
+            log.info("stopped")
     except StartupError as e:
         log.error("cannot start", reason=str(e))
         print(f"zoo-node: {e}", file=sys.stderr)

@@ -48,6 +48,12 @@ class NodeMetrics:
         self.library_experiences = Gauge(
             "zoo_library_experiences", "Experiences in the active library", registry=r
         )
+        self.library_refused = Counter(
+            "zoo_library_refused",
+            "Approved library versions refused by verification, by reason",
+            ["reason"],
+            registry=r,
+        )
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
 

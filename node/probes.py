@@ -120,21 +120,3 @@ class ModelComponent(Component):
         if self.model is None:
             return State.STARTING, "loading"
         return State.SERVING, f"{self.path.name} on {self.device}"
-
-
-class LibraryComponent(Component):
-    """The active experience library. Until a verified version is active the node answers without one."""
-
-    name = "library"
-    probe_interval_s = 5.0
-
-    def __init__(self) -> None:
-        self.root = ""
-        self.version = 0
-        self.cid = ""
-        self.experience_count = 0
-
-    async def probe(self) -> tuple[State, str]:
-        if not self.root:
-            return State.DEGRADED, "no verified library version is active yet; answering without experiences"
-        return State.SERVING, f"version {self.version} root {self.root[:18]}…"

@@ -1,0 +1,269 @@
+"""`zoo-node devnet up|down|status`: a local chain (anvil) and IPFS daemon with the contracts deployed,
+KEEPER minted to the dev accounts and a genesis library published and approved on chain.
+
+State lives in DATA_DIR/devnet/: devnet.json (endpoints, addresses, accounts, the processes it
+started), anvil.log, ipfs/ (the IPFS repository, kept across restarts) and devnet.lock (serialises
+concurrent `up`/`down`). Every process the devnet starts is recorded the moment it is spawned, so
+`down` stops exactly those, also when the `up` that started them was killed half-way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from zoo.devnet.process import ProcessRecord
+from zoo.registry.fsutil import write_atomic
+
+TOKEN = 10**18
+DEV_ACCOUNTS = 10
+DEV_BALANCE = 1_000_000 * TOKEN  # KEEPER per dev account; sqrt gives each a weight of 10**12
+GENESIS_VOTERS = (0, 1, 2)
+
+Progress = Callable[[str], None]
+
+
+class DevnetError(RuntimeError):
+    """The devnet cannot be brought up or reached; the message says why."""
+
+
+@dataclass(frozen=True)
+class DevnetSettings:
+    """Governance parameters and ports of a devnet (defaults suit a person trying the DAO flow)."""
+
+    voting_period_s: int = 300
+    execution_delay_s: int = 0
+    proposal_threshold: int = 1_000 * TOKEN
+    quorum: int = 2 * 10**12  # quadratic weight: two full dev accounts
+    chain_id: int = 31337
+    anvil_port: int = 0
+    ipfs_api_port: int = 0
+
+
+@dataclass
+class DevnetInfo:
+    rpc_url: str
+    chain_id: int
+    token_address: str
+    registry_address: str
+    ipfs_api: str
+    accounts: list[dict[str, str]]
+    processes: list[ProcessRecord]
+    settings: dict[str, int]
+    genesis: dict[str, Any] = field(default_factory=dict)
+    deploy_block: int = 0
+    started_at: float = 0.0
+    ready: bool = False
+
+    def to_json(self) -> bytes:
+        data = {**self.__dict__, "processes": [p.to_dict() for p in self.processes]}
+        return json.dumps(data, indent=2).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> DevnetInfo:
+        data = json.loads(raw)
+        data["processes"] = [ProcessRecord(**p) for p in data.get("processes", [])]
+        return cls(**data)
+
+
+class Devnet:
+    """The devnet that belongs to one data directory."""
+
+    def __init__(self, data_dir: Path, settings: DevnetSettings | None = None) -> None:
+        self.dir = Path(data_dir) / "devnet"
+        self.settings = settings or DevnetSettings()
+
+    @property
+    def state_file(self) -> Path:
+        return self.dir / "devnet.json"
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with open(self.dir / "devnet.lock", "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            yield
+
+    def info(self) -> DevnetInfo | None:
+        """The recorded devnet, whether or not it is still running."""
+        try:
+            return DevnetInfo.from_json(self.state_file.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (json.JSONDecodeError, TypeError, KeyError) as e:
+            raise DevnetError(
+                f"{self.state_file} is corrupt ({e}); run `zoo-node devnet down` to reset"
+            ) from None
+
+    def running(self) -> DevnetInfo | None:
+        """The devnet if it is fully up: every recorded process alive and both endpoints answering."""
+        info = self.info()
+        if info is None or not info.ready or not all(p.alive() for p in info.processes):
+            return None
+        if not (_rpc_answers(info.rpc_url) and _ipfs_answers(info.ipfs_api)):
+            return None
+        return info
+
+    def up(self, progress: Progress | None = None, die_with_parent: bool = False) -> tuple[DevnetInfo, bool]:
+        """Start (or reuse) the devnet; returns its info and whether it was already running.
+
+        die_with_parent ties the processes to the calling thread's life (for a node that owns its devnet).
+        """
+        say = progress or (lambda _msg: None)
+        with self._locked():
+            existing = self.running()
+            if existing is not None:
+                return existing, True
+            self._stop_recorded()
+            return self._start(say, die_with_parent), False
+
+    def down(self) -> list[str]:
+        """Stop exactly the processes this devnet started; returns their names."""
+        with self._locked():
+            stopped = self._stop_recorded()
+            self.state_file.unlink(missing_ok=True)
+            return stopped
+
+    def _stop_recorded(self) -> list[str]:
+        info = self.info()
+        if info is None:
+            return []
+        return [p.name for p in info.processes if p.stop()]
+
+    def _record(self, info: DevnetInfo) -> None:
+        write_atomic(self.state_file, info.to_json())
+
+    def _start(self, say: Progress, die_with_parent: bool) -> DevnetInfo:
+        from web3 import Web3
+
+        from zoo.contracts.build import build
+        from zoo.devnet.anvil import AnvilProcess
+        from zoo.devnet.ipfs import IpfsDaemon
+        from zoo.registry.keys import dev_account
+
+        started = time.time()
+        s = self.settings
+        accounts = [{"name": f"dev{i}", "address": dev_account(i).address} for i in range(DEV_ACCOUNTS)]
+        info = DevnetInfo(
+            rpc_url="",
+            chain_id=s.chain_id,
+            token_address="",
+            registry_address="",
+            ipfs_api="",
+            accounts=accounts,
+            processes=[],
+            settings=dict(s.__dict__),
+            started_at=started,
+        )
+        try:
+            say("starting anvil")
+            anvil = AnvilProcess(die_with_parent=die_with_parent, log_path=self.dir / "anvil.log")
+            anvil.start(port=s.anvil_port, chain_id=s.chain_id, accounts=DEV_ACCOUNTS)
+            info.processes.append(ProcessRecord.of("anvil", anvil.pid))
+            info.rpc_url = anvil.rpc_url
+            self._record(info)
+
+            say("starting IPFS")
+            ipfs = IpfsDaemon(self.dir / "ipfs", s.ipfs_api_port, die_with_parent=die_with_parent)
+            ipfs.start()
+            info.processes.append(ProcessRecord.of("ipfs", ipfs.pid))
+            info.ipfs_api = ipfs.api_url
+            self._record(info)
+
+            say("compiling contracts")
+            artifacts = build()
+            w3 = Web3(Web3.HTTPProvider(info.rpc_url, request_kwargs={"timeout": 30}))
+            say("deploying KeeperToken and ExperienceRegistry")
+            self._deploy(w3, info, artifacts)
+            self._record(info)
+
+            say("publishing and approving the genesis library")
+            self._genesis(w3, info, artifacts)
+            info.ready = True
+            self._record(info)
+            return info
+        except BaseException:
+            # Leave nothing half-up: stop what was started, keep the state file for the post-mortem.
+            for p in info.processes:
+                p.stop()
+            info.processes = []
+            self._record(info)
+            raise
+
+    def _deploy(self, w3: Any, info: DevnetInfo, artifacts: Any) -> None:
+        from zoo.registry.chain import deploy_registry, deploy_token
+        from zoo.registry.keys import dev_account
+
+        s = self.settings
+        deployer = dev_account(0)
+        holders = [(a["address"], DEV_BALANCE) for a in info.accounts]
+        info.token_address = deploy_token(w3, deployer, holders, artifacts=artifacts)
+        info.registry_address = deploy_registry(
+            w3,
+            deployer,
+            info.token_address,
+            voting_period=s.voting_period_s,
+            execution_delay=s.execution_delay_s,
+            proposal_threshold=s.proposal_threshold,
+            quorum=s.quorum,
+            artifacts=artifacts,
+        )
+        info.deploy_block = int(w3.eth.block_number)
+
+    def _genesis(self, w3: Any, info: DevnetInfo, artifacts: Any) -> None:
+        from zoo.devnet.genesis import genesis_library
+        from zoo.registry.canonical import encode_library
+        from zoo.registry.chain import RegistryClient
+        from zoo.registry.ipfs import IpfsClient
+        from zoo.registry.keys import dev_account
+        from zoo.registry.merkle import library_root
+
+        library = genesis_library()
+        root = library_root(library)
+        with IpfsClient(info.ipfs_api) as ipfs:
+            cid = ipfs.add(encode_library(library), pin=True)
+        # Snapshots are taken strictly before the proposal, so the holders' votes must be at least a
+        # second old: anvil stamps each automined block with the wall clock.
+        warp(w3, 1)
+        RegistryClient(w3, info.registry_address, dev_account(0), artifacts=artifacts).propose(
+            root, cid, b"\0" * 32
+        )
+        warp(w3, 1)
+        for i in GENESIS_VOTERS:
+            RegistryClient(w3, info.registry_address, dev_account(i), artifacts=artifacts).vote(root, True)
+        s = self.settings
+        warp(w3, s.voting_period_s + s.execution_delay_s + 1)
+        result = RegistryClient(w3, info.registry_address, dev_account(0), artifacts=artifacts).execute(root)
+        info.genesis = {"version": 1, "root": "0x" + root.hex(), "cid": cid, "block": result.block_number}
+
+
+def warp(w3: Any, seconds: int) -> int:
+    """Move the devnet chain's clock forward and mine a block; returns the new block timestamp."""
+    w3.provider.make_request("evm_increaseTime", [int(seconds)])
+    w3.provider.make_request("evm_mine", [])
+    return int(w3.eth.get_block("latest")["timestamp"])
+
+
+def _rpc_answers(url: str) -> bool:
+    try:
+        r = httpx.post(
+            url, json={"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}, timeout=2
+        )
+        return r.status_code == 200 and "result" in r.json()
+    except (httpx.HTTPError, ValueError):
+        return False
+
+
+def _ipfs_answers(url: str) -> bool:
+    try:
+        return httpx.post(f"{url}/api/v0/version", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False

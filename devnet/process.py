@@ -1,0 +1,75 @@
+"""Identify processes the devnet started, so `down` stops exactly those and never an unrelated process
+that happens to reuse a pid later (the recorded kernel start time must match too)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from dataclasses import asdict, dataclass
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat), None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after its closing parenthesis.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return int(fields[19])
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    name: str
+    pid: int
+    start_ticks: int
+
+    @classmethod
+    def of(cls, name: str, pid: int) -> ProcessRecord:
+        ticks = _start_ticks(pid)
+        if ticks is None:
+            raise ProcessLookupError(f"{name} (pid {pid}) exited right after it started")
+        return cls(name, pid, ticks)
+
+    def alive(self) -> bool:
+        """The very process recorded is still running (not a zombie, not a reused pid)."""
+        if _start_ticks(self.pid) != self.start_ticks:
+            return False
+        try:
+            with open(f"/proc/{self.pid}/stat", "rb") as f:
+                state = f.read().decode(errors="replace")
+            return state[state.rindex(")") + 2] != "Z"
+        except OSError:
+            return False
+
+    def stop(self, timeout_s: float = 10.0) -> bool:
+        """SIGTERM the process's own group, SIGKILL after timeout; True if it was running."""
+        if not self.alive():
+            return False
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                # Each devnet process leads its own session/group (start_new_session), so the group is ours.
+                os.killpg(self.pid, sig)
+            except ProcessLookupError:
+                return True
+            except PermissionError:
+                os.kill(self.pid, sig)
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                if not self.alive():
+                    _reap(self.pid)
+                    return True
+                time.sleep(0.05)
+        return True
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)

@@ -1,0 +1,136 @@
+"""The library component: holds the active verified library and keeps it in step with the chain.
+
+Inference reads `active` once per request; a new version replaces that reference in one assignment, so
+a request never sees a mix of two versions and never waits for a sync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from zoo.node.components import Component, State
+from zoo.node.logs import get_logger
+from zoo.registry.errors import IntegrityError
+from zoo.registry.store import LibraryStore, StoredVersion
+from zoo.registry.sync import LibraryFollower, Refused
+
+log = get_logger(__name__)
+
+
+class ChainEvents:
+    """Adapts a RegistryClient to the follower's EventSource (block height + LibraryUpdated events)."""
+
+    def __init__(self, registry: Any, from_block: int = 0) -> None:
+        self.registry = registry
+        self.from_block = from_block
+
+    def block_number(self) -> int:
+        return int(self.registry.w3.eth.block_number)
+
+    def library_updated_events(self, from_block: int, to_block: int) -> list[Any]:
+        return self.registry.library_updated_events(max(from_block, self.from_block), to_block)
+
+
+class LibraryComponent(Component):
+    name = "library"
+    probe_interval_s = 1.0
+
+    def __init__(
+        self,
+        store: LibraryStore,
+        follower_factory: Callable[[], LibraryFollower] | None = None,
+        poll_interval_s: float = 2.0,
+        on_activate: Callable[[StoredVersion], None] | None = None,
+        on_refused: Callable[[str], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.follower_factory = follower_factory
+        self.poll_interval_s = poll_interval_s
+        self.on_activate = on_activate
+        self.on_refused = on_refused
+        self.has_background_task = follower_factory is not None
+        self.active: StoredVersion | None = None
+        self.last_error = ""
+        self.last_refusal = ""
+        self.last_sync = 0.0
+
+    # GetStatus reads these.
+    @property
+    def root(self) -> str:
+        return self.active.root if self.active else ""
+
+    @property
+    def version(self) -> int:
+        return self.active.version if self.active else 0
+
+    @property
+    def cid(self) -> str:
+        return self.active.cid if self.active else ""
+
+    @property
+    def experience_count(self) -> int:
+        return len(self.active.library.experiences) if self.active else 0
+
+    async def setup(self) -> None:
+        try:
+            current = await asyncio.to_thread(self.store.current)
+        except IntegrityError as e:
+            # A corrupt local copy is never served; the sync fetches the version again.
+            log.error("local library is corrupt; not serving it", reason=str(e))
+            current = None
+        if current is not None:
+            self._activate(current)
+
+    def _activate(self, stored: StoredVersion) -> None:
+        self.active = stored
+        log.info(
+            "library active",
+            version=stored.version,
+            root=stored.root,
+            experiences=len(stored.library.experiences),
+        )
+        if self.on_activate:
+            self.on_activate(stored)
+
+    async def run_forever(self) -> None:
+        assert self.follower_factory is not None
+        follower = await asyncio.to_thread(self.follower_factory)
+        backoff = self.poll_interval_s
+        while True:
+            try:
+                result = await asyncio.to_thread(follower.poll)
+                self.last_error = ""
+                self.last_sync = time.time()
+                backoff = self.poll_interval_s
+                if result is not None and result.activated is not None:
+                    self._activate(result.activated)
+            except Refused as e:
+                self.last_refusal = str(e)
+                log.warning("library version refused", reason=str(e))
+                if self.on_refused:
+                    self.on_refused(type(e.__cause__ or e).__name__)
+            except Exception as e:
+                # RPC or IPFS trouble: keep serving the last verified version and retry with backoff.
+                self.last_error = f"{type(e).__name__}: {e}"
+                log.warning("library sync failed; retrying", error=self.last_error, retry_in_s=backoff)
+                backoff = min(backoff * 2, 30.0)
+            await asyncio.sleep(backoff)
+
+    async def probe(self) -> tuple[State, str]:
+        serving = f"version {self.version} root {self.root[:18]}…" if self.active else "no verified library"
+        if self.last_error:
+            return State.DEGRADED, f"sync failing ({self.last_error}); serving {serving}"
+        if self.active is None:
+            if self.follower_factory is None:
+                return (
+                    State.DEGRADED,
+                    "no verified library and no chain to sync from; answering without experiences",
+                )
+            return State.DEGRADED, "no verified library version is active yet; answering without experiences"
+        detail = serving
+        if self.last_refusal:
+            detail += f" (refused a newer version: {self.last_refusal[:200]})"
+        return State.SERVING, detail
