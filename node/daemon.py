@@ -18,12 +18,14 @@ from zoo.node.components import Component, DisabledComponent, Supervisor
 from zoo.node.config import NodeConfig, parse_listen
 from zoo.node.datadir import DataDir, DataDirLocked
 from zoo.node.library import LibraryComponent
+from zoo.node.library_service import LibraryServicer
 from zoo.node.logs import configure_logging, get_logger
 from zoo.node.metrics import NodeMetrics
 from zoo.node.probes import ChainComponent, IpfsComponent, ModelComponent
 from zoo.node.server import BindError, HealthBridge, build_server
 from zoo.node.services import NodeServicer
 from zoo.registry.store import LibraryStore
+from zoo.v1 import library_pb2_grpc, node_pb2_grpc
 
 log = get_logger("zoo.node.daemon")
 
@@ -170,6 +172,25 @@ def _follower_factory(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, store:
     return make
 
 
+def _onchain_roots(wiring: Wiring) -> Any:
+    """version -> the root the registry holds for it, or None without a chain."""
+    if not (wiring.rpc_url and wiring.registry_address):
+        return None
+    client: list[Any] = []
+
+    def root_of(version: int) -> str:
+        if not client:
+            from web3 import Web3
+
+            from zoo.registry.chain import RegistryClient
+
+            w3 = Web3(Web3.HTTPProvider(wiring.rpc_url, request_kwargs={"timeout": 5}))
+            client.append(RegistryClient(w3, str(wiring.registry_address)))
+        return "0x" + client[0].version_at(version).root.hex()
+
+    return root_of
+
+
 async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: float) -> int:
     """Run the node until SIGINT/SIGTERM; returns the process exit code."""
     admin_token = (
@@ -196,8 +217,17 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
     servicer = NodeServicer(
         supervisor, str(cfg.data_dir), lambda: f"{host}:{bound_port}", model_id_for(model_path)
     )
+    library = supervisor.components["library"]
+    assert isinstance(library, LibraryComponent)
+    servicers: list[Any] = [
+        (node_pb2_grpc.add_NodeServiceServicer_to_server, servicer),
+        (
+            library_pb2_grpc.add_LibraryServiceServicer_to_server,
+            LibraryServicer(library, _onchain_roots(wiring)),
+        ),
+    ]
     try:
-        server, bound_port = build_server(cfg, supervisor, metrics, admin_token, servicer, health)
+        server, bound_port = build_server(cfg, metrics, admin_token, health, servicers)
     except BindError as e:
         metrics.shutdown()
         raise StartupError(str(e)) from None

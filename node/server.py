@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
@@ -11,8 +14,8 @@ from zoo.node.components import Status, Supervisor
 from zoo.node.config import NodeConfig
 from zoo.node.interceptor import NodeInterceptor
 from zoo.node.metrics import NodeMetrics
-from zoo.node.services import PLANNED, NodeServicer, unimplemented_handler
-from zoo.v1 import node_pb2, node_pb2_grpc
+from zoo.node.services import PLANNED, unimplemented_handler
+from zoo.v1 import node_pb2
 
 # The component that must be usable for the node as a whole to report SERVING: without a model the
 # node cannot answer queries; without chain or IPFS it still serves its last verified library.
@@ -56,11 +59,10 @@ class HealthBridge:
 
 def build_server(
     cfg: NodeConfig,
-    supervisor: Supervisor,
     metrics: NodeMetrics,
     admin_token: str,
-    node_servicer: NodeServicer,
     health: HealthBridge,
+    servicers: list[tuple[Callable[[Any, grpc.aio.Server], None], Any]],
 ) -> tuple[grpc.aio.Server, int]:
     """Create and bind the server; returns it with the bound port (not started yet)."""
     interceptor = NodeInterceptor(metrics, admin_token, cfg.server.max_concurrent_rpcs)
@@ -72,9 +74,13 @@ def build_server(
             ("grpc.so_reuseport", 0),  # a second node on the same port must fail, not share it
         ],
     )
-    node_pb2_grpc.add_NodeServiceServicer_to_server(node_servicer, server)
+    implemented = set()
+    for add, servicer in servicers:
+        add(servicer, server)
+        implemented.add(add.__name__.removeprefix("add_").removesuffix("Servicer_to_server"))
     for full_name, (module, what) in PLANNED.items():
-        server.add_generic_rpc_handlers((unimplemented_handler(full_name, module, what),))
+        if full_name.rsplit(".", 1)[1] not in implemented:
+            server.add_generic_rpc_handlers((unimplemented_handler(full_name, module, what),))
     health_pb2_grpc.add_HealthServicer_to_server(health.servicer, server)
     reflection.enable_server_reflection(
         (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
