@@ -62,7 +62,7 @@ def _draft(store: Any) -> Any:
         return draft
     if draft is not None:
         # The draft's version was approved (or overtaken) meanwhile: start the next one from the chain's.
-        err.print(f"draft version {draft.version} is superseded by current version {cur.version}; starting anew")
+        err.print(f"draft version {draft.version} is superseded by version {cur.version}; starting anew")
         store.discard_draft()
     if cur is None:
         return Library.create(version=1, base_model=DEFAULT_BASE_MODEL, description="draft")
