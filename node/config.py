@@ -176,6 +176,51 @@ class ModelConfig(_Section):
     """Weight dtype. bfloat16 halves memory and is what the bundled model is cached in."""
     threads: int = Field(0, ge=0, le=1024)
     """CPU threads for torch (0 = torch's default)."""
+    base_url: str | None = None
+    """openai backend: base URL of the OpenAI-compatible server (e.g. http://127.0.0.1:8000)."""
+    name: str | None = None
+    """openai backend: model name to request; vllm/transformers: the model id reported to clients."""
+    api_key_env: str = "OPENAI_API_KEY"
+    """openai backend: environment variable holding the API key (the key itself never sits in config)."""
+    context_length: int = Field(8192, ge=256, le=10_000_000)
+    """openai backend: the served model's context window (local backends read it from the model)."""
+
+    @model_validator(mode="after")
+    def _openai_needs_server(self) -> ModelConfig:
+        if self.backend == "openai" and not (self.base_url and self.name):
+            raise ValueError("base_url and name must be set when backend = 'openai'")
+        return self
+
+
+class InferenceConfig(_Section):
+    default_k: int = Field(5, ge=0, le=100)
+    """Experiences retrieved when a request does not say."""
+    max_k: int = Field(20, ge=1, le=100)
+    """Largest k a request may ask for."""
+    experience_budget_tokens: int = Field(512, ge=0, le=100_000)
+    """Prompt tokens the experience block may take; lowest-scoring experiences are dropped to fit."""
+    default_max_tokens: int = Field(256, ge=1, le=100_000)
+    """Tokens generated when a request does not say."""
+    max_tokens_limit: int = Field(2048, ge=1, le=100_000)
+    """Largest max_tokens a request may ask for."""
+    concurrency: int = Field(2, ge=1, le=1024)
+    """Requests generating at once (the transformers backend still runs one generate at a time)."""
+    max_queue: int = Field(16, ge=0, le=100_000)
+    """Requests that may wait for a slot; beyond this, RESOURCE_EXHAUSTED at once."""
+    ann_threshold: int = Field(20_000, ge=1)
+    """Libraries with at least this many experiences use the approximate index instead of exact search."""
+    factor_eta: float = Field(1.0, ge=0, le=100)
+    """Scale of decode-time expert factors: weight = eta * q / (1 - q) for reliability q."""
+    factor_cap: float = Field(4.0, ge=0, le=1000)
+    """Upper bound of one experience's factor weight."""
+
+    @model_validator(mode="after")
+    def _defaults_within_limits(self) -> InferenceConfig:
+        if self.default_k > self.max_k:
+            raise ValueError(f"default_k ({self.default_k}) must not exceed max_k ({self.max_k})")
+        if self.default_max_tokens > self.max_tokens_limit:
+            raise ValueError("default_max_tokens must not exceed max_tokens_limit")
+        return self
 
 
 class EmbedderConfig(_Section):
@@ -198,6 +243,7 @@ class NodeConfig(_Section):
     devnet: DevnetConfig = Field(default_factory=DevnetConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     embedder: EmbedderConfig = Field(default_factory=EmbedderConfig)
+    inference: InferenceConfig = Field(default_factory=InferenceConfig)
 
     @field_validator("data_dir", "cache_dir")
     @classmethod

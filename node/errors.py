@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import grpc
 
+from zoo.inference.backend import BackendUnavailable
+from zoo.inference.engine import Unsupported
 from zoo.registry import errors as reg
 
 
@@ -29,6 +31,8 @@ _CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (reg.IpfsError, grpc.StatusCode.UNAVAILABLE),
     (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (Unimplemented, grpc.StatusCode.UNIMPLEMENTED),
+    (Unsupported, grpc.StatusCode.FAILED_PRECONDITION),
+    (BackendUnavailable, grpc.StatusCode.UNAVAILABLE),
     (PermissionError, grpc.StatusCode.PERMISSION_DENIED),
     (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
     (ConnectionError, grpc.StatusCode.UNAVAILABLE),

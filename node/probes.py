@@ -78,45 +78,63 @@ class IpfsComponent(Component):
 
 
 class ModelComponent(Component):
-    """Loads the chat model (in a worker thread, so the server answers meanwhile) and proves it generates."""
+    """Loads the generation backend (in a worker thread, so the server answers meanwhile) and proves it
+    generates before reporting SERVING."""
 
     name = "model"
     probe_interval_s = 30.0
 
-    def __init__(self, path: Path, device: str, dtype: str, threads: int) -> None:
-        self.path = Path(path)
-        self.device = device
-        self.dtype = dtype
-        self.threads = threads
-        self.model: Any = None
-        self.tokenizer: Any = None
+    def __init__(self, cfg: Any, path: Path | None, model_id: str) -> None:
+        self.cfg = cfg  # ModelConfig
+        self.path = path
+        self.model_id = model_id
+        self.backend: Any = None
         self.load_seconds = 0.0
 
     async def setup(self) -> None:
-        await asyncio.to_thread(self._load)
-
-    def _load(self) -> None:
         import time
 
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from zoo.inference.backend import GenerationRequest, generate
 
-        if self.threads:
-            torch.set_num_threads(self.threads)
         start = time.perf_counter()
+        backend = await asyncio.to_thread(self._load)
+        # Readiness is "it generates", not "the files loaded": one greedy token through the real backend.
+        await generate(backend, GenerationRequest([{"role": "user", "content": "ok"}], max_tokens=1))
+        self.backend = backend
+        self.load_seconds = time.perf_counter() - start
+        log.info(
+            "model ready", model=self.model_id, backend=self.cfg.backend, seconds=round(self.load_seconds, 1)
+        )
+
+    def _load(self) -> Any:
+        cfg = self.cfg
+        if cfg.backend == "openai":
+            import os
+
+            from zoo.inference.openai_backend import OpenAIBackend
+
+            return OpenAIBackend(cfg.base_url, cfg.name, os.environ.get(cfg.api_key_env), cfg.context_length)
+        assert self.path is not None
         if not (self.path / "config.json").is_file():
             raise FileNotFoundError(f"{self.path} is not a Hugging Face model directory (no config.json)")
-        self.tokenizer = AutoTokenizer.from_pretrained(self.path)
-        model = AutoModelForCausalLM.from_pretrained(self.path, dtype=getattr(torch, self.dtype))
-        self.model = model.to(self.device).eval()
-        # Readiness is "it generates", not "the file loaded": one greedy token through the real model.
-        ids = self.tokenizer("ok", return_tensors="pt").to(self.device)
-        with torch.inference_mode():
-            self.model.generate(**ids, max_new_tokens=1, do_sample=False)
-        self.load_seconds = time.perf_counter() - start
-        log.info("model loaded", path=str(self.path), device=self.device, seconds=round(self.load_seconds, 2))
+        if cfg.backend == "vllm":
+            from zoo.inference.vllm_backend import VllmBackend
+
+            return VllmBackend.load(self.path, self.model_id)
+        import torch
+
+        from zoo.inference.transformers_backend import TransformersBackend
+
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        return TransformersBackend.load(self.path, self.model_id, cfg.device, cfg.dtype)
 
     async def probe(self) -> tuple[State, str]:
-        if self.model is None:
+        if self.backend is None:
             return State.STARTING, "loading"
-        return State.SERVING, f"{self.path.name} on {self.device}"
+        where = self.cfg.base_url if self.cfg.backend == "openai" else self.cfg.device
+        return State.SERVING, f"{self.model_id} ({self.cfg.backend} on {where})"
+
+    async def stop(self) -> None:
+        if self.backend is not None:
+            await self.backend.close()

@@ -1,0 +1,83 @@
+"""The generation backend interface and the request/result types every backend shares.
+
+Backends (transformers, vllm, openai) turn chat messages into text. They know nothing of experiences,
+gRPC or the library: the inference engine assembles the prompt and hands them plain messages.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+class BackendError(RuntimeError):
+    """The backend failed to generate (model error, remote server error)."""
+
+
+class BackendUnavailable(BackendError):
+    """The backend cannot serve right now (remote unreachable, model not loaded)."""
+
+
+@dataclass
+class GenerationRequest:
+    messages: list[dict[str, str]]  # [{"role": "system"|"user"|"assistant", "content": ...}]
+    max_tokens: int = 256
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    seed: int = 0
+    stop: list[str] = field(default_factory=list)
+    # Decode-time expert factors: a transformers LogitsProcessor (or the vLLM callable) to apply.
+    logits_processor: Any = None
+    # Set to stop generation early (client cancelled or deadline passed).
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str  # "stop" (EOS or a stop string), "length", "cancelled"
+
+
+@dataclass
+class Chunk:
+    """One piece of a streamed answer; `result` is set on the last chunk only."""
+
+    delta: str
+    result: GenerationResult | None = None
+
+
+class Backend(Protocol):
+    model_id: str
+    context_length: int
+    supports_logits_processors: bool
+
+    def count_prompt_tokens(self, messages: list[dict[str, str]]) -> int:
+        """Tokens the chat-formatted messages take (what the context limit is checked against)."""
+        ...
+
+    def stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        """Generate, yielding text as it is produced; the last chunk carries the full result."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+async def generate(backend: Backend, request: GenerationRequest) -> GenerationResult:
+    """Run a backend's stream to the end and return its result (unary = the same path as streaming)."""
+    result: GenerationResult | None = None
+    async for chunk in backend.stream(request):
+        if chunk.result is not None:
+            result = chunk.result
+    if result is None:
+        raise BackendError("the backend ended its stream without a result")
+    return result
+
+
+def apply_stop(text: str, stop: list[str]) -> tuple[str, bool]:
+    """Cut text at the earliest stop string; returns (text, whether one was found)."""
+    cut = min((i for s in stop if s and (i := text.find(s)) >= 0), default=-1)
+    return (text[:cut], True) if cut >= 0 else (text, False)

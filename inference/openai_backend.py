@@ -1,0 +1,93 @@
+"""OpenAI-compatible backend: any server speaking /v1/chat/completions with SSE streaming (a vLLM
+server, a hosted API). Token counts come from the server's usage report when it sends one."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from zoo.inference.backend import BackendError, BackendUnavailable, Chunk, GenerationRequest, GenerationResult
+
+
+class OpenAIBackend:
+    # Remote servers apply their own sampling; decode-time expert factors need local logits.
+    supports_logits_processors = False
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        context_length: int = 8192,
+        timeout_s: float = 120.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.model_id = model
+        self.context_length = context_length
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s, transport=transport
+        )
+
+    def count_prompt_tokens(self, messages: list[dict[str, str]]) -> int:
+        # No tokenizer here: a conservative estimate (about 4 characters a token, plus per-message framing)
+        # that the server's own limit still backs up.
+        return sum(len(m["content"]) // 3 + 4 for m in messages)
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        body: dict[str, Any] = {
+            "model": self.model_id,
+            "messages": request.messages,
+            "max_tokens": request.max_tokens,
+            "temperature": request.temperature,
+            "top_p": request.top_p,
+            "seed": request.seed,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if request.stop:
+            body["stop"] = request.stop
+        text: list[str] = []
+        finish = "stop"
+        usage: dict[str, int] = {}
+        try:
+            async with self._http.stream("POST", "/v1/chat/completions", json=body) as resp:
+                if resp.status_code >= 400:
+                    detail = (await resp.aread()).decode(errors="replace")[:500]
+                    raise BackendError(f"OpenAI-compatible server answered {resp.status_code}: {detail}")
+                async for line in resp.aiter_lines():
+                    if request.cancel.is_set():
+                        finish = "cancelled"
+                        break
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    event = json.loads(data)
+                    usage = event.get("usage") or usage
+                    for choice in event.get("choices", []):
+                        delta = (choice.get("delta") or {}).get("content") or ""
+                        if delta:
+                            text.append(delta)
+                            yield Chunk(delta)
+                        finish = choice.get("finish_reason") or finish
+        except httpx.TransportError as e:
+            raise BackendUnavailable(f"OpenAI-compatible server unreachable: {type(e).__name__}: {e}") from e
+        except json.JSONDecodeError as e:
+            raise BackendError(f"OpenAI-compatible server sent malformed JSON: {e}") from e
+        finally:
+            request.cancel.set()
+        result = GenerationResult(
+            "".join(text),
+            int(usage.get("prompt_tokens", self.count_prompt_tokens(request.messages))),
+            int(usage.get("completion_tokens", len(text))),
+            finish,
+        )
+        yield Chunk("", result)
+
+    async def close(self) -> None:
+        await self._http.aclose()

@@ -1,0 +1,87 @@
+"""Context injection (HLLM paper §4.7): retrieved experiences go into the system prompt as `[id] text`
+with an instruction to apply and cite them, within a token budget. Experiences that do not fit are
+dropped whole, lowest score first — never cut mid-text."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from zoo.registry.errors import ValidationError
+
+INSTRUCTION = (
+    "Below are experiences: lessons verified by this network. Apply the ones that fit the question and "
+    "cite each one you use by writing its id in square brackets, like [exp-0123456789abcdef]."
+)
+CITATION_RE = re.compile(r"\[(exp-[0-9a-f]{16})\]")
+
+Messages = list[dict[str, str]]
+
+
+class PromptTooLong(ValidationError):
+    """The request does not fit the model's context window."""
+
+
+@dataclass
+class Assembled:
+    messages: Messages
+    used: list[Any]  # the hits whose experiences are in the prompt, best first
+    dropped: list[Any] = field(default_factory=list)  # hits left out for the budget
+    prompt_tokens: int = 0
+
+
+def experience_block(hits: Sequence[Any]) -> str:
+    lines = [f"[{h.experience.id}] {h.experience.text}" for h in hits]
+    return INSTRUCTION + "\n" + "\n".join(lines)
+
+
+def with_experiences(messages: Messages, hits: Sequence[Any]) -> Messages:
+    """The messages with the experience block in the system turn (merged into one the client sent)."""
+    if not hits:
+        return list(messages)
+    block = experience_block(hits)
+    if messages and messages[0]["role"] == "system":
+        return [{"role": "system", "content": messages[0]["content"] + "\n\n" + block}, *messages[1:]]
+    return [{"role": "system", "content": block}, *messages]
+
+
+def assemble(
+    messages: Messages,
+    hits: Sequence[Any],
+    count_tokens: Callable[[Messages], int],
+    *,
+    experience_budget: int,
+    context_length: int,
+    max_tokens: int,
+) -> Assembled:
+    """Fit as many of the hits (sorted best first) as the budget and the context window allow."""
+    base = count_tokens(messages)
+    if base + max_tokens > context_length:
+        raise PromptTooLong(
+            "messages",
+            f"the prompt takes {base} tokens and max_tokens is {max_tokens}; together they exceed the "
+            f"model's context of {context_length} tokens",
+            prompt_tokens=base,
+            context_length=context_length,
+        )
+    ranked = sorted(hits, key=lambda h: (-h.score, h.experience.id))
+    kept = list(ranked)
+    while kept:
+        candidate = with_experiences(messages, kept)
+        total = count_tokens(candidate)
+        if total - base <= experience_budget and total + max_tokens <= context_length:
+            return Assembled(candidate, kept, ranked[len(kept) :], total)
+        kept.pop()  # the lowest-scoring experience goes first
+    return Assembled(list(messages), [], ranked, base)
+
+
+def parse_citations(text: str, offered: Sequence[str]) -> list[str]:
+    """Ids the answer cites, in order of first citation, among those it was offered."""
+    allowed = set(offered)
+    seen: list[str] = []
+    for m in CITATION_RE.finditer(text):
+        if m.group(1) in allowed and m.group(1) not in seen:
+            seen.append(m.group(1))
+    return seen

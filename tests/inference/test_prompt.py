@@ -1,0 +1,96 @@
+"""Prompt assembly: experiences in the system turn, dropped whole by lowest score to fit the budget."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from zoo.inference.prompt import (
+    INSTRUCTION,
+    PromptTooLong,
+    assemble,
+    parse_citations,
+    with_experiences,
+)
+from zoo.registry.experience import Experience
+
+BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+@dataclass
+class Hit:
+    experience: Experience
+    score: float
+
+
+def exp(text: str, domain: str = "math.arithmetic") -> Experience:
+    return Experience.create(text=text, domain=domain, confidence=0.8, author="job:test", base_model=BASE)
+
+
+def words(messages: list[dict[str, str]]) -> int:
+    """A deterministic token counter for the budget logic: one token per whitespace-separated word."""
+    return sum(len(m["content"].split()) + 2 for m in messages)
+
+
+HITS = [
+    Hit(exp("When adding numbers, align the digits by place value first."), 0.9),
+    Hit(exp("When a problem asks for a total, list every quantity with its unit."), 0.7),
+    Hit(exp("When converting units, write the factor as a fraction that cancels.", "units.conversion"), 0.5),
+]
+USER = [{"role": "user", "content": "What is 12 plus 30?"}]
+
+
+def test_all_fit_in_score_order() -> None:
+    a = assemble(
+        USER, list(reversed(HITS)), words, experience_budget=1000, context_length=4096, max_tokens=64
+    )
+    assert [h.score for h in a.used] == [0.9, 0.7, 0.5]
+    system = a.messages[0]
+    assert system["role"] == "system" and system["content"].startswith(INSTRUCTION)
+    lines = system["content"].splitlines()[1:]
+    assert lines == [f"[{h.experience.id}] {h.experience.text}" for h in HITS]
+    assert a.messages[1:] == USER
+    assert a.prompt_tokens == words(a.messages)
+
+
+def test_budget_drops_lowest_scores_whole() -> None:
+    full = words(with_experiences(USER, HITS)) - words(USER)
+    two = words(with_experiences(USER, HITS[:2])) - words(USER)
+    assert two < full
+    a = assemble(USER, HITS, words, experience_budget=two, context_length=4096, max_tokens=64)
+    assert [h.score for h in a.used] == [0.9, 0.7]
+    assert [h.score for h in a.dropped] == [0.5]
+    # Every kept experience appears whole; the dropped one does not appear at all.
+    content = a.messages[0]["content"]
+    assert all(h.experience.text in content for h in a.used)
+    assert HITS[2].experience.text not in content
+    assert assemble(USER, HITS, words, experience_budget=0, context_length=4096, max_tokens=64).used == []
+
+
+def test_context_window_also_limits_experiences() -> None:
+    base = words(USER)
+    a = assemble(USER, HITS, words, experience_budget=10_000, context_length=base + 64 + 20, max_tokens=64)
+    assert words(a.messages) + 64 <= base + 64 + 20
+    assert len(a.used) < len(HITS)
+
+
+def test_oversized_prompt_is_refused_with_the_limit() -> None:
+    with pytest.raises(PromptTooLong) as e:
+        assemble(USER, HITS, words, experience_budget=100, context_length=10, max_tokens=4)
+    assert "context of 10 tokens" in str(e.value)
+    assert e.value.field == "messages"
+
+
+def test_client_system_prompt_is_kept() -> None:
+    msgs = [{"role": "system", "content": "Answer in French."}, *USER]
+    out = with_experiences(msgs, HITS[:1])
+    assert out[0]["content"].startswith("Answer in French.\n\n" + INSTRUCTION)
+    assert len(out) == 2
+
+
+def test_citations_only_count_offered_ids() -> None:
+    ids = [h.experience.id for h in HITS]
+    text = f"Use [{ids[1]}] then [{ids[0]}], again [{ids[1]}], and [exp-ffffffffffffffff]."
+    assert parse_citations(text, ids) == [ids[1], ids[0]]
+    assert parse_citations("no citations", ids) == []
