@@ -56,6 +56,7 @@ class LibraryComponent(Component):
         self.last_error = ""
         self.last_refusal = ""
         self.last_sync = 0.0
+        self.on_change: Callable[[], None] | None = None
 
     # GetStatus reads these.
     @property
@@ -94,6 +95,8 @@ class LibraryComponent(Component):
         )
         if self.on_activate:
             self.on_activate(stored)
+        if self.on_change:
+            self.on_change()
 
     async def run_forever(self) -> None:
         assert self.follower_factory is not None
@@ -111,7 +114,7 @@ class LibraryComponent(Component):
                 self.last_refusal = str(e)
                 log.warning("library version refused", reason=str(e))
                 if self.on_refused:
-                    self.on_refused(type(e.__cause__ or e).__name__)
+                    self.on_refused(e.kind)
             except Exception as e:
                 # RPC or IPFS trouble: keep serving the last verified version and retry with backoff.
                 self.last_error = f"{type(e).__name__}: {e}"

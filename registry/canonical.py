@@ -148,6 +148,8 @@ def _load(data: bytes, max_size: int, what: str) -> Any:
         text = bytes(data).decode("utf-8")
     except UnicodeDecodeError as err:
         raise ValidationError(what, f"is not valid UTF-8 (byte {err.start})") from None
+    if _nesting_exceeds(text, MAX_NESTING):
+        raise ValidationError(what, f"is nested too deeply (more than {MAX_NESTING} levels)")
     try:
         return json.loads(
             text, object_pairs_hook=_unique_keys, parse_float=_no_float, parse_constant=_no_float
@@ -163,6 +165,27 @@ def _load(data: bytes, max_size: int, what: str) -> Any:
 
 class _Refused(Exception):
     pass
+
+
+# Canonical documents nest at most 5 levels (library > experiences > experience > factors/provenance).
+# json.loads recurses in C once per level and relies on the interpreter's recursion limit to stop; web3
+# raises that limit to 100000, so hostile input like "[" * 100000 would overflow the C stack (a
+# segfault, not an exception). Depth is therefore checked before parsing.
+MAX_NESTING = 32
+_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def _nesting_exceeds(text: str, limit: int) -> bool:
+    depth = 0
+    for m in _TOKENS.finditer(text):
+        c = m.group()[0]
+        if c in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif c in "]}":
+            depth -= 1
+    return False
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

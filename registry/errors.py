@@ -38,3 +38,7 @@ class IpfsUnavailable(IpfsError):
 
 class IpfsTimeout(IpfsError):
     """An IPFS request ran out of time (e.g. `cat` of content no reachable peer has)."""
+
+
+class ContentTooLarge(IpfsError):
+    """Content is bigger than the caller's limit; fetching it again would not help."""

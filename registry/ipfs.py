@@ -22,7 +22,14 @@ from typing import Any
 import httpx
 from multiformats import CID, multihash
 
-from zoo.registry.errors import IntegrityError, IpfsError, IpfsTimeout, IpfsUnavailable, ValidationError
+from zoo.registry.errors import (
+    ContentTooLarge,
+    IntegrityError,
+    IpfsError,
+    IpfsTimeout,
+    IpfsUnavailable,
+    ValidationError,
+)
 
 RAW_CID_MAX = 262_144  # Kubo's default chunk size: content up to this size is one raw block
 DEFAULT_MAX_CAT = 64 * 1024 * 1024
@@ -102,7 +109,7 @@ class IpfsClient:
             for chunk in response.iter_bytes():
                 size += len(chunk)
                 if size > max_size:
-                    raise IpfsError(f"cat {cid}: content exceeds max_size={max_size} bytes", cid=cid)
+                    raise ContentTooLarge(f"cat {cid}: content exceeds max_size={max_size} bytes", cid=cid)
                 if time.monotonic() > deadline:
                     # httpx's read timeout is per read; this bounds a daemon that trickles bytes.
                     raise IpfsTimeout(f"cat {cid}: no complete answer within {wait:.1f} s", cid=cid)

@@ -81,7 +81,7 @@ class MerkleTree:
     @classmethod
     def from_leaves(cls, leaves: Sequence[bytes]) -> MerkleTree:
         # pymerkle's InmemoryTree hashes with the RFC 9162 prefixes (its default "security" mode) and keeps
-        # every node, so proofs are read off the tree in O(log n); 100k leaves build in under a second.
+        # every node, so proofs are read off the tree in O(log n); 100k leaves build in 1-2.5 s on 2 cores.
         return cls(InmemoryTree.init_from_entries(leaves, algorithm="sha256"))
 
     @property

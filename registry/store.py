@@ -3,6 +3,7 @@ the current (active) version.
 
 Layout under DATA_DIR/library/:
     versions/v<version>-<root hex>.json   canonical library bytes, immutable once written
+    versions/v<version>-<root hex>.meta   {"cid", "sha256"}: the CID it came from, a hash of the whole file
     current.json                          {"version", "root", "cid"}: which stored version is active
     draft.json                            the operator's working copy (canonical encoding too)
 Every write goes through a temp file, fsync and rename, so a crash (even kill -9) leaves either the old
@@ -12,6 +13,7 @@ on disk and hash to its root; loading re-checks that, so a corrupted file is ref
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -56,8 +58,13 @@ class LibraryStore:
 
     # -- versions ---------------------------------------------------------------------------------
 
-    def put(self, library: Library, cid: str, expected_root: str | None = None) -> StoredVersion:
-        """Store a version after checking its Merkle root (against expected_root when given)."""
+    def put(
+        self, library: Library, cid: str, expected_root: str | None = None, raw: bytes | None = None
+    ) -> StoredVersion:
+        """Store a version after checking its Merkle root (against expected_root when given).
+
+        `raw` may pass the canonical bytes when the caller already holds them (saves re-encoding).
+        """
         root = root_hex(library_root(library))
         if expected_root is not None and root != expected_root.lower():
             raise IntegrityError(
@@ -66,11 +73,11 @@ class LibraryStore:
                 expected=expected_root,
             )
         path = self.versions_dir / f"v{library.version}-{root}.json"
-        if not path.exists():
-            write_atomic(path, encode_library(library))
-        meta = path.with_suffix(".cid")
-        if not meta.exists() or meta.read_text() != cid:
-            write_atomic(meta, cid.encode())
+        data = raw if raw is not None else encode_library(library)
+        # The root commits to the experiences only; this hash also covers version, parent and description.
+        meta = {"cid": cid, "sha256": hashlib.sha256(data).hexdigest()}
+        write_atomic(path, data)
+        write_atomic(path.with_suffix(".meta"), json.dumps(meta).encode())
         stored = StoredVersion(library, root, cid, path)
         self._cache[root] = stored
         return stored
@@ -92,19 +99,27 @@ class LibraryStore:
         what = f"root {root}" if root else f"version {version}"
         raise NotFound(f"library {what} is not in the local store", version=version, root=root)
 
-    def _load(self, version: int, root: str) -> StoredVersion:
-        if root in self._cache:
+    def _load(self, version: int, root: str, use_cache: bool = True) -> StoredVersion:
+        if use_cache and root in self._cache:
             return self._cache[root]
         path = self.versions_dir / f"v{version}-{root}.json"
         try:
-            library = decode_library(path.read_bytes())
+            data = path.read_bytes()
+            meta = json.loads(path.with_suffix(".meta").read_text())
+            cid, digest = str(meta["cid"]), str(meta["sha256"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise IntegrityError(f"stored library {path.name} is incomplete: {e}", path=str(path)) from None
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise IntegrityError(
+                f"stored library {path.name} is corrupt (its bytes changed on disk)", path=str(path)
+            )
+        try:
+            library = decode_library(data)
         except ValidationError as e:
             raise IntegrityError(f"stored library {path.name} is corrupt: {e}", path=str(path)) from None
         computed = root_hex(library_root(library))
         if computed != root or library.version != version:
             raise IntegrityError(f"stored library {path.name} does not match its root (got {computed})")
-        cid_file = path.with_suffix(".cid")
-        cid = cid_file.read_text().strip() if cid_file.exists() else ""
         stored = StoredVersion(library, root, cid, path)
         self._cache[root] = stored
         return stored
@@ -117,7 +132,8 @@ class LibraryStore:
 
     def activate(self, stored: StoredVersion) -> None:
         """Make a stored, verified version the current one (atomically)."""
-        self._load(stored.version, stored.root)  # must be on disk and intact before it can become current
+        # Re-read from disk, not the cache: what becomes current must be intact where a restart will read it.
+        self._load(stored.version, stored.root, use_cache=False)
         write_atomic(
             self._current_file,
             json.dumps({"version": stored.version, "root": stored.root, "cid": stored.cid}).encode(),

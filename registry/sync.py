@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from zoo.registry.canonical import decode_library
-from zoo.registry.errors import IntegrityError, ValidationError
+from zoo.registry.errors import ContentTooLarge, IntegrityError, ValidationError
 from zoo.registry.fsutil import write_atomic
 from zoo.registry.store import LibraryStore, StoredVersion, root_hex
 
@@ -46,7 +46,11 @@ class SyncResult:
 
 
 class Refused(IntegrityError):
-    """On-chain content that fails verification; it is never activated."""
+    """On-chain content that fails verification; it is never activated. `kind` names the failed check."""
+
+    def __init__(self, message: str, kind: str, **values: object) -> None:
+        super().__init__(message, **values)
+        self.kind = kind
 
 
 class LibrarySyncer:
@@ -86,13 +90,14 @@ class LibrarySyncer:
             return SyncResult(None, current, onchain.version)
         try:
             stored = self.fetch_and_verify(onchain)
-        except (IntegrityError, ValidationError) as e:
+        except (IntegrityError, ValidationError, ContentTooLarge) as e:
             reason = str(e)
-            self.refused[key] = reason
+            self.refused[(onchain.version, root)] = reason
             if self.on_refused:
                 self.on_refused(onchain.version, root, reason)
             raise Refused(
                 f"library version {onchain.version} (root {root}, cid {onchain.cid}) refused: {reason}",
+                kind=type(e).__name__,
                 version=onchain.version,
                 root=root,
             ) from None
@@ -117,7 +122,7 @@ class LibrarySyncer:
                     f"content names parent {library.parent_root or '(none)'}, the chain's previous version "
                     f"is {parent_root}"
                 )
-        return self.store.put(library, onchain.cid, expected_root=root)
+        return self.store.put(library, onchain.cid, expected_root=root, raw=data)
 
 
 __all__ = ["LibraryFollower", "LibrarySyncer", "Refused", "SyncResult", "root_hex"]

@@ -1,0 +1,293 @@
+"""Benchmark the experience library at 1k, 10k and 100k experiences: canonical encoding, Merkle build,
+inclusion proofs, IPFS publish/fetch and the sync latency from an executed approval to activation.
+
+Every figure has a baseline measured in the same run on the same bytes, and the ratio against it:
+
+  encode library       encode_library(lib)                      vs sha256 of the encoded bytes
+  decode library       decode_library(bytes) (full validation)  vs json.loads of the same bytes
+  Merkle root          library_root(lib): leaf encoding + tree  vs sha256 of the leaves' bytes (one pass)
+  Merkle tree          MerkleTree.from_leaves(leaves)           vs sha256 of the leaves' bytes (one pass)
+  proof generate       tree.prove(i), mean of --proofs indices  vs sha256 of the leaf's bytes
+  proof verify         verify_inclusion(leaf, proof, root)      vs sha256 of the leaf's bytes
+  publish              IpfsClient.add(library bytes), new       vs add of as many fresh random bytes
+                       content each sample (nothing deduped)
+  fetch                IpfsClient.fetch_verified(cid)           vs cat of those random bytes
+  sync                 LibrarySyncer.sync_once() right after    vs cat of those random bytes
+                       the execute transaction is mined
+
+IPFS is the js-ipfs daemon (zoo.devnet.ipfs.IpfsDaemon) of a devnet brought up in a temporary directory,
+which also provides the chain for the sync figure: each size is published, proposed, voted on by three dev
+accounts, and executed, and the clock starts when the execute receipt is back (the LibraryUpdated event
+is in a mined block). Sync is measured for sizes whose estimate (from the previous size) stays under
+--sync-limit seconds. Figures are medians over repeats (5 for 1k, 3 for 10k, 1 for 100k); the repeats
+of publish and sync use that many distinct libraries, each approved as the next version of the one before.
+The syncer's IPFS daemon already holds the content (one local daemon), so sync excludes network transfer.
+
+Run: .venv/bin/python benchmarks/library.py [--sizes 1000,10000,100000] [--proofs 1000] [--sync-limit 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import random
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from web3 import Web3
+
+from zoo.devnet.manager import Devnet, warp
+from zoo.registry.canonical import decode_library, encode_library
+from zoo.registry.chain import RegistryClient
+from zoo.registry.experience import Experience, Library
+from zoo.registry.ipfs import IpfsClient
+from zoo.registry.keys import dev_account
+from zoo.registry.merkle import MerkleTree, library_leaves, library_root, verify_inclusion
+from zoo.registry.store import LibraryStore
+from zoo.registry.sync import LibrarySyncer
+
+BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+CREATED = "2026-01-01T00:00:00Z"
+
+
+@dataclass
+class Row:
+    size: int
+    operation: str
+    seconds: float
+    baseline: str
+    baseline_seconds: float
+
+    @property
+    def ratio(self) -> float:
+        return self.seconds / self.baseline_seconds if self.baseline_seconds else float("inf")
+
+
+def fmt(seconds: float) -> str:
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} µs"
+    if seconds < 1:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds:.2f} s"
+
+
+def median_time(fn: Callable[[], Any], repeats: int) -> float:
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def mean_time(fn: Callable[[int], Any], indices: list[int]) -> float:
+    t0 = time.perf_counter()
+    for i in indices:
+        fn(i)
+    return (time.perf_counter() - t0) / len(indices)
+
+
+def experiences(n: int, variant: int = 0) -> list[Experience]:
+    """n valid experiences; each variant has other confidences, so its bytes differ in every chunk."""
+    return [
+        Experience.create(
+            text=f"When handling case {i}, check the boundary values first.",
+            domain="bench.case",
+            confidence=0.5 + ((i + 7 * variant) % 500) / 1000,
+            author="job:bench",
+            base_model=BASE_MODEL,
+            created_at=CREATED,
+        )
+        for i in range(n)
+    ]
+
+
+class Dao:
+    """Approve library versions on the devnet the way the DAO does (three dev accounts vote for)."""
+
+    def __init__(self, rpc_url: str, registry: str, settings: dict[str, int]) -> None:
+        self.w3 = Web3(Web3.HTTPProvider(rpc_url, request_kwargs={"timeout": 60}))
+        self.voters = [RegistryClient(self.w3, registry, dev_account(i)) for i in range(3)]
+        self.wait_s = settings["voting_period_s"] + settings["execution_delay_s"] + 1
+
+    def propose_and_pass(self, root: bytes, cid: str) -> None:
+        """Everything up to (not including) execute."""
+        self.voters[0].propose(root, cid, self.voters[0].current_root())
+        warp(self.w3, 1)
+        for voter in self.voters:
+            voter.vote(root, True)
+        warp(self.w3, self.wait_s)
+
+    def execute(self, root: bytes) -> None:
+        self.voters[0].execute(root)
+
+
+def bench_size(
+    n: int, args: argparse.Namespace, ipfs: IpfsClient, dao: Dao, syncer: LibrarySyncer, do_sync: bool
+) -> tuple[list[Row], dict[str, float]]:
+    repeats = 5 if n <= 1_000 else 3 if n <= 10_000 else 1
+    rows: list[Row] = []
+    extra: dict[str, float] = {}
+
+    # `repeats` libraries, each the next version of the one before (as the sync figure approves them).
+    current = dao.voters[0].current()
+    parent, libs = "0x" + current.root.hex(), []
+    t0 = time.perf_counter()
+    for k in range(repeats):
+        lib = Library.create(
+            version=current.version + 1 + k,
+            parent_root=parent,
+            base_model=BASE_MODEL,
+            description=f"benchmark library of {n} experiences",
+            experiences=experiences(n, variant=k),
+        )
+        libs.append(lib)
+        parent = "0x" + library_root(lib).hex()
+    extra["generate"] = (time.perf_counter() - t0) / repeats
+    lib = libs[0]
+    data = encode_library(lib)
+    leaves = library_leaves(lib)
+    joined = b"".join(leaves)
+    extra["bytes"] = len(data)
+
+    rows.append(
+        Row(
+            n,
+            "encode library",
+            median_time(lambda: encode_library(lib), repeats),
+            "sha256(bytes)",
+            median_time(lambda: hashlib.sha256(data).digest(), repeats),
+        )
+    )
+    rows.append(
+        Row(
+            n,
+            "decode library",
+            median_time(lambda: decode_library(data), repeats),
+            "json.loads(bytes)",
+            median_time(lambda: json.loads(data), repeats),
+        )
+    )
+    sha_leaves = median_time(lambda: hashlib.sha256(joined).digest(), repeats)
+    rows.append(Row(n, "Merkle root (encode+tree)", median_time(lambda: library_root(lib), repeats),
+                    "sha256(leaves)", sha_leaves))  # fmt: skip
+    rows.append(Row(n, "Merkle tree (from leaves)",
+                    median_time(lambda: MerkleTree.from_leaves(leaves), repeats),
+                    "sha256(leaves)", sha_leaves))  # fmt: skip
+
+    tree = MerkleTree.from_leaves(leaves)
+    root = tree.root
+    assert root == library_root(lib)
+    rng = random.Random(n)
+    indices = [rng.randrange(n) for _ in range(args.proofs)]
+    proofs = {i: tree.prove(i) for i in set(indices)}
+    sha_leaf = mean_time(lambda i: hashlib.sha256(leaves[i]).digest(), indices)
+    rows.append(Row(n, "proof generate (mean)", mean_time(tree.prove, indices), "sha256(leaf)", sha_leaf))
+    assert all(verify_inclusion(leaves[i], proofs[i], root) for i in indices)
+    rows.append(
+        Row(
+            n,
+            "proof verify (mean)",
+            mean_time(lambda i: verify_inclusion(leaves[i], proofs[i], root), indices),
+            "sha256(leaf)",
+            sha_leaf,
+        )
+    )
+
+    # Publish: every sample adds content the daemon has never seen (no block is deduplicated), the
+    # library variants against as many fresh random bytes, interleaved so both see the same load.
+    publish, raw_add, cids, raw_cid = [], [], [], ""
+    for variant in libs:
+        content = encode_library(variant)
+        raw = os.urandom(len(content))
+        t0 = time.perf_counter()
+        raw_cid = ipfs.add(raw)
+        raw_add.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        cids.append(ipfs.add(content))
+        publish.append(time.perf_counter() - t0)
+    rows.append(Row(n, "publish (add)", statistics.median(publish), "add random bytes",
+                    statistics.median(raw_add)))  # fmt: skip
+    assert ipfs.fetch_verified(cids[0]) == data
+    raw_cat = median_time(lambda: ipfs.cat(raw_cid), repeats)
+    rows.append(Row(n, "fetch (fetch_verified)", median_time(lambda: ipfs.fetch_verified(cids[0]), repeats),
+                    "cat random bytes", raw_cat))  # fmt: skip
+
+    if do_sync:
+        samples = []
+        for variant, cid in zip(libs, cids, strict=True):
+            variant_root = library_root(variant)
+            dao.propose_and_pass(variant_root, cid)
+            dao.execute(variant_root)  # returns once the receipt (with the LibraryUpdated log) is back
+            t0 = time.perf_counter()
+            result = syncer.sync_once()
+            samples.append(time.perf_counter() - t0)
+            assert result.activated is not None and result.activated.root == "0x" + variant_root.hex()
+            assert result.activated.version == variant.version
+        rows.append(Row(n, "sync (executed -> active)", statistics.median(samples), "cat random bytes",
+                        raw_cat))  # fmt: skip
+    return rows, extra
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1000,10000,100000", help="comma-separated experience counts")
+    parser.add_argument("--proofs", type=int, default=1000, help="random indices for the proof figures")
+    parser.add_argument("--sync-limit", type=float, default=60.0, help="skip sync when estimated above (s)")
+    args = parser.parse_args()
+    sizes = sorted(int(s) for s in args.sizes.split(",") if s.strip())
+
+    scratch = Path(tempfile.mkdtemp(prefix="zoo-bench-library-"))
+    devnet = Devnet(scratch / "data")
+    try:
+        info, _ = devnet.up(die_with_parent=True)
+        ipfs = IpfsClient(info.ipfs_api, timeout=300)
+        dao = Dao(info.rpc_url, info.registry_address, info.settings)
+        syncer = LibrarySyncer(dao.voters[0], ipfs, LibraryStore(scratch / "node"), fetch_timeout_s=300)
+        syncer.sync_once()  # the genesis version, so each size's sync is one new version
+        versions = f"python {platform.python_version()}, js-ipfs {ipfs.version()['Version']}"
+        print(f"{versions}, {os.cpu_count()} CPUs")
+
+        rows: list[Row] = []
+        last_sync: tuple[int, float] | None = None
+        for n in sizes:
+            estimate = last_sync[1] * n / last_sync[0] if last_sync else 0.0
+            do_sync = estimate <= args.sync_limit
+            size_rows, extra = bench_size(n, args, ipfs, dao, syncer, do_sync)
+            rows += size_rows
+            sync = [r for r in size_rows if r.operation.startswith("sync")]
+            if sync:
+                last_sync = (n, sync[0].seconds)
+            note = "" if do_sync else f"; sync skipped (estimated {estimate:.0f} s > {args.sync_limit:.0f} s)"
+            print(
+                f"{n:>7} experiences: {extra['bytes'] / 1e6:.2f} MB canonical, "
+                f"generated in {fmt(extra['generate'])} per library{note}",
+                flush=True,
+            )
+
+        print()
+        header = f"{'size':>7}  {'operation':<27}{'time':>11}  {'baseline':<18}{'baseline':>11}{'ratio':>9}"
+        print(header)
+        print("-" * len(header))
+        for r in rows:
+            print(
+                f"{r.size:>7}  {r.operation:<27}{fmt(r.seconds):>11}  {r.baseline:<18}"
+                f"{fmt(r.baseline_seconds):>11}{r.ratio:>9.1f}"
+            )
+        ipfs.close()
+    finally:
+        devnet.down()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
