@@ -100,9 +100,13 @@ def default_sources_dir() -> Path:
 
 
 def default_cache_dir() -> Path:
-    """$ZOO_NODE_CACHE_DIR/contracts, else ~/.cache/zoo-node/contracts."""
+    """$ZOO_NODE_CACHE_DIR/contracts, else $XDG_CACHE_HOME (or ~/.cache)/zoo-node/contracts.
+
+    The same rule as the node's `cache_dir` default; a configured cache_dir is passed to build().
+    """
     env = os.environ.get("ZOO_NODE_CACHE_DIR")
-    base = Path(env).expanduser() if env else Path.home() / ".cache" / "zoo-node"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(env).expanduser() if env else (Path(xdg) if xdg else Path.home() / ".cache") / "zoo-node"
     return base / "contracts"
 
 

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -123,8 +124,11 @@ class AnvilProcess:
         balance_ether: int = 10_000,
         mnemonic: str = DEV_MNEMONIC,
         timeout: float = 30.0,
+        on_spawn: Callable[[int], None] | None = None,
     ) -> AnvilProcess:
         """Launch anvil and wait until it answers eth_chainId; port 0 lets the OS pick a free port.
+
+        on_spawn(pid) runs right after the process exists, before readiness (so a caller can record it).
 
         block_time None mines one block per transaction (automine); otherwise a block every block_time s.
         """
@@ -172,6 +176,8 @@ class AnvilProcess:
         finally:
             if log_file is not None:
                 log_file.close()  # the child holds its own descriptor
+        if on_spawn is not None:
+            on_spawn(self._proc.pid)
         self.chain_id = chain_id
         listening = threading.Event()
         # anvil logs every request; a pipe must be drained for anvil's whole life or anvil blocks on write.

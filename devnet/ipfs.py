@@ -67,7 +67,9 @@ class IpfsDaemon:
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
-    def start(self) -> IpfsDaemon:
+    def start(self, on_spawn: Callable[[int], None] | None = None) -> IpfsDaemon:
+        """Init the repo if needed and run the daemon until its API answers; on_spawn(pid) runs right
+        after the process exists, before readiness (so a caller can record it)."""
         if self._proc is not None:
             raise IpfsDaemonError("daemon already started")
         if self.api_port and not _port_free(self.api_port):
@@ -91,6 +93,8 @@ class IpfsDaemon:
                 start_new_session=True,
                 preexec_fn=_pdeathsig(signal.SIGTERM) if self.die_with_parent else None,
             )
+        if on_spawn is not None:
+            on_spawn(self._proc.pid)
         try:
             self._wait_ready()
         except BaseException:

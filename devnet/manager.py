@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -77,9 +78,18 @@ class DevnetInfo:
 class Devnet:
     """The devnet that belongs to one data directory."""
 
-    def __init__(self, data_dir: Path, settings: DevnetSettings | None = None) -> None:
+    def __init__(
+        self, data_dir: Path, settings: DevnetSettings | None = None, cache_dir: Path | None = None
+    ) -> None:
         self.dir = Path(data_dir) / "devnet"
         self.settings = settings or DevnetSettings()
+        self.cache_dir = cache_dir  # compiled contracts go to cache_dir/contracts (default: build's own)
+
+    @property
+    def spawn_log(self) -> Path:
+        """Every process `up` starts, one JSON line each, written the moment it is spawned: `down` can
+        stop them even when devnet.json was never completed or is corrupt."""
+        return self.dir / "spawned.jsonl"
 
     @property
     def state_file(self) -> Path:
@@ -126,17 +136,39 @@ class Devnet:
             return self._start(say, die_with_parent), False
 
     def down(self) -> list[str]:
-        """Stop exactly the processes this devnet started; returns their names."""
+        """Stop exactly the processes this devnet started, even if devnet.json is corrupt; returns names."""
         with self._locked():
             stopped = self._stop_recorded()
             self.state_file.unlink(missing_ok=True)
             return stopped
 
     def _stop_recorded(self) -> list[str]:
-        info = self.info()
-        if info is None:
-            return []
-        return [p.name for p in info.processes if p.stop()]
+        records: dict[int, ProcessRecord] = {}
+        try:
+            for line in self.spawn_log.read_text().splitlines():
+                with contextlib.suppress(ValueError, TypeError, KeyError):
+                    rec = ProcessRecord(**json.loads(line))
+                    records[rec.pid] = rec
+        except FileNotFoundError:
+            pass
+        with contextlib.suppress(DevnetError):
+            info = self.info()
+            if info is not None:
+                records.update({p.pid: p for p in info.processes})
+        stopped = [p.name for p in records.values() if p.stop()]
+        self.spawn_log.unlink(missing_ok=True)
+        return stopped
+
+    def _spawned(self, name: str, info: DevnetInfo) -> Callable[[int], None]:
+        def record(pid: int) -> None:
+            rec = ProcessRecord.of(name, pid)
+            with open(self.spawn_log, "a") as f:
+                f.write(json.dumps(rec.to_dict()) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            info.processes.append(rec)
+
+        return record
 
     def _record(self, info: DevnetInfo) -> None:
         write_atomic(self.state_file, info.to_json())
@@ -166,20 +198,23 @@ class Devnet:
         try:
             say("starting anvil")
             anvil = AnvilProcess(die_with_parent=die_with_parent, log_path=self.dir / "anvil.log")
-            anvil.start(port=s.anvil_port, chain_id=s.chain_id, accounts=DEV_ACCOUNTS)
-            info.processes.append(ProcessRecord.of("anvil", anvil.pid))
+            anvil.start(
+                port=s.anvil_port,
+                chain_id=s.chain_id,
+                accounts=DEV_ACCOUNTS,
+                on_spawn=self._spawned("anvil", info),
+            )
             info.rpc_url = anvil.rpc_url
             self._record(info)
 
             say("starting IPFS")
             ipfs = IpfsDaemon(self.dir / "ipfs", s.ipfs_api_port, die_with_parent=die_with_parent)
-            ipfs.start()
-            info.processes.append(ProcessRecord.of("ipfs", ipfs.pid))
+            ipfs.start(on_spawn=self._spawned("ipfs", info))
             info.ipfs_api = ipfs.api_url
             self._record(info)
 
             say("compiling contracts")
-            artifacts = build()
+            artifacts = build(cache_dir=self.cache_dir / "contracts" if self.cache_dir else None)
             w3 = Web3(Web3.HTTPProvider(info.rpc_url, request_kwargs={"timeout": 30}))
             say("deploying KeeperToken and ExperienceRegistry")
             self._deploy(w3, info, artifacts)
@@ -196,6 +231,7 @@ class Devnet:
                 p.stop()
             info.processes = []
             self._record(info)
+            self.spawn_log.unlink(missing_ok=True)
             raise
 
     def _deploy(self, w3: Any, info: DevnetInfo, artifacts: Any) -> None:

@@ -25,7 +25,7 @@ def _devnet(config: Path | None, data_dir: Path | None):
     from zoo.node.daemon import devnet_settings
 
     cfg = load(config, data_dir=data_dir and str(data_dir))
-    return Devnet(cfg.data_dir, devnet_settings(cfg))
+    return Devnet(cfg.data_dir, devnet_settings(cfg), cfg.cache_dir)
 
 
 @app.command()
@@ -56,8 +56,14 @@ def down(config: Path | None = ConfigOpt, data_dir: Path | None = DataDirOpt) ->
 @app.command()
 def status(config: Path | None = ConfigOpt, data_dir: Path | None = DataDirOpt) -> None:
     """Show whether the devnet is up, and its endpoints."""
+    from zoo.devnet.manager import DevnetError
+
     devnet = _devnet(config, data_dir)
-    info = devnet.running()
+    try:
+        info = devnet.running()
+    except DevnetError as e:
+        err.print(f"[red]{e}[/red]")
+        raise typer.Exit(1) from None
     if info is None:
         err.print("devnet is not running (start it with `zoo-node devnet up`)")
         raise typer.Exit(1)

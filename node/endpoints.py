@@ -26,9 +26,12 @@ def resolve_endpoints(cfg: NodeConfig) -> Endpoints:
     if cfg.chain.mode == "external":
         assert cfg.chain.rpc_url and cfg.chain.registry_address  # ChainConfig's validator guarantees both
         return Endpoints(cfg.chain.rpc_url, cfg.chain.registry_address, cfg.ipfs.api_url, devnet=False)
-    from zoo.devnet.manager import Devnet
+    from zoo.devnet.manager import Devnet, DevnetError
 
-    info = Devnet(cfg.data_dir).running()
+    try:
+        info = Devnet(cfg.data_dir).running()
+    except DevnetError as e:
+        raise EndpointsUnavailable(str(e)) from None
     if info is None:
         raise EndpointsUnavailable(
             f"no devnet is running for data dir {cfg.data_dir}: start one with `zoo-node devnet up` "

@@ -1,0 +1,403 @@
+"""`zoo-node devnet up|down|status` and a node in devnet mode, against real anvil and js-ipfs processes.
+
+Every devnet started here lives in a temporary data dir and is torn down by a finalizer, also when the
+test fails; a teardown also SIGKILLs (by pid) any process still holding files in that dir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from web3 import Web3
+
+from tests.devnet import describe, holders, running, tear_down, wait_until, zoo, zoo_popen
+from zoo.devnet.genesis import genesis_library
+from zoo.devnet.manager import Devnet, DevnetInfo
+from zoo.devnet.process import ProcessRecord
+from zoo.node.client import NodeClient
+from zoo.registry.canonical import decode_library
+from zoo.registry.chain import RegistryClient
+from zoo.registry.ipfs import IpfsClient
+from zoo.registry.merkle import library_root
+from zoo.v1 import node_pb2
+
+GENESIS_ROOT = library_root(genesis_library())
+DEVNET_MODE = {"chain": {"mode": "devnet"}}
+Shared = tuple[Path, subprocess.CompletedProcess[str]]
+
+
+def read_state(data_dir: Path) -> dict:
+    return json.loads((data_dir / "devnet" / "devnet.json").read_text())
+
+
+def records(data_dir: Path) -> list[ProcessRecord]:
+    return [ProcessRecord(**p) for p in read_state(data_dir)["processes"]]
+
+
+def chain_id(rpc_url: str) -> int:
+    reply = httpx.post(
+        rpc_url, json={"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}, timeout=5
+    )
+    return int(reply.json()["result"], 16)
+
+
+def all_gone(recs: list[ProcessRecord]) -> bool:
+    return not any(running(r.pid, r.start_ticks) for r in recs)
+
+
+@pytest.fixture
+def data_dirs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+    """Factory of data dirs whose devnets are torn down after the test, whatever happened."""
+    made: list[Path] = []
+
+    def make(name: str) -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        made.append(path)
+        return path
+
+    yield make
+    for path in made:
+        tear_down(path)
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
+    """One devnet brought up with the CLI, shared by the read-only tests of this module."""
+    data_dir = tmp_path_factory.mktemp("shared-devnet")
+    try:
+        result = zoo("devnet", "up", "--data-dir", str(data_dir))
+        yield data_dir, result
+    finally:
+        tear_down(data_dir)
+
+
+# ------------------------------------------------------------------------------------------ up / status
+
+
+def test_up_deploys_and_publishes_the_genesis_library(shared: Shared) -> None:
+    data_dir, result = shared
+    assert result.returncode == 0, result.stderr
+    assert "devnet up in" in result.stderr
+    state = read_state(data_dir)
+    assert state["ready"] is True
+    for key in ("rpc_url", "ipfs_api", "token_address", "registry_address"):
+        assert state[key], f"{key} missing from devnet.json"
+    assert Web3.is_checksum_address(state["registry_address"])
+    assert Web3.is_checksum_address(state["token_address"])
+    assert {p["name"] for p in state["processes"]} == {"anvil", "ipfs"}
+    assert state["rpc_url"] in result.stdout and state["registry_address"] in result.stdout
+
+    assert chain_id(state["rpc_url"]) == 31337
+    w3 = Web3(Web3.HTTPProvider(state["rpc_url"]))
+    assert w3.eth.get_code(state["registry_address"]) not in (b"", None)
+    current = RegistryClient(w3, state["registry_address"]).current()
+    assert current.version == 1
+    assert current.root == GENESIS_ROOT
+    assert current.cid == state["genesis"]["cid"]
+    assert state["genesis"]["root"] == "0x" + GENESIS_ROOT.hex()
+
+    with IpfsClient(state["ipfs_api"]) as ipfs:
+        data = ipfs.fetch_verified(current.cid)
+    assert decode_library(data) == genesis_library()
+
+
+def test_second_up_reuses_the_running_devnet(shared: Shared) -> None:
+    data_dir, _ = shared
+    before = read_state(data_dir)
+    result = zoo("devnet", "up", "--data-dir", str(data_dir))
+    assert result.returncode == 0, result.stderr
+    assert "already running" in result.stderr
+    after = read_state(data_dir)
+    assert after["processes"] == before["processes"]
+    assert after["rpc_url"] == before["rpc_url"] and after["registry_address"] == before["registry_address"]
+    assert all(running(r.pid, r.start_ticks) for r in records(data_dir))
+
+
+def test_status_exit_code_says_whether_the_devnet_is_up(shared: Shared, tmp_path: Path) -> None:
+    data_dir, _ = shared
+    up = zoo("devnet", "status", "--data-dir", str(data_dir))
+    assert up.returncode == 0, up.stderr
+    assert read_state(data_dir)["rpc_url"] in up.stdout
+    down = zoo("devnet", "status", "--data-dir", str(tmp_path / "never-started"))
+    assert down.returncode == 1
+    assert "not running" in down.stderr
+
+
+# ---------------------------------------------------------------------------------------------- down
+
+
+def test_down_stops_exactly_its_own_processes(shared: Shared, data_dirs: Callable[[str], Path]) -> None:
+    other, _ = shared
+    other_recs = records(other)
+    mine = data_dirs("mine")
+    assert zoo("devnet", "up", "--data-dir", str(mine)).returncode == 0
+    my_recs = records(mine)
+    assert {r.pid for r in my_recs}.isdisjoint(r.pid for r in other_recs)
+
+    result = zoo("devnet", "down", "--data-dir", str(mine))
+    assert result.returncode == 0, result.stderr
+    assert "stopped anvil, ipfs" in result.stderr
+    assert all_gone(my_recs), f"still running after down: {describe([r.pid for r in my_recs])}"
+    assert not (mine / "devnet" / "devnet.json").exists()
+    assert zoo("devnet", "status", "--data-dir", str(mine)).returncode == 1
+
+    # The devnet of the other data dir is untouched and still answers.
+    assert all(running(r.pid, r.start_ticks) for r in other_recs)
+    assert Devnet(other).running() is not None
+    assert chain_id(read_state(other)["rpc_url"]) == 31337
+    assert zoo("devnet", "down", "--data-dir", str(mine)).stderr.strip() == "no devnet process was running"
+
+
+def test_corrupt_state_is_reset_by_down_as_up_advises(data_dirs: Callable[[str], Path]) -> None:
+    data_dir = data_dirs("corrupt")
+    state = data_dir / "devnet" / "devnet.json"
+    state.parent.mkdir()
+    state.write_text('{"rpc_url": ')  # e.g. a disk that filled up mid-write by another tool
+
+    refused = zoo("devnet", "up", "--data-dir", str(data_dir))
+    assert refused.returncode == 1
+    assert "is corrupt" in refused.stderr and "zoo-node devnet down" in refused.stderr
+
+    problems = []
+    status = zoo("devnet", "status", "--data-dir", str(data_dir))
+    if status.returncode != 1 or "Traceback" in status.stderr:
+        tail = ("Traceback… " if "Traceback" in status.stderr else "") + status.stderr.strip()[-300:]
+        problems.append(f"`devnet status` should exit 1 with a message, got {status.returncode} and: {tail}")
+    reset = zoo("devnet", "down", "--data-dir", str(data_dir))
+    if reset.returncode != 0 or "Traceback" in reset.stderr:
+        tail = ("Traceback… " if "Traceback" in reset.stderr else "") + reset.stderr.strip()[-300:]
+        problems.append(
+            f"`devnet down` (as `up` advises) should reset it, got {reset.returncode} and: {tail}"
+        )
+    assert not problems, "on a corrupt devnet.json: " + "; ".join(problems)
+    assert not state.exists()
+    again = zoo("devnet", "up", "--data-dir", str(data_dir))
+    assert again.returncode == 0, again.stderr
+
+
+def _kill_up_when(data_dir: Path, ready: Callable[[], bool]) -> tuple[subprocess.Popen[bytes], dict]:
+    """Start `devnet up`, SIGKILL it (only it) as soon as `ready()`; returns it and the state it left."""
+    proc = zoo_popen("devnet", "up", "--data-dir", str(data_dir))
+    try:
+        assert wait_until(lambda: ready() or proc.poll() is not None, 60, 0.01)
+        assert proc.poll() is None, "`devnet up` finished before the moment to kill it"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    return proc, read_state(data_dir)
+
+
+def _recorded(data_dir: Path, name: str) -> bool:
+    try:
+        return any(p["name"] == name for p in read_state(data_dir)["processes"])
+    except (FileNotFoundError, json.JSONDecodeError):
+        return False
+
+
+def _assert_down_leaves_nothing_and_up_works(data_dir: Path, state: dict) -> None:
+    recs = [ProcessRecord(**p) for p in state["processes"]]
+    result = zoo("devnet", "down", "--data-dir", str(data_dir))
+    assert result.returncode == 0, result.stderr
+    assert all_gone(recs), f"recorded processes survived `devnet down`: {describe([r.pid for r in recs])}"
+    # Short-lived helpers (e.g. `jsipfs init`) may still be finishing; a daemon would never go away.
+    wait_until(lambda: not holders(data_dir), 6.0, 0.1)
+    left = holders(data_dir)
+    assert not left, (
+        "orphaned devnet processes survive `devnet up` being killed and `devnet down` "
+        f"(devnet.json recorded only {[r.name for r in recs]}): {describe(left)}"
+    )
+    again = zoo("devnet", "up", "--data-dir", str(data_dir))
+    assert again.returncode == 0, f"`devnet up` after the kill failed:\n{again.stderr}"
+    assert Devnet(data_dir).running() is not None
+    assert zoo("devnet", "down", "--data-dir", str(data_dir)).returncode == 0
+
+
+def test_no_orphans_when_up_is_killed_after_anvil_started(data_dirs: Callable[[str], Path]) -> None:
+    data_dir = data_dirs("killed-after-anvil")
+    _, state = _kill_up_when(data_dir, lambda: _recorded(data_dir, "anvil"))
+    assert state["ready"] is False
+    anvil = next(ProcessRecord(**p) for p in state["processes"] if p["name"] == "anvil")
+    assert running(anvil.pid, anvil.start_ticks), "anvil should outlive the killed `up` (no pdeathsig there)"
+    _assert_down_leaves_nothing_and_up_works(data_dir, state)
+
+
+def test_no_orphans_when_up_is_killed_while_ipfs_starts(data_dirs: Callable[[str], Path]) -> None:
+    """Killed after the IPFS daemon was spawned but before it answered (so before manager.py records it)."""
+    data_dir = data_dirs("killed-during-ipfs")
+    log = data_dir / "devnet" / "ipfs" / "zoo-daemon.log"
+
+    def stdout_of(pid: int) -> str:
+        try:
+            return os.readlink(f"/proc/{pid}/fd/1")
+        except OSError:
+            return ""
+
+    def daemon_spawned() -> bool:
+        # A process writes its output to the daemon's log: the daemon exists (`up` itself does not).
+        return log.exists() and any(stdout_of(pid) == str(log.resolve()) for pid in holders(data_dir))
+
+    _, state = _kill_up_when(data_dir, daemon_spawned)
+    assert state["ready"] is False
+    _assert_down_leaves_nothing_and_up_works(data_dir, state)
+
+
+# ------------------------------------------------------------------------------------ ProcessRecord
+
+
+def test_process_record_ignores_a_process_with_other_start_ticks() -> None:
+    me = ProcessRecord.of("me", os.getpid())
+    assert me.alive()
+    impostor = ProcessRecord("me", os.getpid(), me.start_ticks + 1)
+    assert not impostor.alive()
+    assert impostor.stop(timeout_s=0.5) is False
+
+    # A process in its own group (as devnet processes are), so a wrong stop() would really reach it.
+    child = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        real = ProcessRecord.of("sleep", child.pid)
+        for ticks in (real.start_ticks - 1, real.start_ticks + 1):
+            stale = ProcessRecord("sleep", child.pid, ticks)
+            assert not stale.alive()
+            assert stale.stop(timeout_s=0.5) is False
+        time.sleep(0.2)
+        assert child.poll() is None, "stop() signalled a process whose start time does not match the record"
+        # The matching record does stop it: the checks above could have failed.
+        assert real.alive()
+        assert real.stop(timeout_s=5) is True
+        assert not real.alive()
+        assert not running(child.pid, real.start_ticks)
+    finally:
+        if child.poll() is None:
+            child.kill()
+        with contextlib.suppress(ChildProcessError):
+            child.wait(5)
+
+
+# ------------------------------------------------------------------------------------ node integration
+
+
+@pytest.fixture
+def node_data(start_node: Callable[..., object], tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+    """Tears down the devnets in the data dirs of nodes started by start_node (data dir: NAME-data)."""
+    dirs: list[Path] = []
+
+    def data_dir(name: str = "node") -> Path:
+        path = tmp_path / f"{name}-data"
+        dirs.append(path)
+        return path
+
+    yield data_dir
+    for path in dirs:
+        tear_down(path)
+
+
+def wait_status(
+    address: str, ok: Callable[[node_pb2.NodeStatus], bool], timeout_s: float = 90
+) -> node_pb2.NodeStatus:
+    deadline = time.monotonic() + timeout_s
+    with NodeClient(address) as client:
+        while True:
+            st = client.status()
+            if ok(st):
+                return st
+            if time.monotonic() > deadline:
+                raise AssertionError(f"node status never matched:\n{st}")
+            time.sleep(0.2)
+
+
+def states(st: node_pb2.NodeStatus) -> dict[str, str]:
+    return {
+        c.name: node_pb2.ComponentState.Name(c.state).removeprefix("COMPONENT_STATE_") for c in st.components
+    }
+
+
+def synced(st: node_pb2.NodeStatus) -> bool:
+    s = states(st)
+    return st.library.version == 1 and all(s.get(c) == "SERVING" for c in ("chain", "ipfs", "library"))
+
+
+def test_node_starts_its_own_devnet_and_stops_it_on_sigterm(start_node, node_data) -> None:
+    data_dir = node_data("node")
+    node = start_node(extra=DEVNET_MODE)
+    st = wait_status(node.address, synced)
+    assert st.chain_id == 31337
+    assert st.library.root == "0x" + GENESIS_ROOT.hex()
+    assert st.library.cid == read_state(data_dir)["genesis"]["cid"]
+    assert st.library.experience_count == len(genesis_library().experiences)
+    recs = records(data_dir)
+    assert {r.name for r in recs} == {"anvil", "ipfs"}
+
+    assert node.stop(signal.SIGTERM) == 0, node.log()
+    assert wait_until(lambda: all_gone(recs), 10), (
+        f"devnet outlived its node: {describe([r.pid for r in recs])}"
+    )
+    assert not (data_dir / "devnet" / "devnet.json").exists()
+
+
+def test_node_killed_with_sigkill_takes_its_devnet_along(start_node, node_data) -> None:
+    data_dir = node_data("node")
+    node = start_node(extra=DEVNET_MODE)
+    recs = records(data_dir)
+    assert read_state(data_dir)["ready"] is True
+    assert all(running(r.pid, r.start_ticks) for r in recs)
+
+    os.kill(node.proc.pid, signal.SIGKILL)  # the node alone, not its process group
+    node.proc.wait(10)
+    assert wait_until(lambda: all_gone(recs), 15), (
+        f"devnet processes orphaned by kill -9 of the node: {describe([r.pid for r in recs])}"
+    )
+
+
+def test_node_leaves_a_devnet_it_did_not_start_running(start_node, node_data) -> None:
+    data_dir = node_data("node")
+    result = zoo("devnet", "up", "--data-dir", str(data_dir))
+    assert result.returncode == 0, result.stderr
+    info: DevnetInfo | None = Devnet(data_dir).running()
+    assert info is not None
+    recs = records(data_dir)
+
+    node = start_node(extra=DEVNET_MODE)
+    st = wait_status(node.address, synced)
+    chain = next(c for c in st.components if c.name == "chain")
+    assert info.rpc_url in chain.detail, "the node should use the devnet that was already up"
+    assert node.stop(signal.SIGTERM) == 0, node.log()
+
+    assert all(running(r.pid, r.start_ticks) for r in recs), "the node stopped a devnet it did not start"
+    still = Devnet(data_dir).running()
+    assert still is not None and still.rpc_url == info.rpc_url
+    assert chain_id(still.rpc_url) == 31337
+
+
+@pytest.mark.parametrize("setting", ["anvil_port", "ipfs_api_port"])
+def test_start_fails_clearly_when_the_devnet_cannot_start(start_node, node_data, setting: str) -> None:
+    data_dir = node_data("node")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        node = start_node(extra={**DEVNET_MODE, "devnet": {setting: port}}, wait=False)
+        try:
+            code = node.proc.wait(90)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"node kept running without a devnet:\n{node.log()}") from None
+    log = node.log()
+    assert code == 1, log
+    assert "zoo-node: the devnet failed to start" in log
+    assert "already in use" in log
+    assert str(port) in log or setting == "anvil_port"  # anvil's own message does not repeat the port
+    assert not (data_dir / "node.json").exists()
+    # Whatever had started (anvil, when IPFS is the part that failed) was stopped again.
+    assert read_state(data_dir)["processes"] == []
+    assert not holders(data_dir), describe(holders(data_dir))
