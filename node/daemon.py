@@ -17,6 +17,8 @@ from zoo.node import __version__
 from zoo.node.components import Component, DisabledComponent, Supervisor
 from zoo.node.config import NodeConfig, parse_listen
 from zoo.node.datadir import DataDir, DataDirLocked
+from zoo.node.inference_service import InferenceServicer
+from zoo.node.inference_wiring import NodeLibraryView, RetrievalComponent, UsageCounter
 from zoo.node.library import LibraryComponent
 from zoo.node.library_service import LibraryServicer
 from zoo.node.logs import configure_logging, get_logger
@@ -25,7 +27,7 @@ from zoo.node.probes import ChainComponent, IpfsComponent, ModelComponent
 from zoo.node.server import BindError, HealthBridge, build_server
 from zoo.node.services import NodeServicer
 from zoo.registry.store import LibraryStore
-from zoo.v1 import library_pb2_grpc, node_pb2_grpc
+from zoo.v1 import inference_pb2_grpc, library_pb2_grpc, node_pb2_grpc
 
 log = get_logger("zoo.node.daemon")
 
@@ -43,9 +45,11 @@ class StartupError(Exception):
         self.exit_code = exit_code
 
 
-def resolve_model_path(cfg: NodeConfig) -> Path:
+def resolve_model_path(cfg: NodeConfig) -> Path | None:
     from zoo.inference.models import ModelUnavailable, prepare_bundled_chat_model
 
+    if cfg.model.backend == "openai":
+        return None
     if cfg.model.path is not None:
         return cfg.model.path
     try:
@@ -96,7 +100,7 @@ def wire(cfg: NodeConfig) -> Wiring:
     elif cfg.chain.mode == "devnet":
         from zoo.devnet.manager import Devnet, DevnetError
 
-        devnet = Devnet(cfg.data_dir, devnet_settings(cfg))
+        devnet = Devnet(cfg.data_dir, devnet_settings(cfg), cfg.cache_dir)
         log.info("bringing up the devnet", dir=str(devnet.dir))
         try:
             info, reused = devnet.up(progress=lambda msg: log.info("devnet", step=msg), die_with_parent=True)
@@ -127,7 +131,7 @@ def build_components(
         comps.append(IpfsComponent(wiring.ipfs_api, cfg.ipfs.probe_interval_s))
     else:
         comps.append(DisabledComponent("ipfs", "ipfs.api_url is not set"))
-    comps.append(ModelComponent(model_path, cfg.model.device, cfg.model.dtype, cfg.model.threads))
+    comps.append(ModelComponent(cfg.model, model_path, model_id(cfg, model_path)))
     store = LibraryStore(data_dir.path)
     factory = None
     if wiring.rpc_url and wiring.registry_address and wiring.ipfs_api:
@@ -137,16 +141,96 @@ def build_components(
         metrics.library_version.set(stored.version)
         metrics.library_experiences.set(len(stored.library.experiences))
 
-    comps.append(
-        LibraryComponent(
-            store,
-            factory,
-            cfg.chain.poll_interval_s,
-            on_activate=activated,
-            on_refused=lambda reason: metrics.library_refused.labels(reason).inc(),
-        )
+    library = LibraryComponent(
+        store,
+        factory,
+        cfg.chain.poll_interval_s,
+        on_activate=activated,
+        on_refused=lambda reason: metrics.library_refused.labels(reason).inc(),
     )
+    retrieval = RetrievalComponent(
+        library, cfg.embedder.path, data_dir.path / "embeddings.sqlite", cfg.inference.ann_threshold
+    )
+    library.on_change = retrieval.library_changed
+    comps += [library, retrieval]
     return comps
+
+
+def model_id(cfg: NodeConfig, path: Path | None) -> str:
+    from zoo.inference.models import model_id_for
+
+    if cfg.model.name:
+        return cfg.model.name
+    return model_id_for(path) if path is not None else "unknown"
+
+
+def build_engine(cfg: NodeConfig, supervisor: Supervisor, usage: UsageCounter, metrics: NodeMetrics) -> Any:
+    """A provider of the inference engine: None until the model has loaded."""
+    from zoo.inference.engine import InferenceEngine
+
+    model = supervisor.components["model"]
+    library = supervisor.components["library"]
+    retrieval = supervisor.components["retrieval"]
+    assert isinstance(model, ModelComponent) and isinstance(library, LibraryComponent)
+    assert isinstance(retrieval, RetrievalComponent)
+    cache: dict[str, Any] = {}
+
+    def on_served(ids: list[str]) -> None:
+        usage.served(ids)
+        metrics.experiences_served.inc(len(ids))
+
+    def provider() -> Any:
+        if model.backend is None:
+            return None
+        if cache.get("backend") is not model.backend:
+            cache["backend"] = model.backend
+            cache["engine"] = InferenceEngine(
+                model.backend,
+                _LibraryViewProxy(library, retrieval),
+                experience_budget=cfg.inference.experience_budget_tokens,
+                factor_builder=_factor_builder(cfg, model.backend),
+                on_served=on_served,
+            )
+        return cache["engine"]
+
+    return provider
+
+
+class _LibraryViewProxy:
+    """Resolves through the retriever once the embedder has loaded; before that, no experiences."""
+
+    def __init__(self, library: LibraryComponent, retrieval: RetrievalComponent) -> None:
+        self.library = library
+        self.retrieval = retrieval
+
+    def resolve(self, root: str) -> Any:
+        if self.retrieval.retriever is None:
+            if root:
+                from zoo.inference.backend import BackendUnavailable
+
+                raise BackendUnavailable("the retrieval index is still loading; retry shortly")
+            return None, "", 0, None
+        return NodeLibraryView(self.library, self.retrieval.retriever).resolve(root)
+
+
+def _factor_builder(cfg: NodeConfig, backend: Any) -> Any:
+    tokenizer = getattr(backend, "tokenizer", None)
+    if tokenizer is None:
+        return None
+
+    def build(experiences: Any) -> Any:
+        from zoo.inference.factors import build_processor, tokenizer_tag
+
+        vocab = (
+            int(getattr(getattr(backend, "model", None), "config", None).vocab_size)
+            if hasattr(backend, "model")
+            else len(tokenizer)
+        )
+        return build_processor(
+            experiences, tokenizer_tag(tokenizer), vocab, cfg.inference.factor_eta, cfg.inference.factor_cap
+        )
+
+    return build
 
 
 def _follower_factory(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, store: LibraryStore) -> Any:
@@ -197,7 +281,6 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
         cfg.server.admin_token.get_secret_value() if cfg.server.admin_token else data_dir.admin_token()
     )
     model_path = await asyncio.to_thread(resolve_model_path, cfg)
-    from zoo.inference.models import model_id_for
 
     metrics = NodeMetrics(__version__)
     metrics_url = ""
@@ -215,15 +298,21 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
     host, _ = parse_listen(cfg.server.listen)
     bound_port = 0
     servicer = NodeServicer(
-        supervisor, str(cfg.data_dir), lambda: f"{host}:{bound_port}", model_id_for(model_path)
+        supervisor, str(cfg.data_dir), lambda: f"{host}:{bound_port}", model_id(cfg, model_path)
     )
     library = supervisor.components["library"]
     assert isinstance(library, LibraryComponent)
+    usage = UsageCounter(data_dir.path / "usage.json")
+    servicer.usage = usage
     servicers: list[Any] = [
         (node_pb2_grpc.add_NodeServiceServicer_to_server, servicer),
         (
             library_pb2_grpc.add_LibraryServiceServicer_to_server,
             LibraryServicer(library, _onchain_roots(wiring)),
+        ),
+        (
+            inference_pb2_grpc.add_InferenceServiceServicer_to_server,
+            InferenceServicer(build_engine(cfg, supervisor, usage, metrics), cfg.inference),
         ),
     ]
     try:
@@ -262,6 +351,7 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
     # New RPCs are refused at once; in-flight ones get the grace period to finish.
     await server.stop(cfg.server.grace_period_s)
     await supervisor.stop()
+    usage.flush()
     metrics.shutdown()
     return EXIT_OK
 

@@ -54,6 +54,11 @@ class NodeMetrics:
             ["reason"],
             registry=r,
         )
+        self.experiences_served = Counter(
+            "zoo_experiences_served",
+            "Experiences placed in prompts (per-id counts are in GetStatus)",
+            registry=r,
+        )
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
 

@@ -34,6 +34,7 @@ class NodeServicer(node_pb2_grpc.NodeServiceServicer):
         self.listen = listen
         self.model_id = model_id
         self.started = time.monotonic()
+        self.usage: Any = None  # UsageCounter, set by the daemon
 
     async def GetStatus(self, request: node_pb2.GetStatusRequest, context: grpc.aio.ServicerContext) -> Any:
         comps = self.supervisor.components
@@ -69,6 +70,7 @@ class NodeServicer(node_pb2_grpc.NodeServiceServicer):
             model_id=self.model_id if isinstance(model, ModelComponent) else "",
             components=components,
             listen_address=self.listen(),
+            experience_usage=self.usage.snapshot() if self.usage is not None else {},
         )
 
 
@@ -76,7 +78,7 @@ class NodeServicer(node_pb2_grpc.NodeServiceServicer):
 PLANNED = {
     "zoo.v1.InferenceService": (inference_pb2, "retrieval-augmented inference"),
     "zoo.v1.LibraryService": (library_pb2, "library queries and Merkle proofs"),
-    "zoo.v1.JobService": (jobs_pb2, "learning jobs"),
+    "zoo.v1.JobService": (jobs_pb2, "learning jobs: TF-GRPO and GSPO"),
 }
 
 

@@ -17,7 +17,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 
 from tests.conftest import NodeProcess, base_config, launch, write_config
 from zoo.node.client import NodeClient
-from zoo.v1 import inference_pb2, jobs_pb2, node_pb2
+from zoo.v1 import jobs_pb2, node_pb2
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +70,7 @@ def test_get_status_fields(node: NodeProcess) -> None:
         "ipfs": "COMPONENT_STATE_DISABLED",
         "model": "COMPONENT_STATE_SERVING",
         "library": "COMPONENT_STATE_DEGRADED",
+        "retrieval": "COMPONENT_STATE_DEGRADED",
     }
 
 
@@ -138,13 +139,13 @@ def test_token_file_is_private(node: NodeProcess) -> None:
 
 
 def test_planned_rpcs_answer_unimplemented(node: NodeProcess) -> None:
-    with NodeClient(node.address) as c:
+    with NodeClient(node.address, admin_token=node.admin_token) as c:
         with pytest.raises(grpc.RpcError) as e:
-            c.inference.Infer(inference_pb2.InferRequest(prompt="hi"))
+            c.jobs.GetJob(jobs_pb2.GetJobRequest(id="x"), metadata=c.admin_metadata())
         assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
-        assert "zoo.v1.InferenceService/Infer" in e.value.details()
+        assert "zoo.v1.JobService/GetJob" in e.value.details()
         with pytest.raises(grpc.RpcError) as e:
-            list(c.inference.InferStream(inference_pb2.InferRequest(prompt="hi")))
+            list(c.jobs.WatchJob(jobs_pb2.WatchJobRequest(id="x"), metadata=c.admin_metadata()))
         assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
         # The node is still fine afterwards.
         assert c.health("") == "SERVING"

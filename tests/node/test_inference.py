@@ -1,0 +1,216 @@
+"""InferenceService end to end: a real daemon on its devnet (genesis library), the real bundled model
+and the real embedder, over a real gRPC socket."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+
+import grpc
+import pytest
+
+from tests.conftest import NodeProcess, base_config, launch, write_config
+from tests.node.approve import approve, next_version
+from zoo.devnet.genesis import genesis_library
+from zoo.node.client import NodeClient
+from zoo.registry.merkle import library_root
+from zoo.v1 import inference_pb2 as pb
+
+GEOMETRY = "How do I find the area of a triangle with base 6 and height 4?"
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory):
+    tmp = tmp_path_factory.mktemp("inference-node")
+    data_dir = tmp / "data"
+    extra = {
+        "chain": {"mode": "devnet", "poll_interval_s": 0.3},
+        "inference": {"concurrency": 1, "max_queue": 24, "default_max_tokens": 12},
+    }
+    n = launch(write_config(tmp / "node.toml", base_config(data_dir, extra)), data_dir)
+    n.wait_listening(timeout_s=120)
+    for component in ("model", "library", "retrieval"):
+        n.wait_component(component, "SERVING", timeout_s=180)
+    yield n
+    n.stop()
+
+
+def infer(client: NodeClient, **kw) -> pb.InferResponse:
+    sampling = pb.SamplingParams(**kw.pop("sampling", {}))
+    return client.inference.Infer(pb.InferRequest(sampling=sampling, **kw), timeout=kw.pop("timeout", 120))
+
+
+def test_geometry_query_retrieves_geometry_experience(node: NodeProcess) -> None:
+    with NodeClient(node.address) as c:
+        r = infer(c, prompt=GEOMETRY, k=2, sampling={"max_tokens": 8})
+        st = c.status()
+    genesis = genesis_library()
+    geometry = {e.id for e in genesis.experiences if e.domain == "math.geometry"}
+    finance = {e.id for e in genesis.experiences if e.domain.startswith("finance")}
+    assert r.experiences[0].id in geometry
+    assert not {e.id for e in r.experiences} & finance
+    assert r.experiences[0].score >= r.experiences[-1].score
+    assert r.text and r.model_id == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert r.library_root == "0x" + library_root(genesis).hex() and r.library_version >= 1
+    assert r.usage.prompt_tokens > 0 and 0 < r.usage.completion_tokens <= 8
+    # What the answer needs for replay is all there.
+    assert r.sampling.max_tokens == 8 and r.sampling.HasField("seed")
+    # Usage counters count what was served.
+    assert all(st.experience_usage[e.id] >= 1 for e in r.experiences)
+
+
+def test_domain_filter_and_retrieve(node: NodeProcess) -> None:
+    with NodeClient(node.address) as c:
+        r = c.inference.Retrieve(pb.RetrieveRequest(query=GEOMETRY, k=5, domain="finance"))
+        assert r.experiences and all(e.id for e in r.experiences)
+        texts = {e.text for e in r.experiences}
+        finance = {e.text for e in genesis_library().experiences if e.domain.startswith("finance")}
+        assert texts <= finance
+        assert (
+            c.inference.Retrieve(pb.RetrieveRequest(query=GEOMETRY, domain="nosuchdomain")).experiences == []
+        )
+        none = infer(c, prompt=GEOMETRY, disable_experiences=True, sampling={"max_tokens": 4})
+        assert list(none.experiences) == []
+
+
+def test_stream_equals_unary_and_is_deterministic(node: NodeProcess) -> None:
+    with NodeClient(node.address) as c:
+        a = infer(c, prompt="Name a prime number.", sampling={"max_tokens": 16})
+        b = infer(c, prompt="Name a prime number.", sampling={"max_tokens": 16})
+        chunks = list(
+            c.inference.InferStream(
+                pb.InferRequest(prompt="Name a prime number.", sampling=pb.SamplingParams(max_tokens=16))
+            )
+        )
+    assert a.text == b.text
+    assert [x.id for x in a.experiences] == [x.id for x in b.experiences]
+    deltas = "".join(ch.delta for ch in chunks[:-1])
+    final = chunks[-1].final
+    assert deltas == final.text == a.text
+    assert len(chunks) > 2
+
+
+def test_seeded_sampling_replays(node: NodeProcess) -> None:
+    with NodeClient(node.address) as c:
+        s = {"max_tokens": 12, "temperature": 1.0, "top_p": 0.9, "seed": 42}
+        a = infer(c, prompt="Write a word.", sampling=s)
+        b = infer(c, prompt="Write a word.", sampling=s)
+    assert a.text == b.text and a.sampling.seed == 42
+
+
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"prompt": "hi", "k": 500}, "k"),
+        ({"prompt": "hi", "sampling": {"max_tokens": 100000}}, "sampling.max_tokens"),
+        ({"prompt": "hi", "sampling": {"temperature": 3.0}}, "sampling.temperature"),
+        ({"prompt": "hi", "sampling": {"top_p": 1.5}}, "sampling.top_p"),
+        ({"prompt": "hi", "domain": "Bad Domain"}, "domain"),
+        ({"prompt": "hi", "library_root": "0x12"}, "library_root"),
+        ({}, "messages"),
+        ({"prompt": "hi", "messages": [pb.ChatMessage(role="user", content="x")]}, "messages"),
+        ({"messages": [pb.ChatMessage(role="robot", content="x")]}, "messages[0].role"),
+    ],
+)
+def test_bad_requests_are_invalid_argument(node: NodeProcess, kw: dict, field: str) -> None:
+    with NodeClient(node.address) as c, pytest.raises(grpc.RpcError) as e:
+        infer(c, **kw)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details().startswith(field)
+
+
+def test_oversized_prompt_names_the_limit(node: NodeProcess) -> None:
+    with NodeClient(node.address) as c, pytest.raises(grpc.RpcError) as e:
+        infer(c, prompt="word " * 9000, sampling={"max_tokens": 8})
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "context of 8192 tokens" in e.value.details()
+
+
+def test_unknown_pinned_root_is_not_found(node: NodeProcess) -> None:
+    with NodeClient(node.address) as c, pytest.raises(grpc.RpcError) as e:
+        infer(c, prompt="hi", library_root="0x" + "ab" * 32)
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_deadline_exceeded_and_node_recovers(node: NodeProcess) -> None:
+    with NodeClient(node.address) as c:
+        with pytest.raises(grpc.RpcError) as e:
+            c.inference.Infer(
+                pb.InferRequest(prompt="Count to one hundred.", sampling=pb.SamplingParams(max_tokens=400)),
+                timeout=1.0,
+            )
+        assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        t0 = time.monotonic()
+        # Generation of the abandoned request stops at the next token, so the next one is not stuck behind it.
+        r = infer(c, prompt="Say yes.", sampling={"max_tokens": 4})
+        assert r.text is not None and time.monotonic() - t0 < 30
+
+
+def test_queue_full_is_resource_exhausted(tmp_path, start_node) -> None:
+    n = start_node({"inference": {"concurrency": 1, "max_queue": 0}}, name="tinyqueue")
+    n.wait_component("model", "SERVING", timeout_s=180)
+    with NodeClient(n.address) as c:
+        slow = c.inference.Infer.future(
+            pb.InferRequest(prompt="Count slowly to fifty.", sampling=pb.SamplingParams(max_tokens=80))
+        )
+        time.sleep(1.0)
+        with pytest.raises(grpc.RpcError) as e:
+            infer(c, prompt="hi", sampling={"max_tokens": 2})
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert slow.result(timeout=120).text
+
+
+def test_pin_older_root_and_swap_under_load(node: NodeProcess) -> None:
+    """20 concurrent requests while a new version is approved and swapped in: no errors, and each
+    answer's experiences all come from the one library version it reports."""
+    genesis = genesis_library()
+    genesis_root = "0x" + library_root(genesis).hex()
+    with NodeClient(node.address) as c:
+        current = c.status().library
+    assert current.root == genesis_root, "this test expects to start from the genesis library"
+    v2 = next_version(
+        genesis,
+        genesis_root,
+        (
+            "math.geometry",
+            "When a triangle's height is unknown, drop a "
+            "perpendicular from the apex and use the Pythagorean theorem.",
+        ),
+    )
+    v2_ids = {e.id for e in v2.experiences}
+    genesis_ids = {e.id for e in genesis.experiences}
+    errors: list[BaseException] = []
+    results: list[pb.InferResponse] = []
+
+    def one(i: int) -> None:
+        try:
+            with NodeClient(node.address) as c:
+                results.append(infer(c, prompt=f"{GEOMETRY} ({i})", k=5, sampling={"max_tokens": 2}))
+        except BaseException as e:  # collected and asserted below
+            errors.append(e)
+
+    with concurrent.futures.ThreadPoolExecutor(20) as pool:
+        futures = [pool.submit(one, i) for i in range(20)]
+        threading.Event().wait(1.0)
+        v2_root = approve(node.data_dir, v2)
+        concurrent.futures.wait(futures)
+    assert errors == []
+    assert len(results) == 20
+    for r in results:
+        ids = {e.id for e in r.experiences}
+        assert ids <= (v2_ids if r.library_root == v2_root else genesis_ids)
+    # The node reaches v2; an older root can still be pinned.
+    deadline = time.monotonic() + 60
+    with NodeClient(node.address) as c:
+        while c.status().library.root != v2_root and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert c.status().library.root == v2_root
+        pinned = infer(c, prompt=GEOMETRY, library_root=genesis_root, sampling={"max_tokens": 2})
+        assert pinned.library_root == genesis_root and pinned.library_version == 1
+        assert {e.id for e in pinned.experiences} <= genesis_ids
+        fresh = c.inference.Retrieve(
+            pb.RetrieveRequest(query="perpendicular from the apex of a triangle", k=1)
+        )
+        assert fresh.library_root == v2_root
+        assert fresh.experiences[0].id in v2_ids - genesis_ids
