@@ -28,8 +28,16 @@ class VllmBackend:
             raise BackendUnavailable(
                 "the vllm backend needs vLLM and a CUDA GPU: pip install 'zoo-node[gpu]'"
             ) from e
+        from zoo.inference.factors import vllm_logits_processor_class
+
+        # Expert factors reach vLLM's V1 engine as an engine-level logits processor class that reads each
+        # request's bias from SamplingParams.extra_args (the per-request callable API is pre-V1).
         engine = AsyncLLMEngine.from_engine_args(
-            AsyncEngineArgs(model=str(path), gpu_memory_utilization=gpu_memory_utilization)
+            AsyncEngineArgs(
+                model=str(path),
+                gpu_memory_utilization=gpu_memory_utilization,
+                logits_processors=[vllm_logits_processor_class()],
+            )
         )
         from transformers import AutoTokenizer
 
@@ -44,6 +52,8 @@ class VllmBackend:
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         from vllm import SamplingParams
 
+        from zoo.inference.factors import vllm_extra_args
+
         prompt = self.tokenizer.apply_chat_template(
             request.messages, add_generation_prompt=True, tokenize=False
         )
@@ -53,7 +63,7 @@ class VllmBackend:
             top_p=request.top_p if request.temperature > 0 else 1.0,
             seed=request.seed,
             stop=request.stop or None,
-            logits_processors=[request.logits_processor] if request.logits_processor else None,
+            extra_args=vllm_extra_args(request.logits_processor) if request.logits_processor else None,
         )
         request_id = uuid.uuid4().hex
         sent = ""

@@ -60,6 +60,7 @@ MAX_DESCRIPTION_CHARS = 4000
 CONFIDENCE_SCALE = 1_000_000  # confidence is held and encoded as a whole number of millionths
 MAX_FACTOR_TOKENS = 1 << 20
 MAX_TOKEN_ID = (1 << 32) - 1
+MAX_SCALE = 100.0
 MAX_JSON_INT = (1 << 53) - 1  # the largest integer every JSON reader (JavaScript included) reads exactly
 ID_RE = re.compile(r"exp-[0-9a-f]{16}")
 ROOT_RE = re.compile(r"0x[0-9a-f]{64}")
@@ -233,6 +234,10 @@ class ExpertFactors(_Model):
         for i, s in enumerate(scales):
             if not math.isfinite(s):
                 raise _err("finite_number", f"scale {i} is not a finite number")
+            # A scale is a mean |log-boost|: negative makes no sense, and beyond MAX_SCALE (e^100) it only
+            # serves to overflow the float32 logits bias once weighted.
+            if not 0.0 <= s <= MAX_SCALE:
+                raise _err("scale_range", f"scale {i} must be in [0, {MAX_SCALE:g}] (got {s:g})")
         return tuple(to_float32(s) for s in scales)
 
     @model_validator(mode="after")
