@@ -1,0 +1,1 @@
+"""Tests of zoo.trainer: task files, rewards and the shipped task set."""

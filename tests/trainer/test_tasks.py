@@ -1,0 +1,197 @@
+"""Task files: schema, line-numbered errors, the deterministic split and the shipped task set."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from zoo.registry.errors import ValidationError
+from zoo.trainer import gen_tasks, rewards
+from zoo.trainer.rewards import get_reward
+from zoo.trainer.tasks import (
+    DATA_DIR,
+    Task,
+    load_jsonl,
+    load_shipped,
+    parse_task,
+    split,
+    task_id,
+    write_jsonl,
+)
+
+TESTS = "from solution import f\n\n\ndef test_f():\n    assert f() == 1\n"
+
+
+def write_lines(path: Path, lines: list[object]) -> Path:
+    path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines))
+    return path
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    tasks = [
+        Task(id="a", question="1+1?", answer="2", domain="math.arithmetic"),
+        Task(id="b", question="Free-form?"),  # label-free: no answer
+        Task(
+            id="c",
+            question="f",
+            answer="def f(): return 1",
+            verifier="unit_tests",
+            verifier_args={"tests": TESTS},
+        ),
+    ]
+    write_jsonl(tmp_path / "t.jsonl", tasks)
+    assert load_jsonl(tmp_path / "t.jsonl") == tasks
+    assert [t.label_free for t in tasks] == [False, True, False]
+
+
+def test_defaults_and_number_answers(tmp_path: Path) -> None:
+    path = write_lines(
+        tmp_path / "t.jsonl", [{"question": "2*3?", "answer": 6}, {"question": "1/4?", "answer": 0.25}]
+    )
+    first, second = load_jsonl(path)
+    assert (first.answer, second.answer) == ("6", "0.25")
+    assert (first.domain, first.verifier, first.verifier_args) == ("general", "exact_match", {})
+    # A missing id is derived from the content, so regenerating an unchanged task keeps it.
+    assert first.id == task_id("2*3?", "general") == load_jsonl(path)[0].id
+    assert first.id != second.id
+
+
+@pytest.mark.parametrize(
+    ("bad_line", "field", "words"),
+    [
+        ('{"question": "x", "answer": ', "line 3", "invalid JSON"),
+        ('["not", "an", "object"]', "line 3", "JSON object"),
+        ({"answer": "1"}, "line 3: question", "required"),
+        ({"question": "   "}, "line 3: question", "blank"),
+        ({"question": "x", "answer": True}, "line 3: answer", "boolean"),
+        ({"question": "x", "colour": "red"}, "line 3: colour", "unknown field"),
+        ({"question": "x", "domain": "Math Stuff"}, "line 3: domain", "lower-case"),
+        ({"question": "x", "id": "bad id!"}, "line 3: id", "pattern"),
+        (
+            {"question": "x", "verifier": "exact_mach"},
+            "line 3: verifier",
+            "valid names: exact_match, llm_judge",
+        ),
+        ({"question": "x", "verifier": "unit_tests"}, "line 3: verifier_args.tests", "test code"),
+        (
+            {"question": "x", "verifier": "unit_tests", "verifier_args": {"tests": "def helper(): pass"}},
+            "line 3: verifier_args.tests",
+            "no top-level test_",
+        ),
+        (
+            {"question": "x", "verifier": "unit_tests", "verifier_args": {"tests": "def test_x(:"}},
+            "line 3: verifier_args.tests",
+            "does not parse",
+        ),
+        (
+            {"question": "x", "verifier_args": {"tests": TESTS}},
+            "line 3: verifier_args.tests",
+            "not an argument",
+        ),
+        (
+            {"question": "x", "verifier": "patch_similarity", "answer": "no diff here"},
+            "line 3: answer",
+            "no file",
+        ),
+        ({"id": "one", "question": "again"}, "line 3: id", "duplicate id 'one' (first on line 1)"),
+    ],
+)
+def test_bad_line_names_the_line(tmp_path: Path, bad_line: object, field: str, words: str) -> None:
+    # Line 2 is blank: line numbers count physical lines, so an editor's line number finds the problem.
+    path = write_lines(tmp_path / "t.jsonl", [{"id": "one", "question": "ok?", "answer": "1"}, "", bad_line])
+    with pytest.raises(ValidationError) as caught:
+        load_jsonl(path)
+    assert caught.value.field == field
+    assert words in str(caught.value)
+    assert str(caught.value).startswith(field + ": ")
+
+
+def test_parse_task_without_line() -> None:
+    with pytest.raises(ValidationError) as caught:
+        parse_task({"question": "x", "verifier": "nope"})
+    assert caught.value.field == "verifier"
+
+
+def make_tasks() -> list[Task]:
+    tasks = [Task(id=f"m{i}", question=f"q{i}", answer="1", domain="math") for i in range(50)]
+    tasks += [Task(id=f"c{i}", question=f"c{i}", answer="1", domain="code") for i in range(10)]
+    return tasks
+
+
+def test_split_is_deterministic_stratified_and_order_independent() -> None:
+    tasks = make_tasks()
+    train, val = split(tasks, 0.2, seed=0)
+    assert split(tasks, 0.2, seed=0) == (train, val)
+    assert Counter(t.domain for t in val) == {"math": 10, "code": 2}
+    assert len(train) + len(val) == len(tasks)
+    assert not {t.id for t in train} & {t.id for t in val}
+    # Both parts keep the input order.
+    order = {t.id: i for i, t in enumerate(tasks)}
+    assert [order[t.id] for t in train] == sorted(order[t.id] for t in train)
+    assert [order[t.id] for t in val] == sorted(order[t.id] for t in val)
+    # The split does not depend on the order of the input, only on ids and the seed.
+    _, val_r = split(list(reversed(tasks)), 0.2, seed=0)
+    assert {t.id for t in val_r} == {t.id for t in val}
+    assert {t.id for t in split(tasks, 0.2, seed=1)[1]} != {t.id for t in val}
+    # Adding a task moves at most one other task across (the one it displaces, or the one now added).
+    extra = [*tasks, Task(id="m-new", question="new", answer="1", domain="math")]
+    _, val_extra = split(extra, 0.2, seed=0)
+    assert len(({t.id for t in val} ^ {t.id for t in val_extra}) - {"m-new"}) <= 1
+    assert split(tasks, 0.0, seed=0) == (tasks, [])
+
+
+@pytest.mark.parametrize("fraction", [-0.1, 1.0, 1.5])
+def test_split_rejects_bad_fraction(fraction: float) -> None:
+    with pytest.raises(ValidationError, match="validation_fraction"):
+        split(make_tasks(), fraction, seed=0)
+
+
+def test_split_rejects_duplicate_ids() -> None:
+    task = Task(id="same", question="q")
+    with pytest.raises(ValidationError, match="unique"):
+        split([task, task], 0.5, seed=0)
+
+
+def test_shipped_data_sizes_and_domains() -> None:
+    train, val = load_shipped("train"), load_shipped("validation")
+    assert (len(train), len(val)) == (86, 22)
+    everything = train + val
+    assert len({t.id for t in everything}) == len(everything)
+    assert len({t.question for t in everything}) == len(everything)
+    assert Counter(t.domain for t in everything) == {
+        "math.arithmetic": 60,
+        "math.units": 40,
+        "code.python": 8,
+    }
+    assert Counter(t.domain for t in val) == {"math.arithmetic": 12, "math.units": 8, "code.python": 2}
+    for task in everything:
+        if task.domain.startswith("math."):
+            assert task.verifier == "exact_match" and task.answer is not None
+            assert 0 <= int(task.answer) <= 12000  # whole numbers, small enough for a 135M model
+        else:
+            assert task.verifier == "unit_tests"
+            assert 3 <= len(rewards.unit_test_names(task.verifier_args["tests"])) <= 5
+
+
+def test_every_shipped_task_accepts_its_reference_answer() -> None:
+    exact, tests = get_reward("exact_match"), get_reward("unit_tests", timeout_s=20)
+    for task in load_shipped("train") + load_shipped("validation"):
+        assert task.answer is not None
+        reward = exact if task.verifier == "exact_match" else tests
+        result = reward.score(task, task.answer)
+        assert result.score == 1.0, (task.id, result.reason)
+        if task.verifier == "unit_tests":
+            # And a wrong solution fails: the tests do test something.
+            assert tests.score(task, "def unrelated():\n    pass\n").score == 0.0
+
+
+def test_generator_reproduces_the_shipped_files(tmp_path: Path) -> None:
+    assert gen_tasks.write(tmp_path, seed=0) == (86, 22)
+    for name in ("train.jsonl", "validation.jsonl"):
+        assert (tmp_path / name).read_bytes() == (DATA_DIR / name).read_bytes(), f"{name}: run gen_tasks"
+    other = tmp_path / "other"
+    gen_tasks.write(other, seed=1)
+    assert (other / "train.jsonl").read_bytes() != (DATA_DIR / "train.jsonl").read_bytes()

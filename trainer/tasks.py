@@ -1,0 +1,216 @@
+"""Training tasks for TF-GRPO: the `Task` schema, JSONL reading/writing and the train/validation split.
+
+One task per JSONL line:
+
+    {"id": "arith-001", "question": "...", "answer": "12", "domain": "math.arithmetic",
+     "verifier": "exact_match", "verifier_args": {}}
+
+Only `question` is required. `answer` may be left out (label-free tasks: the reward is agreement with the
+group's majority answer, see rewards.MajorityVote); a number is accepted and kept as its JSON text.
+`domain` uses the experience library's domain syntax (dotted lower-case words) so lessons learnt on a task
+land in the matching library domain. `verifier` names a reward in rewards.REWARDS and `verifier_args` are
+that reward's per-task arguments (for `unit_tests`, the test code). A missing `id` is derived from the
+content, so re-generating an unchanged task keeps its id.
+
+Loading reports the first problem as zoo.registry.errors.ValidationError with the field prefixed by the
+1-based line number (e.g. "line 7: answer"), so a hand-edited file can be fixed without guessing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import tempfile
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from zoo.registry.errors import ValidationError
+from zoo.registry.experience import DOMAIN_RE
+
+ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+MAX_QUESTION_CHARS = 20_000
+MAX_ANSWER_CHARS = 100_000  # coding tasks carry a whole reference solution or patch
+DEFAULT_DOMAIN = "general"
+DEFAULT_VERIFIER = "exact_match"
+DATA_DIR = Path(__file__).resolve().parent / "data"
+
+
+class Task(BaseModel):
+    """One training or validation problem and how to score a model's answer to it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str = Field(pattern=f"^{ID_RE.pattern}$")
+    question: str = Field(min_length=1, max_length=MAX_QUESTION_CHARS)
+    answer: str | None = Field(default=None, max_length=MAX_ANSWER_CHARS)
+    domain: str = DEFAULT_DOMAIN
+    verifier: str = DEFAULT_VERIFIER
+    verifier_args: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("question")
+    @classmethod
+    def _question_not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("is blank")
+        return value
+
+    @field_validator("answer", mode="before")
+    @classmethod
+    def _answer_text(cls, value: Any) -> Any:
+        # JSON numbers are common for math answers; keep their JSON spelling ("12", "0.75"). A bool is
+        # refused: `true` is almost certainly a mistake, and "True" would never match a model's answer.
+        if isinstance(value, bool):
+            raise ValueError("must be a string or a number, not a boolean")
+        if isinstance(value, int | float):
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError("must be a finite number")
+            return json.dumps(value)
+        return value
+
+    @field_validator("domain")
+    @classmethod
+    def _domain_syntax(cls, value: str) -> str:
+        if len(value) > 64 or not DOMAIN_RE.fullmatch(value):
+            raise ValueError("must be dotted lower-case words, e.g. 'math.arithmetic'")
+        return value
+
+    @property
+    def label_free(self) -> bool:
+        """True when the task has no reference answer (only agreement-based rewards can score it)."""
+        return self.answer is None
+
+
+def task_id(question: str, domain: str = DEFAULT_DOMAIN) -> str:
+    """The id given to a task whose file omits one: a hash of its domain and question."""
+    digest = hashlib.sha256(f"zoo.task.id.v1\x00{domain}\x00{question}".encode()).hexdigest()
+    return "task-" + digest[:16]
+
+
+def _field_of(err: pydantic.ValidationError) -> tuple[str, str]:
+    problem = err.errors(include_url=False)[0]
+    field = ".".join(str(part) for part in problem["loc"]) or "task"
+    message = str(problem["msg"])
+    if problem["type"] == "extra_forbidden":
+        message = "unknown field"
+    return field, message
+
+
+def parse_task(data: Any, *, where: str = "") -> Task:
+    """Validate one decoded JSON object as a Task; `where` (e.g. "line 7") prefixes the error's field.
+
+    Besides the schema, the task's verifier must be a registered reward and accept its arguments.
+    """
+    prefix = f"{where}: " if where else ""
+    if not isinstance(data, dict):
+        raise ValidationError(f"{where or 'task'}", f"expected a JSON object, got {type(data).__name__}")
+    if "id" not in data:
+        # Derived from the content; when the question itself is bad, that is the error to report, so the
+        # placeholder only keeps a missing id from being reported first.
+        question, domain = data.get("question"), data.get("domain", DEFAULT_DOMAIN)
+        derived = (
+            task_id(question, domain if isinstance(domain, str) else "") if isinstance(question, str) else "x"
+        )
+        data = {"id": derived, **data}
+    try:
+        task = Task.model_validate(data)
+    except pydantic.ValidationError as err:
+        field, message = _field_of(err)
+        raise ValidationError(prefix + field, message) from None
+    # Imported here because rewards imports this module for the Task type.
+    from zoo.trainer.rewards import check_task
+
+    try:
+        check_task(task)
+    except ValidationError as err:
+        raise ValidationError(prefix + err.field, err.message.removeprefix(f"{err.field}: ")) from None
+    return task
+
+
+def load_jsonl(path: str | os.PathLike[str]) -> list[Task]:
+    """Read tasks from a JSONL file (blank lines skipped); the first bad line raises ValidationError.
+
+    Ids must be unique within the file.
+    """
+    tasks: list[Task] = []
+    seen: dict[str, int] = {}
+    with open(path, encoding="utf-8") as fh:
+        for number, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            where = f"line {number}"
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValidationError(where, f"invalid JSON: {err.msg} (column {err.colno})") from None
+            task = parse_task(data, where=where)
+            if task.id in seen:
+                raise ValidationError(
+                    f"{where}: id", f"duplicate id {task.id!r} (first on line {seen[task.id]})"
+                )
+            seen[task.id] = number
+            tasks.append(task)
+    return tasks
+
+
+def dump_task(task: Task) -> str:
+    """One JSONL line (without the newline); key order is the schema's, so files diff cleanly."""
+    return json.dumps(task.model_dump(mode="json"), ensure_ascii=False, separators=(", ", ": "))
+
+
+def write_jsonl(path: str | os.PathLike[str], tasks: Iterable[Task]) -> None:
+    """Write tasks one per line, atomically (a reader never sees a half-written file)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
+            for task in tasks:
+                fh.write(dump_task(task) + "\n")
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _rank(seed: int, task: Task) -> str:
+    # A hash rather than random.shuffle: the order does not depend on the input order or on the
+    # Python version's PRNG, and adding a task to a file moves at most one other task across.
+    return hashlib.sha256(f"zoo.task.split.v1\x00{seed}\x00{task.id}".encode()).hexdigest()
+
+
+def split(tasks: Sequence[Task], validation_fraction: float, seed: int) -> tuple[list[Task], list[Task]]:
+    """Deterministic train/validation split, stratified by domain; both parts keep the input order.
+
+    In each domain the tasks are ranked by sha256(seed, id) and the first floor(n·fraction + 0.5) go to
+    validation, so every domain is represented in proportion (a small domain such as the coding tasks
+    would otherwise easily end up entirely on one side). Ids must be unique.
+    """
+    if not 0.0 <= validation_fraction < 1.0:
+        raise ValidationError("validation_fraction", f"must be in [0, 1), got {validation_fraction}")
+    ids = [t.id for t in tasks]
+    if len(set(ids)) != len(ids):
+        raise ValidationError("tasks", "ids must be unique to split deterministically")
+    by_domain: dict[str, list[Task]] = defaultdict(list)
+    for task in tasks:
+        by_domain[task.domain].append(task)
+    validation_ids: set[str] = set()
+    for members in by_domain.values():
+        take = math.floor(len(members) * validation_fraction + 0.5)
+        ranked = sorted(members, key=lambda t: _rank(seed, t))
+        validation_ids.update(t.id for t in ranked[:take])
+    train = [t for t in tasks if t.id not in validation_ids]
+    validation = [t for t in tasks if t.id in validation_ids]
+    return train, validation
+
+
+def load_shipped(part: Literal["train", "validation"]) -> list[Task]:
+    """The task set shipped with zoo-node (generated by gen_tasks.py): arithmetic, units and coding."""
+    return load_jsonl(DATA_DIR / f"{part}.jsonl")
