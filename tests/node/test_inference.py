@@ -151,14 +151,29 @@ def test_queue_full_is_resource_exhausted(tmp_path, start_node) -> None:
     n = start_node({"inference": {"concurrency": 1, "max_queue": 0}}, name="tinyqueue")
     n.wait_component("model", "SERVING", timeout_s=180)
     with NodeClient(n.address) as c:
-        slow = c.inference.Infer.future(
-            pb.InferRequest(prompt="Count slowly to fifty.", sampling=pb.SamplingParams(max_tokens=80))
+        # A stream that has started and is not finished holds the only slot.
+        request = pb.InferRequest(
+            prompt="Write a long story about a dragon.",
+            sampling=pb.SamplingParams(max_tokens=300, stop=["zzzz-never"]),
+            disable_experiences=True,
         )
-        time.sleep(1.0)
+        stream = c.inference.InferStream(request)
+        first = next(stream)
+        assert first.delta
         with pytest.raises(grpc.RpcError) as e:
             infer(c, prompt="hi", sampling={"max_tokens": 2})
         assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert slow.result(timeout=120).text
+        assert "queue is full" in e.value.details()
+        stream.cancel()
+        # The cancelled stream frees its slot: the node serves again.
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                assert infer(c, prompt="hi", sampling={"max_tokens": 2}).text is not None
+                break
+            except grpc.RpcError as err:
+                assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline
+                time.sleep(0.2)
 
 
 def test_pin_older_root_and_swap_under_load(node: NodeProcess) -> None:
