@@ -21,7 +21,7 @@ from zoo.registry.canonical import (
     library_document,
 )
 from zoo.registry.errors import ValidationError
-from zoo.registry.experience import Experience, Library
+from zoo.registry.experience import MAX_SCALE, Experience, Library
 from zoo.registry.merkle import library_root
 
 Make = Callable[..., Experience]
@@ -124,7 +124,8 @@ def experiences(draw: st.DrawFn) -> Experience:
             "block_size": block,
             "scales": draw(
                 st.lists(
-                    st.floats(-3e38, 3e38, allow_nan=False),
+                    # The schema bounds scales (a mean |log-boost|) to [0, MAX_SCALE].
+                    st.floats(0.0, MAX_SCALE, allow_nan=False),
                     min_size=-(-n_tokens // block),
                     max_size=-(-n_tokens // block),
                 )
