@@ -6,6 +6,7 @@ Servicers stay thin; everything that applies to every RPC lives here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -58,72 +59,54 @@ class NodeInterceptor(grpc.aio.ServerInterceptor):
             return handler
         return _replace(handler, self._wrap(method, handler))
 
-    def _wrap(self, method: str, handler: grpc.RpcMethodHandler) -> Callable[..., Any]:
+    @contextlib.asynccontextmanager
+    async def _accounted(self, method: str, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+        """One RPC's admission, error mapping and metrics, shared by unary and streaming handlers."""
         metrics = self.metrics
-        slots = self._slots
+        if self._slots.locked():
+            metrics.rpc_rejected.labels(method, "overloaded").inc()
+            metrics.rpc_requests.labels(method, "RESOURCE_EXHAUSTED").inc()
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "node is at its concurrency limit")
+        start = time.perf_counter()
+        code = "OK"
+        async with self._slots:
+            try:
+                yield
+            except AbortError:
+                code = _code_name(context)
+                raise
+            except asyncio.CancelledError:
+                code = "CANCELLED"
+                raise
+            except Exception as e:
+                status, message = _map_error(e, method)
+                code = status.name
+                await context.abort(status, message)
+            finally:
+                metrics.rpc_requests.labels(method, code).inc()
+                metrics.rpc_latency.labels(method).observe(time.perf_counter() - start)
 
-        async def run(call: Callable[[], Awaitable[Any]], context: grpc.aio.ServicerContext) -> Any:
-            if slots.locked():
-                metrics.rpc_rejected.labels(method, "overloaded").inc()
-                metrics.rpc_requests.labels(method, "RESOURCE_EXHAUSTED").inc()
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "node is at its concurrency limit")
-            start = time.perf_counter()
-            code = "OK"
-            async with slots:
-                try:
-                    return await call()
-                except AbortError:
-                    code = _code_name(context)
-                    raise
-                except asyncio.CancelledError:
-                    code = "CANCELLED"
-                    raise
-                except Exception as e:
-                    status, message = _map_error(e, method)
-                    code = status.name
-                    await context.abort(status, message)
-                finally:
-                    metrics.rpc_requests.labels(method, code).inc()
-                    metrics.rpc_latency.labels(method).observe(time.perf_counter() - start)
-
+    def _wrap(self, method: str, handler: grpc.RpcMethodHandler) -> Callable[..., Any]:
         if handler.unary_unary or handler.stream_unary:
             inner = handler.unary_unary or handler.stream_unary
 
             async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                return await run(lambda: inner(request, context), context)
+                async with self._accounted(method, context):
+                    return await inner(request, context)
 
             return unary
 
         inner_stream = handler.unary_stream or handler.stream_stream
 
         async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            # Streams are forwarded item by item; the wrapper only accounts for the whole call.
-            start = time.perf_counter()
-            code = "OK"
-            if slots.locked():
-                metrics.rpc_requests.labels(method, "RESOURCE_EXHAUSTED").inc()
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "node is at its concurrency limit")
-            async with slots:
-                try:
-                    result = inner_stream(request, context)
-                    if hasattr(result, "__aiter__"):
-                        async for item in result:
-                            yield item
-                    else:  # a coroutine that writes with context.write() (or aborts)
-                        await result
-                except AbortError:
-                    code = _code_name(context)
-                    raise
-                except asyncio.CancelledError:
-                    code = "CANCELLED"
-                    raise
-                except Exception as e:
-                    status, message = _map_error(e, method)
-                    code = status.name
-                    await context.abort(status, message)
-                finally:
-                    metrics.rpc_requests.labels(method, code).inc()
-                    metrics.rpc_latency.labels(method).observe(time.perf_counter() - start)
+            # Streams are forwarded item by item; the accounting covers the whole call.
+            async with self._accounted(method, context):
+                result = inner_stream(request, context)
+                if hasattr(result, "__aiter__"):
+                    async for item in result:
+                        yield item
+                else:  # a coroutine that writes with context.write() (or aborts)
+                    await result
 
         return streaming
 
