@@ -4,6 +4,7 @@ the current (active) version.
 Layout under DATA_DIR/library/:
     versions/v<version>-<root hex>.json   canonical library bytes, immutable once written
     versions/v<version>-<root hex>.meta   {"cid", "sha256"}: the CID it came from, a hash of the whole file
+                                          (written before the .json, so a listed version always has one)
     current.json                          {"version", "root", "cid"}: which stored version is active
     draft.json                            the operator's working copy (canonical encoding too)
 Every write goes through a temp file, fsync and rename, so a crash (even kill -9) leaves either the old
@@ -76,8 +77,10 @@ class LibraryStore:
         data = raw if raw is not None else encode_library(library)
         # The root commits to the experiences only; this hash also covers version, parent and description.
         meta = {"cid": cid, "sha256": hashlib.sha256(data).hexdigest()}
-        write_atomic(path, data)
+        # The .meta goes first: list() keys on the .json, so a crash between the two writes leaves an
+        # orphan .meta (ignored, overwritten by the next put) rather than a listed version without one.
         write_atomic(path.with_suffix(".meta"), json.dumps(meta).encode())
+        write_atomic(path, data)
         stored = StoredVersion(library, root, cid, path)
         self._cache[root] = stored
         return stored
@@ -87,7 +90,7 @@ class LibraryStore:
         out = []
         for p in self.versions_dir.glob("v*.json"):
             m = _VERSION_FILE.fullmatch(p.name)
-            if m:
+            if m and p.with_suffix(".meta").exists():
                 out.append((int(m.group(1)), "0x" + m.group(2)))
         return sorted(out)
 

@@ -255,6 +255,25 @@ def test_opening_removes_temp_files_left_by_a_crash(tmp_path: Path) -> None:
     assert cur is not None and cur.library == lib
 
 
+def test_a_crash_between_the_meta_and_the_version_file_lists_nothing_half_written(tmp_path: Path) -> None:
+    store = LibraryStore(tmp_path)
+    lib1, lib2 = make_lib(1), make_lib(2)
+    store.put(lib1, cid_of(lib1))
+    s2 = store.put(lib2, cid_of(lib2))
+    # A version file whose .meta is missing (what the old write order could leave) is not listed ...
+    s2.path.with_suffix(".meta").unlink()
+    assert LibraryStore(tmp_path).list() == [(1, root_hex(library_root(lib1)))]
+    with pytest.raises(NotFound):
+        LibraryStore(tmp_path).get(version=2)
+    # ... and an orphan .meta (a crash after it, before the version file) is ignored, then overwritten.
+    s2.path.unlink()
+    s2.path.with_suffix(".meta").write_text('{"cid": "stale", "sha256": "00"}')
+    fresh = LibraryStore(tmp_path)
+    assert [v for v, _ in fresh.list()] == [1]
+    fresh.put(lib2, cid_of(lib2))
+    assert LibraryStore(tmp_path).get(version=2).cid == cid_of(lib2)
+
+
 # -- crash safety -----------------------------------------------------------------------------------
 
 WORKER_SHARED = 120  # experiences per worker library: ~40 kB, so the writes are not instantaneous
