@@ -32,11 +32,13 @@ app.add_typer(contracts_app, name="contracts")
 
 def _add_groups() -> None:
     # Imported here so that `zoo-node --help` stays fast and each group lives in its own module.
-    from zoo.node import cli_dao, cli_devnet, cli_library
+    from zoo.node import cli_dao, cli_devnet, cli_job, cli_library
 
     app.add_typer(cli_devnet.app, name="devnet")
     app.add_typer(cli_dao.app, name="dao")
     app.add_typer(cli_library.app, name="library")
+    app.add_typer(cli_job.app, name="job")
+    app.add_typer(cli_job.train_app, name="train")
 
 
 _add_groups()

@@ -278,13 +278,13 @@ def export(
     out.print(f"wrote version {lib.version} ({len(lib.experiences)} experiences) to {file}")
 
 
-def _build(store: Any) -> tuple[Any, bytes, Path]:
-    """Freeze the draft: canonical bytes, Merkle root and a proof for every experience."""
+def _build(store: Any, library: Any = None) -> tuple[Any, bytes, Path]:
+    """Freeze the draft (or `library`): canonical bytes, Merkle root and a proof for every experience."""
     from zoo.registry.canonical import encode_library
     from zoo.registry.fsutil import write_atomic
     from zoo.registry.merkle import leaf_hash, library_leaves, library_tree
 
-    draft = _draft(store)
+    draft = _draft(store) if library is None else library
     tree = library_tree(draft)
     root = tree.root
     leaves = library_leaves(draft)
@@ -341,12 +341,36 @@ def diff(
     out.print(f"{len(added)} added, {len(removed)} removed, {len(modified)} modified")
 
 
-def _publish(cfg: Any, store: Any) -> tuple[Any, bytes, str]:
+def _job_library(cfg: Any, store: Any, job_id: str) -> Any:
+    """The library draft a succeeded job left, checked to extend the current version."""
+    from zoo.node.job_store import JobState, JobStore
+    from zoo.registry.canonical import decode_library
+
+    path = Path(cfg.data_dir) / "jobs.sqlite"
+    if not path.exists():
+        raise _fail(f"no jobs have run in {cfg.data_dir}")
+    with JobStore(path) as jobs:
+        record = jobs.get(job_id)
+    if record.state is not JobState.SUCCEEDED:
+        raise _fail(f"job {job_id} is {record.state.value}; only a succeeded job has a library to propose")
+    library = decode_library((Path(cfg.data_dir) / "jobs" / job_id / "library.json").read_bytes())
+    cur = store.current()
+    current_root = cur.root if cur is not None else ""
+    if library.parent_root != current_root:
+        raise _fail(
+            f"job {job_id} learned from the library with root {library.parent_root or '(none)'}, but the "
+            f"current version is {cur.version if cur else 0} with root {current_root or '(none)'}; "
+            "run the job again on the current library"
+        )
+    return library
+
+
+def _publish(cfg: Any, store: Any, library: Any = None) -> tuple[Any, bytes, str]:
     from zoo.node.endpoints import EndpointsUnavailable, resolve_endpoints
     from zoo.registry.canonical import encode_library
     from zoo.registry.ipfs import IpfsClient
 
-    draft, root, _target = _build(store)
+    draft, root, _target = _build(store, library)
     try:
         ipfs_api = resolve_endpoints(cfg).ipfs_api if cfg.chain.mode != "off" else cfg.ipfs.api_url
     except EndpointsUnavailable as e:
@@ -373,15 +397,20 @@ def publish(config: Path | None = ConfigOpt, data_dir: Path | None = DataDirOpt)
 @app.command()
 def propose(
     key: str | None = KeyOpt,
+    from_job: str | None = typer.Option(
+        None, "--from-job", help="Propose the library a finished learning job produced instead of the draft."
+    ),
     config: Path | None = ConfigOpt,
     data_dir: Path | None = DataDirOpt,
 ) -> None:
-    """Publish the draft and propose it on chain in one step (for contributors)."""
+    """Publish the draft (or a job's learned library) and propose it on chain in one step."""
     from zoo.node.cli_dao import connect, reverts
 
     cfg = _cfg(config, data_dir)
+    store = _store(cfg)
     try:
-        draft, root, cid = _publish(cfg, _store(cfg))
+        library = _job_library(cfg, store, from_job) if from_job else None
+        draft, root, cid = _publish(cfg, store, library)
     except _domain_errors() as e:
         raise _fail(f"publish failed: {e}") from None
     dao = connect(config, data_dir, key, need_key=True)

@@ -223,6 +223,11 @@ class InferenceConfig(_Section):
         return self
 
 
+class JobsConfig(_Section):
+    max_queued: int = Field(16, ge=1, le=10_000)
+    """Jobs that may wait in the queue; a submit beyond that is refused (RESOURCE_EXHAUSTED)."""
+
+
 class EmbedderConfig(_Section):
     path: Path | None = None
     """sentence-transformers model directory. Unset: the bundled all-MiniLM-L6-v2."""
@@ -244,6 +249,7 @@ class NodeConfig(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     embedder: EmbedderConfig = Field(default_factory=EmbedderConfig)
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
+    jobs: JobsConfig = Field(default_factory=JobsConfig)
 
     @field_validator("data_dir", "cache_dir")
     @classmethod

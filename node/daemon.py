@@ -19,6 +19,8 @@ from zoo.node.config import NodeConfig, parse_listen
 from zoo.node.datadir import DataDir, DataDirLocked
 from zoo.node.inference_service import InferenceServicer
 from zoo.node.inference_wiring import NodeLibraryView, RetrievalComponent, UsageCounter
+from zoo.node.job_runner import JobRunner, Resources
+from zoo.node.job_service import JobServicer
 from zoo.node.library import LibraryComponent
 from zoo.node.library_service import LibraryServicer
 from zoo.node.logs import configure_logging, get_logger
@@ -27,7 +29,7 @@ from zoo.node.probes import ChainComponent, IpfsComponent, ModelComponent
 from zoo.node.server import BindError, HealthBridge, build_server
 from zoo.node.services import NodeServicer
 from zoo.registry.store import LibraryStore
-from zoo.v1 import inference_pb2_grpc, library_pb2_grpc, node_pb2_grpc
+from zoo.v1 import inference_pb2_grpc, jobs_pb2_grpc, library_pb2_grpc, node_pb2_grpc
 
 log = get_logger("zoo.node.daemon")
 
@@ -131,7 +133,8 @@ def build_components(
         comps.append(IpfsComponent(wiring.ipfs_api, cfg.ipfs.probe_interval_s))
     else:
         comps.append(DisabledComponent("ipfs", "ipfs.api_url is not set"))
-    comps.append(ModelComponent(cfg.model, model_path, model_id(cfg, model_path)))
+    model = ModelComponent(cfg.model, model_path, model_id(cfg, model_path))
+    comps.append(model)
     store = LibraryStore(data_dir.path)
     factory = None
     if wiring.rpc_url and wiring.registry_address and wiring.ipfs_api:
@@ -152,8 +155,27 @@ def build_components(
         library, cfg.embedder.path, data_dir.path / "embeddings.sqlite", cfg.inference.ann_threshold
     )
     library.on_change = retrieval.library_changed
-    comps += [library, retrieval]
+    comps += [library, retrieval, _job_runner(cfg, data_dir, model, library, retrieval)]
     return comps
+
+
+def _job_runner(
+    cfg: NodeConfig,
+    data_dir: DataDir,
+    model: ModelComponent,
+    library: LibraryComponent,
+    retrieval: RetrievalComponent,
+) -> JobRunner:
+    from zoo.node.job_store import JobStore
+
+    def resources() -> Resources | None:
+        # A job waits (queued) until the model and the embedder have loaded.
+        if model.backend is None or retrieval.retriever is None:
+            return None
+        return Resources(model.backend, retrieval.retriever.embedder, lambda: library.active)
+
+    store = JobStore(data_dir.path / "jobs.sqlite")
+    return JobRunner(store, data_dir.path / "jobs", resources, max_queued=cfg.jobs.max_queued)
 
 
 def model_id(cfg: NodeConfig, path: Path | None) -> str:
@@ -315,6 +337,9 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
             InferenceServicer(build_engine(cfg, supervisor, usage, metrics), cfg.inference),
         ),
     ]
+    jobs = supervisor.components["jobs"]
+    assert isinstance(jobs, JobRunner)
+    servicers.append((jobs_pb2_grpc.add_JobServiceServicer_to_server, JobServicer(jobs)))
     try:
         server, bound_port = build_server(cfg, metrics, admin_token, health, servicers)
     except BindError as e:

@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 
 from zoo.node.components import Component, State
+from zoo.node.config import ModelConfig
 from zoo.node.logs import get_logger
 
 log = get_logger(__name__)
@@ -107,27 +108,7 @@ class ModelComponent(Component):
         )
 
     def _load(self) -> Any:
-        cfg = self.cfg
-        if cfg.backend == "openai":
-            import os
-
-            from zoo.inference.openai_backend import OpenAIBackend
-
-            return OpenAIBackend(cfg.base_url, cfg.name, os.environ.get(cfg.api_key_env), cfg.context_length)
-        assert self.path is not None
-        if not (self.path / "config.json").is_file():
-            raise FileNotFoundError(f"{self.path} is not a Hugging Face model directory (no config.json)")
-        if cfg.backend == "vllm":
-            from zoo.inference.vllm_backend import VllmBackend
-
-            return VllmBackend.load(self.path, self.model_id)
-        import torch
-
-        from zoo.inference.transformers_backend import TransformersBackend
-
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
-        return TransformersBackend.load(self.path, self.model_id, cfg.device, cfg.dtype)
+        return load_backend(self.cfg, self.path, self.model_id)
 
     async def probe(self) -> tuple[State, str]:
         if self.backend is None:
@@ -138,3 +119,29 @@ class ModelComponent(Component):
     async def stop(self) -> None:
         if self.backend is not None:
             await self.backend.close()
+
+
+def load_backend(cfg: ModelConfig, path: Path | None, model_id: str) -> Any:
+    """The generation backend the model config asks for (blocking: loads weights for local backends)."""
+    if cfg.backend == "openai":
+        import os
+
+        from zoo.inference.openai_backend import OpenAIBackend
+
+        return OpenAIBackend(
+            str(cfg.base_url), str(cfg.name), os.environ.get(cfg.api_key_env), cfg.context_length
+        )
+    assert path is not None
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")
+    if cfg.backend == "vllm":
+        from zoo.inference.vllm_backend import VllmBackend
+
+        return VllmBackend.load(path, model_id)
+    import torch
+
+    from zoo.inference.transformers_backend import TransformersBackend
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    return TransformersBackend.load(path, model_id, cfg.device, cfg.dtype)

@@ -68,8 +68,9 @@ def chat() -> Iterator[tuple[Any, Any]]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from zoo.inference.models import prepare_bundled_chat_model
+    from zoo.node.config import default_cache_dir
 
-    path = prepare_bundled_chat_model(Path.home() / ".cache" / "zoo-node").path
+    path = prepare_bundled_chat_model(default_cache_dir()).path
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     yield model, tokenizer

@@ -1,0 +1,407 @@
+"""`zoo-node job …` (learning jobs on a running node) and `zoo-node train …` (the same run in the foreground).
+
+    zoo-node job submit tf-grpo --dataset tasks.jsonl --group-size 5 --epochs 3 [--watch]
+    zoo-node job watch ID        progress bars until the job ends (exit 0 only if it succeeded)
+    zoo-node job list | get ID | cancel ID
+    zoo-node train tf-grpo --dataset tasks.jsonl --out run/   no daemon; Ctrl-C and --resume continue
+
+Both build the same validated TF-GRPO spec from the same options and show progress the same way.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Callable, Iterable
+from datetime import UTC
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+app = typer.Typer(help="Learning jobs on a running node (admin).", no_args_is_help=True)
+submit_app = typer.Typer(help="Submit a job.", no_args_is_help=True)
+app.add_typer(submit_app, name="submit")
+train_app = typer.Typer(help="Run a learning job in the foreground, without a daemon.", no_args_is_help=True)
+out = Console()
+err = Console(stderr=True)
+
+ConfigOpt = typer.Option(None, "--config", "-c", help="TOML config file.")
+DataDirOpt = typer.Option(None, "--data-dir", help="Data directory of the node.")
+TERMINAL_EVENTS = {"completed": 0, "failed": 1, "cancelled": 1}
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    err.print(f"[red]{escape(message)}[/red]", highlight=False)
+    return typer.Exit(code)
+
+
+# -- the spec options, shared by `job submit tf-grpo` and `train tf-grpo` ---------------------------------
+
+# (option name, spec field, type, help). Defaults are the spec's own (None = not given = spec default).
+_SPEC_OPTIONS: list[tuple[str, str, Any, str]] = [
+    ("--dataset", "dataset", str, "Task JSONL file, or 'shipped' for the bundled task set."),
+    ("--validation", "validation", str, "Validation JSONL ('shipped' with the shipped set); unset: split."),
+    ("--validation-fraction", "validation_fraction", float, "Share of the dataset held out when splitting."),
+    ("--train-limit", "train_limit", int, "Use only the first N training tasks."),
+    ("--validation-limit", "validation_limit", int, "Use only the first N validation tasks."),
+    ("--epochs", "epochs", int, "Passes over the training tasks."),
+    ("--batch-size", "batch_size", int, "Tasks per step."),
+    ("--group-size", "group_size", int, "G: rollouts per task."),
+    ("--max-ops", "max_ops_per_group", int, "Operations a group may propose."),
+    ("--temperature", "temperature", float, "Rollout sampling temperature."),
+    ("--rollout-max-tokens", "rollout_max_tokens", int, "Tokens per rollout."),
+    ("--critic-max-tokens", "critic_max_tokens", int, "Tokens per summary / comparison / merge reply."),
+    ("--k", "k", int, "Experiences in each rollout's prompt (top-k)."),
+    ("--reward", "reward", str, "Reward for every task (default: each task's verifier)."),
+    ("--label-free", "label_free", bool, "Reward = agreement with the group's majority answer."),
+    ("--validate/--no-validate", "validate_steps", bool, "Score each step on validation; revert drops."),
+    ("--distill-factors", "distill_factors", bool, "Distill token-level expert factors (local models)."),
+    ("--concurrency", "concurrency", int, "LLM calls in flight at once."),
+    ("--max-json-retries", "max_json_retries", int, "Retries of a reply that is not the asked-for JSON."),
+    ("--base", "base", str, "Start from the 'current' library or an 'empty' one."),
+    ("--seed", "seed", int, "Seed of shuffling, splitting and sampling."),
+    ("--description", "description", str, "Description of the learned library version."),
+]
+
+
+def _spec_from(values: dict[str, Any], spec_file: Path | None, sets: list[str] | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {}
+    if spec_file is not None:
+        try:
+            loaded = json.loads(spec_file.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise _fail(f"--spec {spec_file}: {e}", 2) from None
+        if not isinstance(loaded, dict):
+            raise _fail(f"--spec {spec_file}: expected a JSON object", 2)
+        spec.update(loaded)
+    for item in sets or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise _fail(f"--set takes key=value (got {item!r})", 2)
+        try:
+            spec[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            spec[key] = raw
+    for _opt, field, _type, _help in _SPEC_OPTIONS:
+        if values.get(field) is not None:
+            spec[field] = values[field]
+    # The daemon may run in another directory: dataset paths travel absolute.
+    for field in ("dataset", "validation"):
+        value = spec.get(field)
+        if isinstance(value, str) and value != "shipped":
+            spec[field] = str(Path(value).expanduser().resolve())
+    return spec
+
+
+def with_spec_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Add the spec options to a command: it receives them as `spec: dict` (typer reads __signature__).
+
+    Written by hand because typer has no shared option groups; this keeps one list for both commands.
+    """
+    own = [p for p in inspect.signature(command).parameters.values() if p.name != "spec"]
+    extra = [
+        inspect.Parameter(
+            field,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=typer.Option(None, *opt.split("/") if "/" in opt else (opt,), help=help_)
+            if typ is not bool or "/" in opt
+            else typer.Option(None, opt, help=help_, is_flag=True),
+            annotation=typ | None,
+        )
+        for opt, field, typ, help_ in _SPEC_OPTIONS
+    ]
+    extra += [
+        inspect.Parameter(
+            "spec_file",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=typer.Option(None, "--spec", help="JSON file with spec fields (options override it)."),
+            annotation=Path | None,
+        ),
+        inspect.Parameter(
+            "sets",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=typer.Option(None, "--set", help="Any spec field: key=value (JSON value). Repeatable."),
+            annotation=list[str] | None,
+        ),
+    ]
+    names = {field for _o, field, _t, _h in _SPEC_OPTIONS} | {"spec_file", "sets"}
+
+    def wrapper(**kwargs: Any) -> None:
+        values = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
+        spec = _spec_from(values, values.pop("spec_file", None), values.pop("sets", None))
+        command(spec=spec, **kwargs)
+
+    wrapper.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + extra
+    )
+    wrapper.__doc__ = command.__doc__
+    wrapper.__name__ = command.__name__
+    return wrapper
+
+
+# -- progress -----------------------------------------------------------------------------------------
+
+
+class ProgressView:
+    """Renders job events: a bar for steps, one for the current step's rollouts, a line per step."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        )
+        self.steps = self.progress.add_task("steps", total=None)
+        self.rollouts = self.progress.add_task("rollouts", total=None)
+        self.outcome: str | None = None
+
+    def __enter__(self) -> ProgressView:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def handle(self, type_: str, data: dict[str, Any]) -> None:
+        p = self.progress
+        if type_ in ("started", "resumed"):
+            p.update(self.steps, total=data.get("steps_total"), completed=data.get("from_step", 0))
+            if type_ == "resumed":
+                p.console.print(f"resumed after step {data.get('from_step')}")
+        elif type_ == "baseline":
+            score = data.get("validation_score")
+            p.console.print(f"baseline validation score: {_fmt(score)}")
+        elif type_ == "step_started":
+            p.update(self.steps, description=f"step {data.get('step')} (epoch {data.get('epoch')})")
+            p.reset(self.rollouts, total=None)
+        elif type_ == "rollouts":
+            p.update(self.rollouts, total=data.get("total"), completed=data.get("done"))
+        elif type_ == "step_completed":
+            p.update(self.steps, completed=data.get("step"))
+            d = data
+            line = (
+                f"step {d.get('step')}: reward {_fmt(d.get('reward_mean'))} ± {_fmt(d.get('reward_std'))}, "
+                f"{d.get('groups_skipped')}/{d.get('groups')} groups skipped, "
+                f"{d.get('operations_applied')} ops applied ({d.get('operations_proposed')} proposed), "
+                f"validation {_fmt(d.get('validation_score'))} [{d.get('decision')}], "
+                f"{d.get('library_size')} lessons, {d.get('llm_calls')} LLM calls, {d.get('wall_s')} s"
+            )
+            if d.get("json_retries") or d.get("json_failures"):
+                line += f", JSON retries {d.get('json_retries')}, give-ups {d.get('json_failures')}"
+            p.console.print(line, highlight=False)
+        elif type_ in TERMINAL_EVENTS:
+            self.outcome = type_
+            if type_ == "completed":
+                p.console.print(
+                    f"[green]completed[/green]: draft version {data.get('version')} root {data.get('root')} "
+                    f"with {data.get('experiences')} experiences; validation "
+                    f"{_fmt(data.get('baseline_validation_score'))} -> {_fmt(data.get('validation_score'))}; "
+                    f"report {data.get('report')}",
+                    highlight=False,
+                )
+            elif type_ == "failed":
+                p.console.print(f"[red]failed[/red]: {escape(str(data.get('error')))}", highlight=False)
+            else:
+                p.console.print(f"[yellow]cancelled[/yellow] after step {data.get('step')}")
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.3f}" if isinstance(value, int | float) else "-"
+
+
+# -- job commands -----------------------------------------------------------------------------------
+
+
+def _client(config: Path | None, data_dir: Path | None, timeout_s: float = 30.0) -> Any:
+    from zoo.node.cli import load
+    from zoo.node.client import NodeClient, NodeNotRunning
+
+    cfg = load(config, data_dir=data_dir and str(data_dir))
+    try:
+        return NodeClient.from_data_dir(cfg.data_dir, timeout_s=timeout_s)
+    except NodeNotRunning as e:
+        raise _fail(f"{e} (start it with `zoo-node start`)") from None
+
+
+def _rpc(call: Callable[[], Any]) -> Any:
+    import grpc
+
+    try:
+        return call()
+    except grpc.RpcError as e:
+        raise _fail(f"{e.code().name}: {e.details()}") from None
+
+
+def _watch(client: Any, job_id: str) -> int:
+    from google.protobuf import json_format
+
+    from zoo.v1 import jobs_pb2
+
+    with ProgressView(err) as view:
+        stream = client.jobs.WatchJob(jobs_pb2.WatchJobRequest(id=job_id), metadata=client.admin_metadata())
+        for event in _events(stream):
+            view.handle(event.type, json_format.MessageToDict(event.data))
+    return TERMINAL_EVENTS.get(view.outcome or "", 1)
+
+
+def _events(stream: Iterable[Any]) -> Iterable[Any]:
+    import grpc
+
+    try:
+        yield from stream
+    except grpc.RpcError as e:
+        raise _fail(f"{e.code().name}: {e.details()}") from None
+
+
+@with_spec_options
+def _submit_tf_grpo(
+    spec: dict[str, Any],
+    watch: bool = typer.Option(False, "--watch", "-w", help="Follow the job's progress until it ends."),
+    config: Path | None = ConfigOpt,
+    data_dir: Path | None = DataDirOpt,
+) -> None:
+    """Submit a TF-GRPO job (training-free: learns a library draft from group rollouts)."""
+    from google.protobuf.struct_pb2 import Struct
+
+    from zoo.v1 import jobs_pb2
+
+    client = _client(config, data_dir)
+    struct = Struct()
+    struct.update(spec)
+    job = _rpc(
+        lambda: client.jobs.SubmitJob(
+            jobs_pb2.SubmitJobRequest(kind="tf-grpo", spec=struct),
+            metadata=client.admin_metadata(),
+            timeout=client.timeout_s,
+        )
+    )
+    out.print(job.id)
+    if watch:
+        raise typer.Exit(_watch(client, job.id))
+
+
+submit_app.command("tf-grpo")(_submit_tf_grpo)
+
+
+@app.command()
+def watch(
+    job_id: str = typer.Argument(..., help="Job id (job-…)."),
+    config: Path | None = ConfigOpt,
+    data_dir: Path | None = DataDirOpt,
+) -> None:
+    """Follow a job's progress until it ends (exit 0 when it succeeded)."""
+    raise typer.Exit(_watch(_client(config, data_dir), job_id))
+
+
+_STATE_STYLE = {"SUCCEEDED": "green", "FAILED": "red", "CANCELLED": "yellow", "RUNNING": "cyan", "QUEUED": ""}
+
+
+def _state(job: Any) -> str:
+    from zoo.v1 import jobs_pb2
+
+    return jobs_pb2.JobState.Name(job.state).removeprefix("JOB_STATE_")
+
+
+@app.command("list")
+def list_(
+    limit: int = typer.Option(50, "--limit", min=1, max=1000),
+    config: Path | None = ConfigOpt,
+    data_dir: Path | None = DataDirOpt,
+) -> None:
+    """Jobs on the node, newest first."""
+    client = _client(config, data_dir)
+    jobs = _rpc(lambda: client.list_jobs(limit)).jobs
+    table = Table("id", "kind", "state", "step", "created", "result")
+    for job in jobs:
+        state = _state(job)
+        result = ""
+        if job.result.fields:
+            r = job.result
+            result = f"v{int(r['version'])}, {int(r['experiences'])} lessons"
+        elif job.error:
+            result = job.error[:60]
+        created = job.created_at.ToDatetime(UTC).strftime("%Y-%m-%d %H:%M:%S")
+        style = _STATE_STYLE.get(state, "")
+        table.add_row(job.id, job.kind, f"[{style}]{state}[/{style}]" if style else state, str(job.step),
+                      created, escape(result))  # fmt: skip
+    out.print(table)
+
+
+@app.command()
+def get(
+    job_id: str = typer.Argument(...),
+    config: Path | None = ConfigOpt,
+    data_dir: Path | None = DataDirOpt,
+) -> None:
+    """One job as JSON (spec, state, step, result)."""
+    from google.protobuf import json_format
+
+    from zoo.v1 import jobs_pb2
+
+    client = _client(config, data_dir)
+    job = _rpc(
+        lambda: client.jobs.GetJob(
+            jobs_pb2.GetJobRequest(id=job_id), metadata=client.admin_metadata(), timeout=client.timeout_s
+        )
+    )
+    out.print_json(json_format.MessageToJson(job))
+
+
+@app.command()
+def cancel(
+    job_id: str = typer.Argument(...),
+    config: Path | None = ConfigOpt,
+    data_dir: Path | None = DataDirOpt,
+) -> None:
+    """Cancel a queued or running job (a running one stops at its next step boundary or LLM call)."""
+    from zoo.v1 import jobs_pb2
+
+    client = _client(config, data_dir)
+    job = _rpc(
+        lambda: client.jobs.CancelJob(
+            jobs_pb2.CancelJobRequest(id=job_id), metadata=client.admin_metadata(), timeout=client.timeout_s
+        )
+    )
+    out.print(
+        f"{job.id}: {_state(job)}{' (stopping)' if job.cancel_requested and _state(job) == 'RUNNING' else ''}"
+    )
+
+
+# -- foreground training ------------------------------------------------------------------------------
+
+
+@with_spec_options
+def _train_tf_grpo(
+    spec: dict[str, Any],
+    out_dir: Path = typer.Option(Path("tf-grpo-run"), "--out", help="Directory for outputs and checkpoint."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the checkpoint in --out."),
+    config: Path | None = ConfigOpt,
+    data_dir: Path | None = DataDirOpt,
+) -> None:
+    """Run TF-GRPO in this process with the configured model (no daemon); Ctrl-C keeps the checkpoint."""
+    import asyncio
+
+    from zoo.node.cli import load
+    from zoo.node.training import TrainingError, run_foreground
+
+    cfg = load(config, data_dir=data_dir and str(data_dir))
+    try:
+        code = asyncio.run(run_foreground(cfg, spec, out_dir, resume, ProgressView(err)))
+    except TrainingError as e:
+        raise _fail(str(e), 2) from None
+    except KeyboardInterrupt:
+        err.print(f"interrupted; continue with the same command and --resume (checkpoint in {out_dir})")
+        raise typer.Exit(130) from None
+    raise typer.Exit(code)
+
+
+train_app.command("tf-grpo")(_train_tf_grpo)

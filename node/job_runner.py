@@ -1,0 +1,220 @@
+"""The daemon's job runner: takes queued jobs from the job store and runs them one at a time.
+
+Jobs share the node's model and embedder with serving. Every completed step is checkpointed in the job
+store in one transaction with its event; when the daemon dies (even kill -9) the running job is queued
+again at the next start and continues from its last checkpoint. Watchers (WatchJob) read the events from
+the store and are woken as new ones are written.
+
+A job's files live in DATA_DIR/jobs/<id>/ (library.json, report.json, curve.png). The node's current
+library is never touched by a job: what a job learns is a draft that an operator proposes on chain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from zoo.node.components import Component, State
+from zoo.node.job_store import TERMINAL, JobRecord, JobState, JobStore
+from zoo.node.logs import get_logger
+from zoo.registry.errors import ValidationError
+
+log = get_logger(__name__)
+
+KINDS = ("tf-grpo",)
+PLANNED_KINDS = {"gspo": "GSPO jobs arrive with the GSPO trainer"}
+
+
+@dataclass
+class Resources:
+    """What a job borrows from the node: the generation backend, the embedder, the current library."""
+
+    backend: Any
+    embedder: Any
+    current: Callable[[], Any]  # -> StoredVersion | None
+
+
+def parse_spec(kind: str, spec: dict[str, Any]) -> Any:
+    """The typed spec of a job kind; ValidationError for an unknown kind or a bad spec."""
+    if kind in PLANNED_KINDS:
+        from zoo.node.errors import Unimplemented
+
+        raise Unimplemented(f"job kind {kind!r} is not available yet: {PLANNED_KINDS[kind]}")
+    if kind != "tf-grpo":
+        raise ValidationError("kind", f"unknown job kind {kind!r}; valid kinds: {', '.join(KINDS)}")
+    from zoo.trainer.spec import TfGrpoSpec, load_tasks
+
+    parsed = TfGrpoSpec.parse(spec)
+    load_tasks(parsed)  # a missing or malformed dataset is the submitter's error, reported now
+    return parsed
+
+
+class JobRunner(Component):
+    name = "jobs"
+    has_background_task = True
+    probe_interval_s = 5.0
+
+    def __init__(
+        self,
+        store: JobStore,
+        jobs_dir: Path,
+        resources: Callable[[], Resources | None],
+        max_queued: int = 16,
+    ) -> None:
+        self.store = store
+        self.jobs_dir = jobs_dir
+        self.resources = resources
+        self.max_queued = max_queued
+        self.current: str | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._wake = asyncio.Event()
+        self._changed: dict[str, asyncio.Event] = {}
+
+    # -- submit / cancel / watch (called by the gRPC service) -------------------------------------------
+
+    def submit(self, kind: str, spec: dict[str, Any]) -> JobRecord:
+        parsed = parse_spec(kind, spec)
+        queued = self.store.list(limit=1000, states=[JobState.QUEUED])
+        if len(queued) >= self.max_queued:
+            from zoo.node.errors import Overloaded
+
+            raise Overloaded(f"{len(queued)} jobs are already queued (jobs.max_queued = {self.max_queued})")
+        record = self.store.create(kind, parsed.to_json())
+        self._notify(record.id)
+        self._wake.set()
+        log.info("job submitted", job=record.id, kind=kind)
+        return record
+
+    def cancel(self, job_id: str) -> JobRecord:
+        record = self.store.request_cancel(job_id)
+        if self.current == job_id and self._task is not None:
+            self._task.cancel()
+        self._notify(job_id)
+        log.info("job cancel requested", job=job_id, state=record.state.value)
+        return record
+
+    async def changed(self, job_id: str, timeout_s: float) -> None:
+        """Wait until the job gets a new event or changes state (or the timeout passes)."""
+        event = self._changed.setdefault(job_id, asyncio.Event())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout_s)
+
+    def _notify(self, job_id: str) -> None:
+        event = self._changed.pop(job_id, None)
+        if event is not None:
+            event.set()
+
+    # -- component ----------------------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        for job_id in self.store.recover():
+            log.info("job interrupted by a restart; it resumes from its last checkpoint", job=job_id)
+
+    async def probe(self) -> tuple[State, str]:
+        if self.current:
+            return State.SERVING, f"running {self.current}"
+        return State.SERVING, "idle"
+
+    async def run_forever(self) -> None:
+        while True:
+            resources = self.resources()
+            record = self.store.claim_next() if resources is not None else None
+            if record is None:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), 1.0)
+                continue
+            assert resources is not None
+            self.current = record.id
+            self._task = asyncio.create_task(self._run(record, resources), name=f"job {record.id}")
+            try:
+                await asyncio.shield(self._task)
+            except asyncio.CancelledError:
+                if self._task.done():
+                    continue  # the job was cancelled (handled inside _run); keep serving the queue
+                # The runner itself is stopping (daemon shutdown): stop the job, it stays RUNNING in the
+                # store and resumes from its checkpoint at the next start.
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await self._task
+                raise
+            finally:
+                if self._task is not None and self._task.done():
+                    self.current = None
+                    self._task = None
+
+    async def stop(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+    # -- one job ------------------------------------------------------------------------------------
+
+    async def _emit(self, job_id: str, type_: str, data: dict[str, Any]) -> None:
+        self.store.append_event(job_id, type_, data)
+        self._notify(job_id)
+
+    async def _run(self, record: JobRecord, resources: Resources) -> None:
+        job_id = record.id
+        out_dir = self.jobs_dir / job_id
+        log.info("job started", job=job_id, kind=record.kind, from_step=record.step)
+        try:
+            result = await self._run_tf_grpo(record, resources, out_dir)
+        except asyncio.CancelledError:
+            if self.store.get(job_id).cancel_requested:
+                step = self.store.get(job_id).step
+                self.store.finish(job_id, JobState.CANCELLED, event=("cancelled", {"step": step}))
+                self._notify(job_id)
+                log.info("job cancelled", job=job_id, step=step)
+                return
+            raise
+        except Exception as e:
+            message = f"{type(e).__name__}: {e}"
+            log.exception("job failed", job=job_id)
+            if self.store.get(job_id).state not in TERMINAL:
+                self.store.finish(
+                    job_id, JobState.FAILED, error=message, event=("failed", {"error": message})
+                )
+            self._notify(job_id)
+            return
+        self.store.finish(job_id, JobState.SUCCEEDED, result=result, event=("completed", result))
+        self._notify(job_id)
+        log.info(
+            "job succeeded", job=job_id, steps=result.get("steps"), experiences=result.get("experiences")
+        )
+
+    async def _run_tf_grpo(self, record: JobRecord, resources: Resources, out_dir: Path) -> dict[str, Any]:
+        from zoo.trainer.job import run_tf_grpo
+        from zoo.trainer.llm import LLM
+        from zoo.trainer.spec import TfGrpoSpec
+
+        spec = TfGrpoSpec.parse(record.spec)
+        stored = resources.current()
+        job_id = record.id
+
+        async def emit(type_: str, data: dict[str, Any]) -> None:
+            await self._emit(job_id, type_, data)
+
+        async def save(step: int, state: dict[str, Any], event: tuple[str, dict[str, Any]]) -> None:
+            await asyncio.to_thread(self.store.checkpoint, job_id, step, state, event)
+            self._notify(job_id)
+            if self.store.get(job_id).cancel_requested:
+                raise asyncio.CancelledError
+
+        return await run_tf_grpo(
+            spec,
+            LLM(resources.backend, spec.concurrency),
+            resources.embedder,
+            stored.library if stored is not None else None,
+            stored.root if stored is not None else "",
+            author=f"job:{job_id}",
+            out_dir=out_dir,
+            emit=emit,
+            save=save,
+            resume=self.store.load_checkpoint(job_id),
+        )

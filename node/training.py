@@ -1,0 +1,102 @@
+"""`zoo-node train …`: a learning job in the foreground, with the node's configured model and no daemon.
+
+It is the job runner's path without the job store: events go to the terminal, the checkpoint to
+OUT/checkpoint.json (written atomically after every step), the outputs to OUT/ (library.json,
+report.json, curve.png). `--resume` continues from that checkpoint with the spec it was started with.
+The starting library is the data dir's current verified version (read only; nothing there changes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from zoo.node.config import NodeConfig
+from zoo.registry.errors import ZooError
+from zoo.registry.fsutil import write_atomic
+
+CHECKPOINT = "checkpoint.json"
+
+
+class TrainingError(Exception):
+    """The run cannot start: bad spec, missing checkpoint, model unavailable."""
+
+
+def _load_checkpoint(out_dir: Path) -> dict[str, Any]:
+    path = out_dir / CHECKPOINT
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise TrainingError(f"--resume: no checkpoint at {path}") from None
+    except json.JSONDecodeError as e:
+        raise TrainingError(f"--resume: {path} is corrupt: {e}") from None
+    if not isinstance(data, dict) or "spec" not in data or "state" not in data:
+        raise TrainingError(f"--resume: {path} is not a zoo-node training checkpoint")
+    return data
+
+
+async def run_foreground(
+    cfg: NodeConfig, spec_fields: dict[str, Any], out_dir: Path, resume: bool, view: Any
+) -> int:
+    """Run TF-GRPO; returns the exit code (0 when it completed)."""
+    from zoo.node.daemon import StartupError, model_id, resolve_model_path
+    from zoo.node.job_runner import parse_spec
+    from zoo.node.probes import load_backend
+    from zoo.registry.store import LibraryStore
+    from zoo.trainer.job import run_tf_grpo
+    from zoo.trainer.llm import LLM
+
+    out_dir = out_dir.expanduser().resolve()
+    checkpoint = _load_checkpoint(out_dir) if resume else None
+    if checkpoint is not None and spec_fields and spec_fields != checkpoint["spec"]:
+        view.console.print("--resume: using the spec the run was started with; the options given are ignored")
+    if not resume and (out_dir / CHECKPOINT).exists():
+        raise TrainingError(f"{out_dir} holds a run already: pass --resume to continue it, or another --out")
+    try:
+        spec = parse_spec("tf-grpo", checkpoint["spec"] if checkpoint else spec_fields)
+    except ZooError as e:
+        raise TrainingError(str(e)) from None
+    try:
+        path = await asyncio.to_thread(resolve_model_path, cfg)
+    except StartupError as e:
+        raise TrainingError(str(e)) from None
+    view.console.print(f"loading the model ({cfg.model.backend}) and the embedder…")
+    backend = await asyncio.to_thread(load_backend, cfg.model, path, model_id(cfg, path))
+
+    def embedder() -> Any:
+        from zoo.inference.embedder import SentenceTransformerEmbedder
+
+        return SentenceTransformerEmbedder(cfg.embedder.path)
+
+    emb = await asyncio.to_thread(embedder)
+    stored = LibraryStore(cfg.data_dir).current()
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    async def emit(type_: str, data: dict[str, Any]) -> None:
+        view.handle(type_, data)
+
+    async def save(step: int, state: dict[str, Any], event: tuple[str, dict[str, Any]]) -> None:
+        payload = {"spec": spec.to_json(), "step": step, "state": state}
+        await asyncio.to_thread(write_atomic, out_dir / CHECKPOINT, json.dumps(payload).encode())
+        view.handle(*event)
+
+    try:
+        with view:
+            result = await run_tf_grpo(
+                spec,
+                LLM(backend, spec.concurrency),
+                emb,
+                stored.library if stored is not None else None,
+                stored.root if stored is not None else "",
+                author="job:local",
+                out_dir=out_dir,
+                emit=emit,
+                save=save,
+                resume=checkpoint["state"] if checkpoint else None,
+            )
+            view.handle("completed", result)
+    finally:
+        await backend.close()
+    return 0

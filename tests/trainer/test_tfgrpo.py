@@ -1,0 +1,458 @@
+"""The TF-GRPO loop in process: a scripted model controls the replies, the embedder is the real MiniLM.
+
+The scripted model answers "What is A plus B?" right or wrong as each test needs and plays the critic
+stages; the real bundled model runs the same loop in tests/node/test_jobs.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.trainer.scripted import Call, ScriptedBackend, arithmetic_policy, one_wrong_in, ops_json
+from zoo.inference.embedder import SentenceTransformerEmbedder
+from zoo.registry.canonical import decode_library
+from zoo.registry.experience import Experience, Library
+from zoo.trainer.job import run_tf_grpo
+from zoo.trainer.llm import LLM
+from zoo.trainer.spec import TfGrpoSpec
+from zoo.trainer.tasks import Task, write_jsonl
+from zoo.trainer.tfgrpo import Context, TfGrpoRun, TrainState, advantages_of, confidence_of
+
+GOOD = "When adding two numbers, add the ones digits first and then the tens digits."
+POISON = "When adding two numbers, always add one more to the total at the end."
+MODEL = "scripted"
+
+
+@pytest.fixture(scope="module")
+def embedder() -> SentenceTransformerEmbedder:
+    return SentenceTransformerEmbedder()
+
+
+def tasks_file(tmp_path: Path, n: int, name: str = "tasks.jsonl", start: int = 0) -> Path:
+    tasks = [
+        Task(
+            id=f"add-{i}",
+            question=f"What is {i} plus {i + 3}?",
+            answer=str(2 * i + 3),
+            domain="math.arithmetic",
+        )
+        for i in range(start, start + n)
+    ]
+    path = tmp_path / name
+    write_jsonl(path, tasks)
+    return path
+
+
+class Run:
+    def __init__(self, backend: ScriptedBackend) -> None:
+        self.backend = backend
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.saves: list[tuple[int, dict[str, Any]]] = []
+
+    async def emit(self, type_: str, data: dict[str, Any]) -> None:
+        self.events.append((type_, data))
+
+    async def save(self, step: int, state: dict[str, Any], event: tuple[str, dict[str, Any]]) -> None:
+        self.saves.append((step, json.loads(json.dumps(state))))
+        self.events.append(event)
+
+    def steps(self) -> list[dict[str, Any]]:
+        return [d for t, d in self.events if t == "step_completed"]
+
+
+def run_job(
+    tmp_path: Path,
+    embedder: SentenceTransformerEmbedder,
+    policy: Callable[[Call], str],
+    spec: dict[str, Any],
+    *,
+    current: Library | None = None,
+    resume: dict[str, Any] | None = None,
+    out: str = "out",
+) -> tuple[Run, dict[str, Any]]:
+    run = Run(ScriptedBackend(policy, MODEL))
+    result = asyncio.run(
+        run_tf_grpo(
+            TfGrpoSpec.parse(spec),
+            LLM(run.backend, 4),
+            embedder,
+            current,
+            "0x" + "ab" * 32 if current is not None else "",
+            author="job:test",
+            out_dir=tmp_path / out,
+            emit=run.emit,
+            save=run.save,
+            resume=resume,
+        )
+    )
+    return run, result
+
+
+def test_advantages_and_confidence() -> None:
+    assert advantages_of([1.0, 1.0, 1.0]) == [0.0, 0.0, 0.0]
+    a = advantages_of([1.0, 0.0])
+    assert a[0] > 0 > a[1] and abs(a[0] + a[1]) < 1e-9
+    assert advantages_of([0.5]) == [0.0]
+    assert confidence_of(0, 0) == 0.5
+    assert confidence_of(3, 1) == pytest.approx(4 / 6)
+
+
+def test_one_epoch_learns_a_lesson_and_writes_outputs(tmp_path: Path, embedder) -> None:
+    policy = arithmetic_policy(
+        correct=one_wrong_in(3), compare=lambda c: ops_json({"op": "add", "text": GOOD})
+    )
+    spec = {
+        "dataset": str(tasks_file(tmp_path, 4)),
+        "validation": str(tasks_file(tmp_path, 2, "val.jsonl", 10)),
+        "epochs": 1,
+        "batch_size": 2,
+        "group_size": 3,
+    }
+    run, result = run_job(tmp_path, embedder, policy, spec)
+    types = [t for t, _ in run.events]
+    assert types[:3] == ["started", "baseline", "step_started"]
+    assert types.count("step_completed") == 2 and types[-1] == "step_completed"
+    steps = run.steps()
+    assert [s["step"] for s in steps] == [1, 2]
+    assert all(s["rollouts"] == 6 and s["groups"] == 2 for s in steps)
+    # Some group had mixed rewards, so a comparison ran and the lesson was added and kept.
+    assert steps[0]["operations_applied"] >= 1 and steps[0]["decision"] == "kept"
+    lib = decode_library((tmp_path / "out" / "library.json").read_bytes())
+    assert lib.version == 1 and lib.parent_root == "" and lib.base_model == MODEL
+    assert [e.text for e in lib.experiences] == [GOOD]
+    assert lib.experiences[0].provenance.author == "job:test"
+    assert result["root"].startswith("0x") and result["experiences"] == 1
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert len(report["curve"]) == 2 and report["operations"][0]["op"] == "add"
+    assert report["cost"]["calls"] == len(run.backend.recorder.calls)
+    assert (tmp_path / "out" / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The lesson was in the prompt of every later rollout (small library: all lessons are injected).
+    later = [c for c in run.backend.recorder.calls if c.stage == "rollout" and GOOD in c.system]
+    assert later, "the learned lesson never reached a rollout prompt"
+
+
+def test_homogeneous_groups_are_skipped_without_llm_critique(tmp_path: Path, embedder) -> None:
+    policy = arithmetic_policy(
+        correct=lambda c: True, compare=lambda c: ops_json({"op": "add", "text": GOOD})
+    )
+    spec = {
+        "dataset": str(tasks_file(tmp_path, 2)),
+        "validation_limit": 0,
+        "epochs": 1,
+        "batch_size": 2,
+        "group_size": 3,
+    }
+    run, _ = run_job(tmp_path, embedder, policy, spec)
+    (step,) = run.steps()
+    assert (
+        step["groups_skipped"] == 2 and step["operations_proposed"] == 0 and step["decision"] == "no_change"
+    )
+    assert set(run.backend.recorder.stages()) == {"rollout"}
+
+
+def test_malformed_json_is_retried_with_a_stricter_instruction_and_counted(tmp_path: Path, embedder) -> None:
+    def compare(call: Call) -> str:
+        if call.retry:
+            return "Sure! ```json\n" + ops_json({"op": "add", "text": GOOD}) + "\n```"
+        return "I think we should add a lesson about carrying {op: add"
+
+    policy = arithmetic_policy(correct=one_wrong_in(3), compare=compare)
+    spec = {
+        "dataset": str(tasks_file(tmp_path, 2)),
+        "validation_limit": 0,
+        "epochs": 1,
+        "batch_size": 2,
+        "group_size": 3,
+    }
+    run, result = run_job(tmp_path, embedder, policy, spec)
+    (step,) = run.steps()
+    informative = step["groups"] - step["groups_skipped"]
+    assert informative >= 1
+    assert step["json_retries"] == informative and step["json_failures"] == 0
+    assert step["operations_applied"] == 1
+    retried = [c for c in run.backend.recorder.calls if c.stage == "compare" and c.retry]
+    assert len(retried) == informative
+    assert "invalid JSON" in retried[0].last or "no JSON" in retried[0].last
+    report = json.loads(Path(result["report"]).read_text())
+    assert report["json"]["compare"] == {"retries": informative, "failures": 0}
+
+
+def test_json_that_never_parses_is_given_up_and_reported_not_fatal(tmp_path: Path, embedder) -> None:
+    policy = arithmetic_policy(correct=one_wrong_in(3), compare=lambda c: "no JSON here, sorry")
+    spec = {
+        "dataset": str(tasks_file(tmp_path, 2)),
+        "validation_limit": 0,
+        "epochs": 1,
+        "batch_size": 2,
+        "group_size": 3,
+        "max_json_retries": 2,
+    }
+    run, result = run_job(tmp_path, embedder, policy, spec)
+    (step,) = run.steps()
+    informative = step["groups"] - step["groups_skipped"]
+    assert step["json_failures"] == informative and step["json_retries"] == 2 * informative
+    assert step["operations_applied"] == 0 and result["experiences"] == 0
+
+
+def test_a_step_that_lowers_validation_is_reverted(tmp_path: Path, embedder) -> None:
+    mixed = one_wrong_in(3)
+
+    def correct(call: Call) -> bool:
+        return POISON not in call.system and mixed(call)
+
+    policy = arithmetic_policy(correct=correct, compare=lambda c: ops_json({"op": "add", "text": POISON}))
+    spec = {
+        "dataset": str(tasks_file(tmp_path, 2)),
+        "validation": str(tasks_file(tmp_path, 2, "val.jsonl", 10)),
+        "epochs": 1,
+        "batch_size": 2,
+        "group_size": 3,
+    }
+    run, result = run_job(tmp_path, embedder, policy, spec)
+    (step,) = run.steps()
+    assert step["operations_proposed"] >= 1
+    assert step["decision"] == "reverted"
+    assert step["candidate_validation_score"] == 0.0 and step["validation_score"] == 1.0
+    assert step["operations_applied"] == 0 and result["experiences"] == 0
+    # The validation rollouts did see the poisoned library before it was thrown away.
+    assert any(POISON in c.system for c in run.backend.recorder.calls if c.temperature == 0)
+
+
+def test_consolidation_delete_beats_modify_and_duplicates_merge(tmp_path: Path, embedder) -> None:
+    old = Experience.create(
+        text="When adding numbers, write them in a column first.",
+        domain="math.arithmetic",
+        confidence=0.7,
+        author="job:seed",
+        base_model=MODEL,
+        created_at="2026-01-01T00:00:00Z",
+    )
+    gone = Experience.create(
+        text="When adding, guess the answer quickly.",
+        domain="math.arithmetic",
+        confidence=0.5,
+        author="job:seed",
+        base_model=MODEL,
+        created_at="2026-01-01T00:00:00Z",
+    )
+    current = Library.create(version=4, base_model=MODEL, experiences=[old, gone])
+    merged = "When adding two numbers, add the ones first, then the tens, and carry."
+
+    def compare(call: Call) -> str:
+        return ops_json(
+            {"op": "delete", "id": gone.id},
+            {"op": "modify", "id": gone.id, "text": "When adding, never guess."},
+            {"op": "add", "text": GOOD},
+        )
+
+    def merge(call: Call) -> str:
+        return json.dumps({"text": merged})
+
+    policy = arithmetic_policy(correct=one_wrong_in(3), compare=compare, merge=merge)
+    spec = {
+        "dataset": str(tasks_file(tmp_path, 2)),
+        "validation_limit": 0,
+        "epochs": 1,
+        "batch_size": 2,
+        "group_size": 3,
+        "k": 8,
+    }
+    _, result = run_job(tmp_path, embedder, policy, spec, current=current)
+    lib = decode_library(Path(result["library"]).read_bytes())
+    texts = {e.text for e in lib.experiences}
+    assert gone.text not in texts and "When adding, never guess." not in texts  # delete beat modify
+    assert old.text in texts  # untouched lessons keep their id
+    assert old.id in {e.id for e in lib.experiences}
+    # Both groups proposed GOOD: near-duplicates merge into one lesson (via the merge stage).
+    assert sum(1 for t in texts if t in (GOOD, merged)) == 1
+    report = json.loads(Path(result["report"]).read_text())
+    ops = {o["op"] for o in report["operations"]}
+    assert "delete" in ops
+    assert any(r["reason"] == "deleted in the same batch" for r in report["rejected_operations"])
+    assert lib.version == 5 and lib.parent_root == "0x" + "ab" * 32
+
+
+def test_invalid_lesson_text_gets_one_rewrite_then_is_rejected(tmp_path: Path, embedder) -> None:
+    long_text = "When adding " + " ".join(["numbers"] * 40)
+    policy = arithmetic_policy(
+        correct=one_wrong_in(3),
+        compare=lambda c: ops_json(
+            {"op": "add", "text": long_text}, {"op": "modify", "id": "exp-0000000000000000", "text": GOOD}
+        ),
+        merge=lambda c: json.dumps({"text": "Adding is fun"}),  # still no trigger word
+    )
+    spec = {
+        "dataset": str(tasks_file(tmp_path, 2)),
+        "validation_limit": 0,
+        "epochs": 1,
+        "batch_size": 1,
+        "group_size": 3,
+    }
+    _, result = run_job(tmp_path, embedder, policy, spec)
+    report = json.loads(Path(result["report"]).read_text())
+    reasons = [r["reason"] for r in report["rejected_operations"]]
+    assert "unknown id" in reasons
+    assert any("not a valid lesson" in r for r in reasons)
+    assert result["experiences"] == 0
+
+
+def test_label_free_rewards_agreement_with_the_majority(tmp_path: Path, embedder) -> None:
+    tasks = [
+        Task(id=f"lf-{i}", question=f"What is {i} plus {i}?", domain="math.arithmetic") for i in range(2)
+    ]
+    write_jsonl(tmp_path / "lf.jsonl", tasks)
+
+    policy = arithmetic_policy(
+        correct=one_wrong_in(4), compare=lambda c: ops_json({"op": "add", "text": GOOD})
+    )
+    spec = {
+        "dataset": str(tmp_path / "lf.jsonl"),
+        "validation_limit": 0,
+        "label_free": True,
+        "epochs": 1,
+        "batch_size": 2,
+        "group_size": 4,
+    }
+    run, _ = run_job(tmp_path, embedder, policy, spec)
+    (step,) = run.steps()
+    assert step["rollouts"] == 8
+    # Without answers exact_match could not score at all; majority vote did (rewards are not all zero).
+    assert step["reward_mean"] > 0
+    compares = [c for c in run.backend.recorder.calls if c.stage == "compare"]
+    assert all("Reference answer" not in c.user for c in compares)
+
+
+def test_resume_from_a_checkpoint_makes_the_same_library(tmp_path: Path, embedder) -> None:
+    counter = {"n": 0}
+
+    def compare(call: Call) -> str:
+        counter["n"] += 1
+        q = call.user.split("What is ", 1)[1].split("?", 1)[0]
+        return ops_json({"op": "add", "text": f"When asked what is {q}, add carefully and check the sum."})
+
+    policy = arithmetic_policy(correct=one_wrong_in(3), compare=compare)
+    spec = {
+        "dataset": str(tasks_file(tmp_path, 6)),
+        "validation": str(tasks_file(tmp_path, 1, "val.jsonl", 10)),
+        "epochs": 1,
+        "batch_size": 2,
+        "group_size": 3,
+        "merge_threshold": 0.999,
+    }
+    full, full_result = run_job(tmp_path, embedder, policy, spec, out="full")
+    assert [s for s, _ in full.saves] == [0, 1, 2, 3]
+    after_one = {
+        "base": {"version": 0, "root": "", "experiences_from": "current"},
+        "created_at": datetime(2026, 1, 1, tzinfo=UTC).isoformat(),
+        **full.saves[1][1],
+    }
+    resumed, resumed_result = run_job(tmp_path, embedder, policy, spec, resume=after_one, out="resumed")
+    assert resumed.events[0][0] == "resumed"
+    assert [s["step"] for s in resumed.steps()] == [2, 3]
+    a = decode_library(Path(full_result["library"]).read_bytes())
+    b = decode_library(Path(resumed_result["library"]).read_bytes())
+    assert [e.id for e in a.experiences] == [e.id for e in b.experiences] and a.experiences
+    assert resumed_result["llm_calls"] == full_result["llm_calls"]  # the ledger continued, not restarted
+    full_report = json.loads(Path(full_result["report"]).read_text())
+    resumed_report = json.loads(Path(resumed_result["report"]).read_text())
+    strip = [{k: v for k, v in p.items() if k != "wall_s"} for p in full_report["curve"]]
+    assert [{k: v for k, v in p.items() if k != "wall_s"} for p in resumed_report["curve"]] == strip
+
+
+def test_checkpoint_state_round_trips() -> None:
+    e = Experience.create(
+        text="When in doubt, check the units.",
+        domain="math.units",
+        confidence=0.5,
+        author="job:x",
+        base_model=MODEL,
+        created_at="2026-01-01T00:00:00Z",
+    )
+    state = TrainState(step=3, library=[e], validation_score=0.5, counts={e.id: [2, 1]}, curve=[{"step": 3}])
+    data = json.loads(json.dumps(state.to_json(MODEL)))
+    back = TrainState.from_json(data)
+    assert back.library == [e] and back.counts == {e.id: [2, 1]} and back.step == 3
+    with pytest.raises(ValueError, match="state_version"):
+        TrainState.from_json({**data, "state_version": 99})
+
+
+def test_distilled_factors_attach_to_learned_lessons(tmp_path: Path, embedder) -> None:
+    from transformers import AutoTokenizer
+
+    from zoo.inference.factors import tokenizer_tag
+    from zoo.inference.models import prepare_bundled_chat_model
+    from zoo.node.config import default_cache_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(prepare_bundled_chat_model(default_cache_dir()).path)
+    backend = ScriptedBackend(
+        arithmetic_policy(correct=one_wrong_in(3), compare=lambda c: ops_json({"op": "add", "text": GOOD}))
+    )
+    backend.tokenizer = tokenizer  # type: ignore[attr-defined]
+    run = Run(backend)
+    spec = TfGrpoSpec.parse(
+        {
+            "dataset": str(tasks_file(tmp_path, 2)),
+            "validation_limit": 0,
+            "epochs": 1,
+            "batch_size": 2,
+            "group_size": 3,
+            "distill_factors": True,
+        }
+    )
+    result = asyncio.run(
+        run_tf_grpo(
+            spec,
+            LLM(backend),
+            embedder,
+            None,
+            "",
+            author="job:f",
+            out_dir=tmp_path / "f",
+            emit=run.emit,
+            save=run.save,
+        )
+    )
+    (lesson,) = decode_library(Path(result["library"]).read_bytes()).experiences
+    assert lesson.factors is not None and lesson.factors.tokenizer == tokenizer_tag(tokenizer)
+
+
+def test_context_base_experiences_are_the_starting_library(tmp_path: Path, embedder) -> None:
+    e = Experience.create(
+        text="When adding, line up the digits.",
+        domain="math.arithmetic",
+        confidence=0.5,
+        author="job:x",
+        base_model=MODEL,
+        created_at="2026-01-01T00:00:00Z",
+    )
+    backend = ScriptedBackend(arithmetic_policy(correct=lambda c: True, compare=lambda c: ops_json()))
+    run = Run(backend)
+    spec = TfGrpoSpec.parse(
+        {"dataset": str(tasks_file(tmp_path, 1)), "validation_limit": 0, "epochs": 1, "group_size": 2}
+    )
+    ctx = Context(
+        LLM(backend),
+        embedder,
+        Library.create(version=1, base_model=MODEL, experiences=[e]),
+        "job:x",
+        datetime(2026, 1, 1, tzinfo=UTC),
+    )
+    state = asyncio.run(
+        TfGrpoRun(
+            spec,
+            [Task(id="t", question="What is 1 plus 2?", answer="3")],
+            [],
+            ctx,
+            emit=run.emit,
+            checkpoint=run.save,
+        ).run()
+    )
+    assert state.library == [e]
+    assert all(e.text in c.system for c in backend.recorder.calls)

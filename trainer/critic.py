@@ -1,0 +1,275 @@
+"""The three LLM stages of a TF-GRPO step (HLLM paper §4, Algorithm 1), and the JSON discipline they need.
+
+- Stage 1, `summarise`: one rollout, step by step, given its grade (the reward's reason) and the reference.
+- Stage 2, `compare`: a whole group's summaries against the library → at most N operations as JSON:
+  {"operations": [{"op": "add", "text": ...}, {"op": "modify", "id": ..., "text": ...},
+                  {"op": "delete", "id": ...}]}
+- Stage 3, `merge`: several near-duplicate lessons (found by embedding similarity) → one lesson as JSON:
+  {"text": ...}; also used to shorten a lesson that breaks the 32-word limit.
+
+Models wrap JSON in prose or code fences, or break it. `ask_json` takes the first JSON object that parses
+and validates; otherwise it asks again with a stricter instruction that quotes the error, up to
+`max_retries` times, and then gives up with None. Retries and give-ups are counted in `JsonStats` and end
+up in the job report: never a crash, never a silent drop.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+
+from zoo.registry.experience import MAX_WORDS, TRIGGER_WORDS, Experience
+from zoo.trainer.llm import LLM
+
+M = TypeVar("M", bound=BaseModel)
+STRICT_MARK = "Your previous reply could not be used"
+_FENCE_RE = re.compile(r"```(?:json)?\s*\n?(.*?)```", re.DOTALL | re.IGNORECASE)
+
+
+class OperationModel(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    op: Literal["add", "modify", "delete"]
+    id: str = ""
+    text: str = ""
+
+
+class OperationsReply(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    operations: list[OperationModel] = Field(max_length=50)
+
+
+class MergeReply(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    text: str = Field(min_length=1, max_length=2000)
+
+
+@dataclass
+class JsonStats:
+    """Replies that needed a retry, and requests given up after every retry, per stage."""
+
+    retries: int = 0
+    failures: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        return {"retries": self.retries, "failures": self.failures}
+
+
+class JsonReplyError(ValueError):
+    pass
+
+
+def parse_json_reply(text: str, model: type[M]) -> M:
+    """The first JSON object in `text` (fenced or bare) that validates as `model`; JsonReplyError if none."""
+    candidates = [m.group(1) for m in _FENCE_RE.finditer(text)] + [text]
+    decoder = json.JSONDecoder()
+    last_error = "no JSON object found"
+    for chunk in candidates:
+        for start in (i for i, ch in enumerate(chunk) if ch == "{"):
+            try:
+                value, _end = decoder.raw_decode(chunk, start)
+            except json.JSONDecodeError as e:
+                last_error = f"invalid JSON: {e.msg}"
+                continue
+            try:
+                return model.model_validate(value)
+            except pydantic.ValidationError as e:
+                problem = e.errors(include_url=False)[0]
+                where = ".".join(str(p) for p in problem["loc"]) or "reply"
+                last_error = f"{where}: {problem['msg']}"
+    raise JsonReplyError(last_error)
+
+
+async def ask_json(
+    llm: LLM,
+    messages: list[dict[str, str]],
+    model: type[M],
+    example: str,
+    *,
+    role: str,
+    stats: JsonStats,
+    max_retries: int,
+    max_tokens: int,
+    seed: int,
+) -> M | None:
+    """Ask for JSON matching `model`, retrying with a stricter instruction; None after the last retry."""
+    convo = list(messages)
+    for attempt in range(max_retries + 1):
+        if attempt:
+            stats.retries += 1
+        reply = await llm.chat(convo, role=role, max_tokens=max_tokens, temperature=0.0, seed=seed + attempt)
+        try:
+            return parse_json_reply(reply.text, model)
+        except JsonReplyError as e:
+            convo = [
+                *messages,
+                {"role": "assistant", "content": reply.text[:2000]},
+                {
+                    "role": "user",
+                    "content": f"{STRICT_MARK} ({e}). Reply with exactly one JSON object and nothing else "
+                    f"(no prose, no code fences), shaped like: {example}",
+                },
+            ]
+    stats.failures += 1
+    return None
+
+
+# -- prompts -----------------------------------------------------------------------------------------
+
+LESSON_RULES = (
+    f"Each lesson is one sentence of at most {MAX_WORDS} words that starts with its trigger "
+    f"(one of: {', '.join(TRIGGER_WORDS)}), states a general strategy rather than this problem's numbers, "
+    "and can be applied to similar problems."
+)
+
+SUMMARISE_SYSTEM = (
+    "You review one attempt at a problem. Describe, step by step and briefly, what the attempt did, "
+    "which step went right or wrong, and why. Mention which of the offered experiences it applied."
+)
+
+COMPARE_SYSTEM = (
+    "You improve a library of experiences (short lessons) that is given to a model before it answers. "
+    "You see several graded attempts at the same problem. Compare the better attempts with the worse "
+    "ones and decide how the library should change so future attempts succeed. " + LESSON_RULES
+)
+
+MERGE_SYSTEM = "You edit a library of experiences (short lessons). " + LESSON_RULES
+
+OPS_EXAMPLE = (
+    '{"operations": [{"op": "add", "text": "When ..."}, {"op": "modify", "id": "exp-0123456789abcdef", '
+    '"text": "When ..."}, {"op": "delete", "id": "exp-0123456789abcdef"}]}'
+)
+MERGE_EXAMPLE = '{"text": "When ..."}'
+
+
+def _experience_lines(experiences: Sequence[Experience]) -> str:
+    if not experiences:
+        return "(the library is empty)"
+    return "\n".join(f"[{e.id}] {e.text}" for e in experiences)
+
+
+def summarise_messages(
+    question: str,
+    completion: str,
+    score: float,
+    reason: str,
+    reference: str | None,
+    used: Sequence[Experience],
+) -> list[dict[str, str]]:
+    ref = f"Reference answer: {reference}\n" if reference is not None else "There is no reference answer.\n"
+    user = (
+        f"Problem:\n{question}\n\n{ref}"
+        f"Experiences offered to the attempt:\n{_experience_lines(used)}\n\n"
+        f"Attempt:\n{completion}\n\nGrade: {score:.2f} ({reason})\n\n"
+        "Summarise the attempt step by step, and say what made it succeed or fail."
+    )
+    return [{"role": "system", "content": SUMMARISE_SYSTEM}, {"role": "user", "content": user}]
+
+
+def compare_messages(
+    question: str,
+    reference: str | None,
+    graded: Sequence[tuple[float, str]],
+    experiences: Sequence[Experience],
+    max_ops: int,
+) -> list[dict[str, str]]:
+    attempts = "\n\n".join(
+        f"Attempt {i + 1} (grade {score:.2f}):\n{summary}" for i, (score, summary) in enumerate(graded)
+    )
+    ref = f"Reference answer: {reference}\n" if reference is not None else ""
+    user = (
+        f"Problem:\n{question}\n{ref}\nCurrent experiences:\n{_experience_lines(experiences)}\n\n"
+        f"Graded attempts:\n{attempts}\n\n"
+        f"Propose at most {max_ops} operations on the library: add a new lesson, modify an existing one "
+        "(give its id and the new text) or delete a misleading one (give its id). Propose none if the "
+        f"library needs no change. Reply with only a JSON object like: {OPS_EXAMPLE}"
+    )
+    return [{"role": "system", "content": COMPARE_SYSTEM}, {"role": "user", "content": user}]
+
+
+def merge_messages(texts: Sequence[str]) -> list[dict[str, str]]:
+    if len(texts) == 1:
+        task = f"Rewrite this lesson so it follows the rules:\n- {texts[0]}"
+    else:
+        listed = "\n".join(f"- {t}" for t in texts)
+        task = f"These lessons say nearly the same thing. Merge them into one lesson:\n{listed}"
+    user = f"{task}\n\nReply with only a JSON object like: {MERGE_EXAMPLE}"
+    return [{"role": "system", "content": MERGE_SYSTEM}, {"role": "user", "content": user}]
+
+
+# -- stages ------------------------------------------------------------------------------------------
+
+
+async def summarise(
+    llm: LLM,
+    question: str,
+    completion: str,
+    score: float,
+    reason: str,
+    reference: str | None,
+    used: Sequence[Experience],
+    *,
+    max_tokens: int,
+    seed: int,
+) -> str:
+    messages = summarise_messages(question, completion, score, reason, reference, used)
+    reply = await llm.chat(messages, role="summarise", max_tokens=max_tokens, temperature=0.0, seed=seed)
+    return reply.text.strip() or "(empty summary)"
+
+
+async def compare(
+    llm: LLM,
+    question: str,
+    reference: str | None,
+    graded: Sequence[tuple[float, str]],
+    experiences: Sequence[Experience],
+    *,
+    max_ops: int,
+    stats: JsonStats,
+    max_retries: int,
+    max_tokens: int,
+    seed: int,
+) -> list[OperationModel] | None:
+    """The group's proposed operations (at most max_ops, in the model's order); None: no usable reply."""
+    messages = compare_messages(question, reference, graded, experiences, max_ops)
+    reply = await ask_json(
+        llm,
+        messages,
+        OperationsReply,
+        OPS_EXAMPLE,
+        role="compare",
+        stats=stats,
+        max_retries=max_retries,
+        max_tokens=max_tokens,
+        seed=seed,
+    )
+    return None if reply is None else reply.operations[:max_ops]
+
+
+async def merge(
+    llm: LLM, texts: Sequence[str], *, stats: JsonStats, max_retries: int, max_tokens: int, seed: int
+) -> str | None:
+    reply = await ask_json(
+        llm,
+        merge_messages(texts),
+        MergeReply,
+        MERGE_EXAMPLE,
+        role="consolidate",
+        stats=stats,
+        max_retries=max_retries,
+        max_tokens=max_tokens,
+        seed=seed,
+    )
+    return None if reply is None else reply.text
+
+
+def describe(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)[:200]

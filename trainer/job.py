@@ -1,0 +1,115 @@
+"""A TF-GRPO job from spec to outputs: what the daemon's job runner and `zoo-node train` both call.
+
+It loads the tasks, resumes from a checkpoint when given one, runs the loop and leaves in `out_dir`:
+    library.json   the learned library as a draft version (canonical bytes): version = base + 1, parent =
+                   the base version's root, tagged with the model the rollouts ran on
+    report.json    learning curve, operations, lesson statistics, cost
+    curve.png      train reward and validation score per step
+A checkpoint holds the loop state plus the base the job started from, so a resumed job builds its draft
+on the same parent even if the node's current library moved on meanwhile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from zoo.inference.embedder import Embedder
+from zoo.registry.canonical import encode_library
+from zoo.registry.experience import Library
+from zoo.registry.fsutil import write_atomic
+from zoo.registry.merkle import library_root
+from zoo.trainer.llm import LLM
+from zoo.trainer.report import write_report
+from zoo.trainer.spec import TfGrpoSpec, load_tasks
+from zoo.trainer.tfgrpo import Context, TfGrpoRun, TrainState, report
+
+Emit = Callable[[str, dict[str, Any]], Awaitable[None]]
+Save = Callable[[int, dict[str, Any], tuple[str, dict[str, Any]]], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Base:
+    """The library version a job builds on: its draft is version + 1 with parent_root = root."""
+
+    version: int
+    root: str  # "" when the node had no library
+    experiences_from: str  # "current" or "empty"
+
+    @classmethod
+    def of(cls, library: Library | None, root: str, spec: TfGrpoSpec) -> Base:
+        return cls(
+            library.version if library is not None else 0, root if library is not None else "", spec.base
+        )
+
+
+async def run_tf_grpo(
+    spec: TfGrpoSpec,
+    llm: LLM,
+    embedder: Embedder,
+    current: Library | None,
+    current_root: str,
+    *,
+    author: str,
+    out_dir: Path,
+    emit: Emit,
+    save: Save,
+    resume: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Run (or resume) the job; returns its result summary (paths, version, root, scores)."""
+    train, validation = load_tasks(spec)
+    if resume is not None and "train" in resume:
+        base = Base(**resume["base"])
+        created_at = datetime.fromisoformat(resume["created_at"])
+        state: TrainState | None = TrainState.from_json(resume["train"])
+        # The lesson text the job already learned lives in the state; the base only gives the lineage.
+        start = Library.create(version=max(base.version, 1), base_model=llm.model_id)
+    else:
+        base = Base.of(current, current_root, spec)
+        created_at = datetime.now(UTC).replace(microsecond=0)
+        state = None
+        experiences = current.experiences if current is not None and spec.base == "current" else ()
+        start = Library.create(version=max(base.version, 1), base_model=llm.model_id, experiences=experiences)
+    wrapper = {"base": asdict(base), "created_at": created_at.isoformat()}
+
+    async def checkpoint(step: int, train_state: dict[str, Any], event: tuple[str, dict[str, Any]]) -> None:
+        await save(step, {**wrapper, "train": train_state}, event)
+
+    ctx = Context(llm=llm, embedder=embedder, base=start, author=author, created_at=created_at)
+    run = TfGrpoRun(spec, train, validation, ctx, emit=emit, checkpoint=checkpoint)
+    final = await run.run(state)
+
+    draft = Library.create(
+        version=base.version + 1,
+        parent_root=base.root,
+        base_model=llm.model_id,
+        experiences=final.library,
+        description=spec.description
+        or f"TF-GRPO: {spec.epochs} epoch(s), G={spec.group_size}, {len(train)} training tasks",
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    library_file = out_dir / "library.json"
+    write_atomic(library_file, encode_library(draft))
+    root = "0x" + library_root(draft).hex()
+    files = write_report(
+        out_dir,
+        report(spec, final, {"base": asdict(base), "model": llm.model_id, "draft": {"version": draft.version,
+                                                                                   "root": root}}),
+    )  # fmt: skip
+    return {
+        "library": str(library_file),
+        "report": files["report"],
+        "curve": files["curve"],
+        "version": draft.version,
+        "parent_root": base.root,
+        "root": root,
+        "experiences": len(draft.experiences),
+        "steps": final.step,
+        "baseline_validation_score": final.baseline_validation_score,
+        "validation_score": final.validation_score,
+        "llm_calls": final.ledger.calls,
+        "wall_s": round(final.wall_s, 3),
+    }

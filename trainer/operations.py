@@ -1,0 +1,195 @@
+"""Stage 3 of a TF-GRPO step: consolidate a batch's proposed operations and apply them to a library.
+
+Deterministic given the proposals, the embeddings and the merge replies:
+
+1. modify/delete naming an id the library lacks are rejected; several deletes of one id are one delete.
+2. Conflicts: delete beats modify (an id anyone deletes is not modified).
+3. Duplicates are found by embedding similarity (cosine ≥ threshold), never by string equality alone:
+   the new texts of a batch (adds and modify texts) are grouped into clusters (connected components of
+   the similarity graph); a cluster that also resembles an existing, surviving lesson becomes a modify of
+   that lesson; several texts in one cluster are merged into one lesson by the LLM (`merge`), falling back
+   to the first valid text when the LLM gives nothing usable.
+4. Every resulting text must make a valid experience (trigger word first, ≤ 32 words): an invalid one
+   gets one LLM rewrite, and is rejected (and reported) when that fails too.
+5. The new library = survivors + modified + added; ids are content-derived, so unchanged lessons keep
+   their ids across steps and nothing is renumbered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from zoo.registry.errors import ValidationError
+from zoo.registry.experience import Experience, ExpertFactors
+
+EmbedFn = Callable[[Sequence[str]], np.ndarray]  # unit-length rows
+MergeFn = Callable[[Sequence[str]], Awaitable[str | None]]
+FactorsFn = Callable[["Proposal"], ExpertFactors | None]
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """One operation a group proposed (stage 2), with where it came from."""
+
+    op: str  # add | modify | delete
+    text: str = ""
+    target: str = ""  # the id modified or deleted
+    domain: str = "general"
+    source: str = ""  # the task id of the group
+    group: int = -1  # index of the group in the step (to find its rollouts for factor distillation)
+
+
+@dataclass
+class Outcome:
+    experiences: list[Experience]
+    applied: list[dict[str, Any]] = field(default_factory=list)
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+    renamed: dict[str, str] = field(default_factory=dict)  # old id -> new id of modified lessons
+
+
+def _components(vectors: np.ndarray, threshold: float) -> list[list[int]]:
+    """Connected components of the graph "cosine ≥ threshold", each sorted, in order of first member."""
+    n = len(vectors)
+    parent = list(range(n))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    if n:
+        sims = vectors @ vectors.T
+        for i in range(n):
+            for j in range(i + 1, n):
+                if sims[i, j] >= threshold:
+                    parent[find(j)] = find(i)
+    groups: dict[int, list[int]] = {}
+    for i in range(n):
+        groups.setdefault(find(i), []).append(i)
+    return sorted(groups.values(), key=lambda g: g[0])
+
+
+def _valid(text: str, domain: str, make: Callable[[str, str], Experience]) -> Experience | None:
+    try:
+        return make(text, domain)
+    except ValidationError:
+        return None
+
+
+async def consolidate(
+    library: Sequence[Experience],
+    proposals: Sequence[Proposal],
+    *,
+    embed: EmbedFn,
+    merge: MergeFn,
+    make: Callable[[str, str], Experience],
+    threshold: float,
+    factors_for: FactorsFn | None = None,
+) -> Outcome:
+    """Consolidate `proposals` against `library` and return the new experience list (see module doc).
+
+    `make(text, domain)` builds a new experience (raising ValidationError for a bad text); a modified
+    lesson keeps its confidence and provenance except the text (and its factors when new ones are given).
+    """
+    by_id = {e.id: e for e in library}
+    outcome = Outcome(experiences=[])
+
+    deletes: dict[str, list[Proposal]] = {}
+    changes: list[Proposal] = []  # adds and modifies, in proposal order
+    for p in proposals:
+        if p.op in ("modify", "delete") and p.target not in by_id:
+            outcome.rejected.append({"op": p.op, "id": p.target, "source": p.source, "reason": "unknown id"})
+        elif p.op == "delete":
+            deletes.setdefault(p.target, []).append(p)
+        elif p.op in ("add", "modify") and p.text.strip():
+            changes.append(p)
+        else:
+            outcome.rejected.append({"op": p.op, "source": p.source, "reason": "no text"})
+    for p in list(changes):
+        if p.op == "modify" and p.target in deletes:
+            changes.remove(p)
+            outcome.rejected.append(
+                {"op": "modify", "id": p.target, "source": p.source, "reason": "deleted in the same batch"}
+            )
+
+    survivors = [e for e in library if e.id not in deletes]
+    # Cluster the new texts together with the surviving lessons they might duplicate.
+    new_texts = [p.text for p in changes]
+    vectors = embed(new_texts + [e.text for e in survivors]) if new_texts else np.zeros((0, 1))
+    n = len(new_texts)
+    clusters = _components(vectors, threshold)
+
+    modified: dict[str, Experience] = {}
+    added: list[Experience] = []
+    for members in clusters:
+        news = [i for i in members if i < n]
+        if not news:
+            continue  # only existing lessons (they may resemble each other; not this batch's business)
+        olds = [survivors[i - n] for i in members if i >= n]
+        # A cluster's target: the lesson a modify names, else the most similar existing lesson.
+        targets = [changes[i].target for i in news if changes[i].op == "modify"]
+        target = by_id[targets[0]] if targets else (olds[0] if olds else None)
+        absorbed = [target.text] if target is not None and not targets else []  # the lesson a cluster joins
+        # Identical texts (several groups proposing the same lesson) need no merge call.
+        texts = list(dict.fromkeys(" ".join(t.split()) for t in absorbed + [changes[i].text for i in news]))
+        domain = target.domain if target is not None else changes[news[0]].domain
+        sources = sorted({changes[i].source for i in news})
+        first = changes[news[0]]
+        text = texts[0] if len(texts) == 1 else await merge(texts)
+        exp = _valid(text, domain, make) if text else None
+        if exp is None and len(texts) > 1:
+            exp = next((x for t in texts[len(absorbed) :]
+                        if (x := _valid(t, domain, make)) is not None), None)  # fmt: skip
+        if exp is None:
+            rewritten = await merge([text or texts[-1]])  # one rewrite to meet the rules
+            exp = _valid(rewritten, domain, make) if rewritten else None
+        if exp is None:
+            outcome.rejected.append(
+                {"op": first.op, "text": (text or texts[-1])[:300], "sources": sources,
+                 "reason": "not a valid lesson (trigger word first, at most 32 words) even after a rewrite"}
+            )  # fmt: skip
+            continue
+        factors = factors_for(first) if factors_for is not None else None
+        if target is not None:
+            if target.id in modified:
+                continue  # two clusters resolved to one lesson: the first wins, deterministically
+            changed = exp if exp.id != target.id or factors is not None else target
+            new = target.replace(text=changed.text, factors=factors or target.factors)
+            if new == target:
+                continue
+            modified[target.id] = new
+            kind = "merge" if len(texts) > 1 else "modify"
+            outcome.applied.append(
+                {"op": kind, "id": new.id, "old_id": target.id, "text": new.text, "sources": sources}
+            )
+            if new.id != target.id:
+                outcome.renamed[target.id] = new.id
+        else:
+            if exp.id in by_id or any(a.id == exp.id for a in added):
+                continue
+            new = exp if factors is None else exp.replace(factors=factors)
+            added.append(new)
+            kind = "merge" if len(texts) > 1 else "add"
+            outcome.applied.append({"op": kind, "id": new.id, "text": new.text, "sources": sources})
+    for old_id, ps in sorted(deletes.items()):
+        outcome.applied.append(
+            {
+                "op": "delete",
+                "id": old_id,
+                "text": by_id[old_id].text,
+                "sources": sorted({p.source for p in ps}),
+            }
+        )
+    result: dict[str, Experience] = {}
+    for e in survivors:
+        new = modified.get(e.id, e)
+        result[new.id] = new
+    for e in added:
+        result.setdefault(e.id, e)
+    outcome.experiences = sorted(result.values(), key=lambda e: e.id)
+    return outcome

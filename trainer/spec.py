@@ -1,0 +1,140 @@
+"""The TF-GRPO job spec: every knob of a run, validated at the boundary (gRPC, CLI, checkpoint).
+
+A spec is plain JSON-like data so it can travel in a gRPC Struct, sit in the job database and be shown
+back to the operator. `load_tasks` turns its dataset fields into the train and validation task lists.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from zoo.registry.errors import ValidationError
+from zoo.trainer.tasks import Task, load_jsonl, load_shipped, split
+
+SHIPPED = "shipped"
+
+
+class TfGrpoSpec(BaseModel):
+    """What a TF-GRPO run does. Defaults follow the HLLM paper's setting (G=5, 3 epochs, ≤3 ops a group)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    dataset: str = Field(default=SHIPPED, description='a JSONL task file, or "shipped" for the bundled set')
+    validation: str | None = Field(
+        default=None,
+        description='validation JSONL; "shipped" with the shipped set; unset: split the dataset',
+    )
+    validation_fraction: float = Field(default=0.2, ge=0.0, lt=1.0)
+    train_limit: int | None = Field(default=None, ge=1, le=100_000)
+    validation_limit: int | None = Field(default=None, ge=0, le=100_000)
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+
+    epochs: int = Field(default=3, ge=1, le=100)
+    batch_size: int = Field(default=4, ge=1, le=256, description="tasks per step")
+    group_size: int = Field(default=5, ge=1, le=64, description="G: rollouts per task")
+    max_ops_per_group: int = Field(default=3, ge=1, le=10)
+    temperature: float = Field(default=0.7, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    rollout_max_tokens: int = Field(default=256, ge=1, le=32_768)
+    critic_max_tokens: int = Field(default=384, ge=16, le=32_768)
+    k: int = Field(default=8, ge=0, le=256, description="experiences injected per rollout (top-k)")
+
+    reward: str | None = Field(default=None, description="override every task's verifier")
+    label_free: bool = Field(default=False, description="reward = agreement with the group majority")
+    validate_steps: bool = Field(default=True, description="score each step on validation, revert drops")
+    revert_tolerance: float = Field(default=0.0, ge=0.0, le=1.0)
+    merge_threshold: float = Field(default=0.85, ge=0.0, le=1.0, description="cosine to call two lessons one")
+    max_json_retries: int = Field(default=2, ge=0, le=10)
+    distill_factors: bool = False
+    factor_top_k: int = Field(default=32, ge=1, le=4096)
+    concurrency: int = Field(default=4, ge=1, le=256, description="LLM calls in flight at once")
+
+    base: Literal["current", "empty"] = Field(
+        default="current", description="start from the node's current library or from an empty one"
+    )
+    description: str = Field(default="", max_length=1000)
+
+    @field_validator("dataset", "validation")
+    @classmethod
+    def _path_or_shipped(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("must be a file path or 'shipped'")
+        return value
+
+    @field_validator("temperature", "top_p", "validation_fraction", "revert_tolerance", "merge_threshold")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("must be a finite number")
+        return value
+
+    @model_validator(mode="after")
+    def _shipped_pairs(self) -> TfGrpoSpec:
+        if self.validation == SHIPPED and self.dataset != SHIPPED:
+            raise ValueError("validation 'shipped' goes with dataset 'shipped'")
+        return self
+
+    @classmethod
+    def parse(cls, data: Any) -> TfGrpoSpec:
+        """Validate a mapping; the first problem raises ValidationError naming the field."""
+        if not isinstance(data, dict):
+            raise ValidationError("spec", f"expected an object, got {type(data).__name__}")
+        data = {k: _int_if_whole(v) for k, v in data.items()}
+        try:
+            return cls.model_validate(data)
+        except pydantic.ValidationError as err:
+            problem = err.errors(include_url=False)[0]
+            field = ".".join(str(p) for p in problem["loc"]) or "spec"
+            message = "unknown field" if problem["type"] == "extra_forbidden" else str(problem["msg"])
+            raise ValidationError(f"spec.{field}", message) from None
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def _int_if_whole(value: Any) -> Any:
+    # A protobuf Struct carries every number as a double; 5.0 for group_size means 5.
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    return value
+
+
+def _load(path: str, field: str) -> list[Task]:
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ValidationError(field, f"no such file: {p}")
+    try:
+        return load_jsonl(p)
+    except ValidationError as e:
+        raise ValidationError(f"{field} ({p}) {e.field}", e.message.removeprefix(f"{e.field}: ")) from None
+
+
+def load_tasks(spec: TfGrpoSpec) -> tuple[list[Task], list[Task]]:
+    """The run's (train, validation) tasks, with the spec's limits applied; train is never empty."""
+    if spec.dataset == SHIPPED:
+        train = load_shipped("train")
+        validation = load_shipped("validation") if spec.validation in (None, SHIPPED) else []
+        if spec.validation not in (None, SHIPPED):
+            validation = _load(spec.validation, "spec.validation")
+    else:
+        tasks = _load(spec.dataset, "spec.dataset")
+        if spec.validation is None:
+            train, validation = split(tasks, spec.validation_fraction, spec.seed)
+        else:
+            train, validation = tasks, _load(spec.validation, "spec.validation")
+    if spec.train_limit is not None:
+        train = train[: spec.train_limit]
+    if spec.validation_limit is not None:
+        validation = validation[: spec.validation_limit]
+    if not train:
+        raise ValidationError("spec.dataset", "holds no training tasks (after the split and limits)")
+    overlap = {t.id for t in train} & {t.id for t in validation}
+    if overlap:
+        shared = ", ".join(sorted(overlap)[:3])
+        raise ValidationError("spec.validation", f"shares task ids with the training set: {shared}")
+    return train, validation

@@ -1,0 +1,546 @@
+"""Training-Free GRPO (HLLM paper §4, Algorithm 1): learn a library of experiences from group rollouts.
+
+Per epoch the training tasks are shuffled (seeded) and cut into batches; one batch is one *step*:
+
+1. Rollouts: G completions per task with the current library in the prompt (the same assembly as the
+   inference engine: every lesson when the library has at most k, else the top-k retrieved for the task).
+2. Rewards per completion; the group-relative advantage A = (r - mean) / (std + eps). Each lesson in a
+   rollout's prompt (those it cited, when it cited any) counts as helpful when A > 0, harmful when A < 0;
+   its confidence becomes (helpful + 1) / (helpful + harmful + 2).
+3. Groups whose rewards are all equal carry no comparison signal and are skipped (no LLM calls).
+4. Stage 1 summarises every rollout of the other groups; stage 2 compares each group and proposes at
+   most `max_ops_per_group` operations; stage 3 consolidates the batch's operations (operations.py).
+5. Validation: the changed library is scored on the validation split (greedy, one completion a task);
+   if the score drops by more than `revert_tolerance` the step is reverted (the library stays as it was).
+   The paper asks for this; its public implementation does not do it.
+
+The run state after each completed step is a JSON checkpoint (`TrainState`); a run given that state
+continues with the next step and, since every seed derives from (seed, step, task, rollout), makes the
+same calls an uninterrupted run would have made.
+
+Label-free mode scores rollouts by agreement with the group's majority answer (paper Table 5); the
+validation split is then scored against its reference answers where it has them (held out: the learner
+never sees them), and validation is off when it has none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import random
+import statistics
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from zoo.inference.embedder import Embedder
+from zoo.inference.prompt import assemble, parse_citations
+from zoo.inference.retrieval import Hit, RetrievalIndex
+from zoo.registry.canonical import decode_library, encode_library
+from zoo.registry.experience import Experience, ExpertFactors, Library
+from zoo.trainer import critic
+from zoo.trainer.llm import LLM, Ledger
+from zoo.trainer.operations import Proposal, consolidate
+from zoo.trainer.rewards import BaseReward, RewardResult, ascore_group, get_reward
+from zoo.trainer.spec import TfGrpoSpec
+from zoo.trainer.tasks import Task
+
+STATE_VERSION = 1
+EXPERIENCE_BUDGET_TOKENS = 1024
+ADVANTAGE_EPS = 1e-4
+INITIAL_CONFIDENCE = 0.5
+
+Emit = Callable[[str, dict[str, Any]], Awaitable[None]]
+Checkpoint = Callable[[int, dict[str, Any], tuple[str, dict[str, Any]]], Awaitable[None]]
+
+ANSWER_INSTRUCTION = (
+    "Solve the problem. Reason briefly, step by step, then give the final answer as \\boxed{ANSWER}."
+)
+INSTRUCTIONS = {
+    "unit_tests": "Solve the programming task. Reply with the complete code in one ```python code block.",
+    "patch_similarity": "Fix the problem. Reply with a unified diff of the change.",
+}
+
+
+@dataclass
+class Context:
+    """What a run needs besides its spec and tasks."""
+
+    llm: LLM
+    embedder: Embedder
+    base: Library  # the library the run starts from (its experiences; version and parent are the caller's)
+    author: str  # "job:<id>": provenance of the lessons it writes
+    created_at: datetime  # provenance timestamp of the lessons it writes (fixed per run: resumable)
+
+
+@dataclass
+class TrainState:
+    """Everything a run needs to continue after its last completed step (JSON in the checkpoint)."""
+
+    step: int = 0
+    library: list[Experience] = field(default_factory=list)
+    validation_score: float | None = None
+    baseline_validation_score: float | None = None
+    counts: dict[str, list[int]] = field(default_factory=dict)  # id -> [helpful, harmful]
+    curve: list[dict[str, Any]] = field(default_factory=list)
+    operations: list[dict[str, Any]] = field(default_factory=list)
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+    json_stats: dict[str, critic.JsonStats] = field(default_factory=dict)
+    ledger: Ledger = field(default_factory=Ledger)
+    wall_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self, base_model: str) -> dict[str, Any]:
+        lib = Library.create(version=1, base_model=base_model, experiences=self.library)
+        return {
+            "state_version": STATE_VERSION,
+            "step": self.step,
+            "library": encode_library(lib).decode(),
+            "validation_score": self.validation_score,
+            "baseline_validation_score": self.baseline_validation_score,
+            "counts": self.counts,
+            "curve": self.curve,
+            "operations": self.operations,
+            "rejected": self.rejected,
+            "json": {k: v.to_json() for k, v in sorted(self.json_stats.items())},
+            "ledger": self.ledger.to_json(),
+            "wall_s": self.wall_s,
+            "notes": self.notes,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TrainState:
+        if data.get("state_version") != STATE_VERSION:
+            raise ValueError(f"checkpoint state_version {data.get('state_version')} is not {STATE_VERSION}")
+        lib = decode_library(str(data["library"]).encode())
+        return cls(
+            step=int(data["step"]),
+            library=list(lib.experiences),
+            validation_score=data.get("validation_score"),
+            baseline_validation_score=data.get("baseline_validation_score"),
+            counts={k: [int(v[0]), int(v[1])] for k, v in (data.get("counts") or {}).items()},
+            curve=list(data.get("curve") or []),
+            operations=list(data.get("operations") or []),
+            rejected=list(data.get("rejected") or []),
+            json_stats={
+                k: critic.JsonStats(int(v["retries"]), int(v["failures"]))
+                for k, v in (data.get("json") or {}).items()
+            },
+            ledger=Ledger.from_json(data.get("ledger")),
+            wall_s=float(data.get("wall_s") or 0.0),
+            notes=list(data.get("notes") or []),
+        )
+
+
+@dataclass
+class Group:
+    task: Task
+    completions: list[str]
+    results: list[RewardResult]
+    advantages: list[float]
+    used: list[list[str]]  # per completion: ids of the lessons it used
+    offered: list[Experience]
+
+
+def seed_of(*parts: object) -> int:
+    """A stable 63-bit seed from the parts (the same on every machine and Python version)."""
+    digest = hashlib.sha256("\x00".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def advantages_of(scores: Sequence[float]) -> list[float]:
+    """Group-relative advantages (r - mean) / (std + eps), std with Bessel's correction (as in TRL)."""
+    if len(scores) < 2:
+        return [0.0 for _ in scores]
+    mean = statistics.fmean(scores)
+    std = statistics.stdev(scores)
+    return [(s - mean) / (std + ADVANTAGE_EPS) for s in scores]
+
+
+def confidence_of(helpful: int, harmful: int) -> float:
+    """Laplace-smoothed share of helpful uses; 0.5 for a lesson never seen in a contrasting group."""
+    return (helpful + 1) / (helpful + harmful + 2)
+
+
+def batches(train: Sequence[Task], spec: TfGrpoSpec, epoch: int) -> list[list[Task]]:
+    order = list(train)
+    random.Random(seed_of("shuffle", spec.seed, epoch)).shuffle(order)
+    return [order[i : i + spec.batch_size] for i in range(0, len(order), spec.batch_size)]
+
+
+def total_steps(train: Sequence[Task], spec: TfGrpoSpec) -> int:
+    return spec.epochs * math.ceil(len(train) / spec.batch_size)
+
+
+class TfGrpoRun:
+    def __init__(
+        self,
+        spec: TfGrpoSpec,
+        train: Sequence[Task],
+        validation: Sequence[Task],
+        ctx: Context,
+        *,
+        emit: Emit,
+        checkpoint: Checkpoint,
+    ) -> None:
+        self.spec = spec
+        self.train = list(train)
+        self.validation = list(validation)
+        self.ctx = ctx
+        self.llm = ctx.llm
+        self.emit = emit
+        self.checkpoint = checkpoint
+        self.base_model = ctx.base.base_model
+        self._rewards: dict[str, BaseReward] = {}
+        self.steps_total = total_steps(self.train, spec)
+        self.per_epoch = math.ceil(len(self.train) / spec.batch_size)
+        self._warned_factors = False
+
+    # -- rewards and prompts ------------------------------------------------------------------------
+
+    def reward_for(self, task: Task) -> BaseReward:
+        name = self.spec.reward or task.verifier
+        if name not in self._rewards:
+            options: dict[str, Any] = {}
+            if name == "llm_judge":
+                options["judge"] = self._judge
+            self._rewards[name] = get_reward(name, **options)
+        return self._rewards[name]
+
+    async def _judge(self, prompt: str) -> str:
+        reply = await self.llm.chat(
+            [{"role": "user", "content": prompt}], role="judge", max_tokens=self.spec.critic_max_tokens
+        )
+        return reply.text
+
+    def make_experience(self, text: str, domain: str) -> Experience:
+        return Experience.create(
+            text=text,
+            domain=domain,
+            confidence=INITIAL_CONFIDENCE,
+            author=self.ctx.author,
+            base_model=self.base_model,
+            created_at=self.ctx.created_at,
+        )
+
+    def _index(self, library: Sequence[Experience]) -> RetrievalIndex | None:
+        if len(library) <= self.spec.k:
+            return None
+        lib = Library.create(version=1, base_model=self.base_model, experiences=library)
+        return RetrievalIndex.build(lib, self.ctx.embedder, None)
+
+    def offered(self, task: Task, library: Sequence[Experience], index: RetrievalIndex | None) -> list[Hit]:
+        if self.spec.k == 0:
+            return []
+        if index is None:
+            return [Hit(e, 1.0) for e in library]
+        return index.search(task.question, k=self.spec.k)
+
+    def messages(self, task: Task, hits: Sequence[Hit]) -> tuple[list[dict[str, str]], list[Experience]]:
+        instruction = INSTRUCTIONS.get(task.verifier, ANSWER_INSTRUCTION)
+        base = [{"role": "system", "content": instruction}, {"role": "user", "content": task.question}]
+        backend = self.llm.backend
+        assembled = assemble(
+            base,
+            hits,
+            backend.count_prompt_tokens,
+            experience_budget=EXPERIENCE_BUDGET_TOKENS,
+            context_length=backend.context_length,
+            max_tokens=self.spec.rollout_max_tokens,
+        )
+        return assembled.messages, [h.experience for h in assembled.used]
+
+    # -- validation ---------------------------------------------------------------------------------
+
+    def _scored_validation(self) -> list[Task]:
+        if not self.spec.validate_steps:
+            return []
+        if self.spec.label_free:
+            return [t for t in self.validation if t.answer is not None]
+        return self.validation
+
+    async def evaluate(self, library: Sequence[Experience], tag: str) -> float | None:
+        """Mean reward on the validation split: greedy, one completion a task; None without one."""
+        tasks = self._scored_validation()
+        if not tasks:
+            return None
+        index = await asyncio.to_thread(self._index, library)
+
+        async def one(task: Task) -> float:
+            messages, _ = self.messages(task, self.offered(task, library, index))
+            reply = await self.llm.chat(
+                messages,
+                role="validation",
+                max_tokens=self.spec.rollout_max_tokens,
+                temperature=0.0,
+                seed=seed_of("validation", self.spec.seed, tag, task.id),
+            )
+            results = await ascore_group(self.reward_for(task), task, [reply.text])
+            return results[0].score
+
+        scores = await asyncio.gather(*(one(t) for t in tasks))
+        return statistics.fmean(scores)
+
+    # -- the run --------------------------------------------------------------------------------------
+
+    async def run(self, state: TrainState | None = None) -> TrainState:
+        fresh = state is None
+        if state is None:
+            state = TrainState(library=list(self.ctx.base.experiences), ledger=self.llm.ledger)
+        else:
+            self.llm.ledger = state.ledger  # a resumed run keeps counting where the checkpoint stopped
+        await self.emit(
+            "started" if fresh else "resumed",
+            {
+                "train_tasks": len(self.train),
+                "validation_tasks": len(self._scored_validation()),
+                "epochs": self.spec.epochs,
+                "steps_total": self.steps_total,
+                "group_size": self.spec.group_size,
+                "from_step": state.step,
+                "library_size": len(state.library),
+            },
+        )
+        if fresh:
+            started = time.perf_counter()
+            score = await self.evaluate(state.library, "baseline")
+            state.baseline_validation_score = state.validation_score = score
+            state.wall_s += time.perf_counter() - started
+            event = ("baseline", {"validation_score": score})
+            await self.checkpoint(0, state.to_json(self.base_model), event)
+        while state.step < self.steps_total:
+            await self.step(state)
+        return state
+
+    async def step(self, state: TrainState) -> None:
+        spec = self.spec
+        index_in_run = state.step
+        epoch, b = divmod(index_in_run, self.per_epoch)
+        batch = batches(self.train, spec, epoch)[b]
+        number = index_in_run + 1
+        started = time.perf_counter()
+        calls_before = self.llm.ledger.calls
+        await self.emit(
+            "step_started",
+            {
+                "epoch": epoch + 1,
+                "step": number,
+                "steps_total": self.steps_total,
+                "tasks": [t.id for t in batch],
+            },
+        )
+        library = list(state.library)
+        index = await asyncio.to_thread(self._index, library)
+        total = len(batch) * spec.group_size
+        done = [0]
+
+        async def rollouts(task: Task) -> Group:
+            messages, offered = self.messages(task, self.offered(task, library, index))
+
+            async def one(g: int) -> str:
+                reply = await self.llm.chat(
+                    messages,
+                    role="rollout",
+                    max_tokens=spec.rollout_max_tokens,
+                    temperature=spec.temperature,
+                    top_p=spec.top_p,
+                    seed=seed_of("rollout", spec.seed, number, task.id, g),
+                )
+                return reply.text
+
+            completions = list(await asyncio.gather(*(one(g) for g in range(spec.group_size))))
+            results = await ascore_group(self.reward_for(task), task, completions, label_free=spec.label_free)
+            offered_ids = [e.id for e in offered]
+            used = [parse_citations(c, offered_ids) or offered_ids for c in completions]
+            done[0] += len(completions)
+            await self.emit("rollouts", {"epoch": epoch + 1, "step": number, "done": done[0], "total": total})
+            scores = [r.score for r in results]
+            return Group(task, completions, results, advantages_of(scores), used, offered)
+
+        groups = list(await asyncio.gather(*(rollouts(t) for t in batch)))
+        scores = [r.score for g in groups for r in g.results]
+
+        for g in groups:
+            for ids, a in zip(g.used, g.advantages, strict=True):
+                for i in ids:
+                    c = state.counts.setdefault(i, [0, 0])
+                    if a > 0:
+                        c[0] += 1
+                    elif a < 0:
+                        c[1] += 1
+
+        informative = [i for i, g in enumerate(groups) if len({r.score for r in g.results}) > 1]
+        skipped = len(groups) - len(informative)
+        compare_stats = state.json_stats.setdefault("compare", critic.JsonStats())
+        merge_stats = state.json_stats.setdefault("consolidate", critic.JsonStats())
+        retries_before = compare_stats.retries + merge_stats.retries
+        failures_before = compare_stats.failures + merge_stats.failures
+
+        async def propose(gi: int) -> list[Proposal]:
+            g = groups[gi]
+            reference = None if spec.label_free else g.task.answer
+            summaries = await asyncio.gather(
+                *(
+                    critic.summarise(
+                        self.llm,
+                        g.task.question,
+                        c,
+                        r.score,
+                        r.reason,
+                        reference,
+                        g.offered,
+                        max_tokens=spec.critic_max_tokens,
+                        seed=seed_of("summarise", spec.seed, number, g.task.id, j),
+                    )
+                    for j, (c, r) in enumerate(zip(g.completions, g.results, strict=True))
+                )
+            )
+            graded = [(r.score, s) for r, s in zip(g.results, summaries, strict=True)]
+            ops = await critic.compare(
+                self.llm,
+                g.task.question,
+                reference,
+                graded,
+                library if index is None else g.offered,
+                max_ops=spec.max_ops_per_group,
+                stats=compare_stats,
+                max_retries=spec.max_json_retries,
+                max_tokens=spec.critic_max_tokens,
+                seed=seed_of("compare", spec.seed, number, g.task.id),
+            )
+            return [Proposal(o.op, o.text, o.id, g.task.domain, g.task.id, gi) for o in (ops or [])]
+
+        proposed = [p for ps in await asyncio.gather(*(propose(i) for i in informative)) for p in ps]
+
+        merges = [0]
+
+        async def merge(texts: Sequence[str]) -> str | None:
+            merges[0] += 1
+            return await critic.merge(
+                self.llm,
+                texts,
+                stats=merge_stats,
+                max_retries=spec.max_json_retries,
+                max_tokens=spec.critic_max_tokens,
+                seed=seed_of("merge", spec.seed, number, merges[0]),
+            )
+
+        outcome = await consolidate(
+            library,
+            proposed,
+            embed=self.ctx.embedder.embed,
+            merge=merge,
+            make=self.make_experience,
+            threshold=spec.merge_threshold,
+            factors_for=self._factors(groups) if spec.distill_factors else None,
+        )
+        changed = outcome.experiences != sorted(library, key=lambda e: e.id)
+        decision = "no_change"
+        score = state.validation_score
+        candidate: float | None = None
+        if outcome.applied and changed:
+            candidate = await self.evaluate(outcome.experiences, f"step-{number}")
+            current = state.validation_score
+            if candidate is not None and current is not None and candidate < current - spec.revert_tolerance:
+                decision = "reverted"
+            else:
+                decision = "kept"
+                score = candidate
+        if decision == "kept":
+            library = outcome.experiences
+            for old, new in outcome.renamed.items():
+                if old in state.counts:
+                    c = state.counts.pop(old)
+                    n = state.counts.setdefault(new, [0, 0])
+                    n[0] += c[0]
+                    n[1] += c[1]
+            state.operations += [{**op, "step": number} for op in outcome.applied]
+        state.rejected += [{**r, "step": number} for r in outcome.rejected]
+        state.library = [self._with_confidence(e, state.counts) for e in library]
+        state.validation_score = score
+        wall = time.perf_counter() - started
+        state.wall_s += wall
+        point = {
+            "epoch": epoch + 1,
+            "step": number,
+            "steps_total": self.steps_total,
+            "rollouts": len(scores),
+            "reward_mean": statistics.fmean(scores) if scores else 0.0,
+            "reward_std": statistics.pstdev(scores) if len(scores) > 1 else 0.0,
+            "groups": len(groups),
+            "groups_skipped": skipped,
+            "operations_proposed": len(proposed),
+            "operations_applied": len(outcome.applied) if decision == "kept" else 0,
+            "operations_rejected": len(outcome.rejected),
+            "validation_score": score,
+            "candidate_validation_score": candidate,
+            "decision": decision,
+            "library_size": len(state.library),
+            "json_retries": compare_stats.retries + merge_stats.retries - retries_before,
+            "json_failures": compare_stats.failures + merge_stats.failures - failures_before,
+            "llm_calls": self.llm.ledger.calls - calls_before,
+            "wall_s": round(wall, 3),
+        }
+        state.curve.append(point)
+        state.step = number
+        await self.checkpoint(number, state.to_json(self.base_model), ("step_completed", point))
+
+    def _with_confidence(self, e: Experience, counts: dict[str, list[int]]) -> Experience:
+        c = counts.get(e.id)
+        if c is None or c == [0, 0]:
+            return e
+        confidence = confidence_of(c[0], c[1])
+        return e if abs(confidence - e.confidence) < 1e-6 else e.replace(confidence=confidence)
+
+    def _factors(self, groups: Sequence[Group]) -> Callable[[Proposal], ExpertFactors | None] | None:
+        tokenizer = self.llm.tokenizer
+        if tokenizer is None:
+            if not self._warned_factors:
+                self._warned_factors = True
+            return None
+        from zoo.trainer.distill import distill_factors
+
+        def factors(p: Proposal) -> ExpertFactors | None:
+            if not 0 <= p.group < len(groups):
+                return None
+            g = groups[p.group]
+            return distill_factors(g.completions, g.advantages, tokenizer, top_k=self.spec.factor_top_k)
+
+        return factors
+
+
+def report(spec: TfGrpoSpec, state: TrainState, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The job report: learning curve, operations, lesson statistics and cost."""
+    return {
+        "kind": "tf-grpo",
+        "spec": spec.to_json(),
+        "steps": state.step,
+        "baseline_validation_score": state.baseline_validation_score,
+        "final_validation_score": state.validation_score,
+        "curve": state.curve,
+        "operations": state.operations,
+        "rejected_operations": state.rejected,
+        "experiences": [
+            {
+                "id": e.id,
+                "text": e.text,
+                "confidence": e.confidence,
+                "helpful": state.counts.get(e.id, [0, 0])[0],
+                "harmful": state.counts.get(e.id, [0, 0])[1],
+                "factors": e.factors is not None,
+            }
+            for e in state.library
+        ],
+        "json": {k: v.to_json() for k, v in sorted(state.json_stats.items())},
+        "cost": {
+            **state.ledger.to_json(),
+            "wall_s": round(state.wall_s, 3),
+            "llm_calls_per_step": round(state.ledger.calls / state.step, 2) if state.step else 0.0,
+            "wall_s_per_step": round(state.wall_s / state.step, 3) if state.step else 0.0,
+        },
+        "notes": state.notes,
+        **(extra or {}),
+    }
