@@ -57,10 +57,13 @@ class NodeProcess:
                 raise AssertionError(f"node exited with {self.proc.returncode}:\n{self.log()}")
             if node_file.exists():
                 try:
-                    self.info = json.loads(node_file.read_text())
-                    return
+                    info = json.loads(node_file.read_text())
                 except json.JSONDecodeError:
-                    pass
+                    info = {}
+                # A node killed with -9 leaves its node.json behind: wait for this process's own.
+                if info.get("pid") == self.proc.pid:
+                    self.info = info
+                    return
             time.sleep(0.05)
         raise AssertionError(f"node did not start listening in {timeout_s} s:\n{self.log()}")
 
