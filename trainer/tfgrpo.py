@@ -7,7 +7,8 @@ Per epoch the training tasks are shuffled (seeded) and cut into batches; one bat
 2. Rewards per completion; the group-relative advantage A = (r - mean) / (std + eps). Each lesson in a
    rollout's prompt (those it cited, when it cited any) counts as helpful when A > 0, harmful when A < 0;
    its confidence becomes (helpful + 1) / (helpful + harmful + 2).
-3. Groups whose rewards are all equal carry no comparison signal and are skipped (no LLM calls).
+3. Groups whose rewards are all equal carry no comparison signal and are skipped (no LLM calls); with
+   G = 1 (the paper's ablation without group computation) the single rollout is critiqued on its own.
 4. Stage 1 summarises every rollout of the other groups; stage 2 compares each group and proposes at
    most `max_ops_per_group` operations; stage 3 consolidates the batch's operations (operations.py).
 5. Validation: the changed library is scored on the validation split (greedy, one completion a task);
@@ -372,7 +373,11 @@ class TfGrpoRun:
                     elif a < 0:
                         c[1] += 1
 
-        informative = [i for i, g in enumerate(groups) if len({r.score for r in g.results}) > 1]
+        # G = 1 is the paper's "no group computation" ablation: the lone rollout is critiqued against the
+        # reference. From G = 2 on, a group whose rewards are all equal has nothing to compare.
+        informative = [
+            i for i, g in enumerate(groups) if spec.group_size == 1 or len({r.score for r in g.results}) > 1
+        ]
         skipped = len(groups) - len(informative)
         compare_stats = state.json_stats.setdefault("compare", critic.JsonStats())
         merge_stats = state.json_stats.setdefault("consolidate", critic.JsonStats())

@@ -456,3 +456,20 @@ def test_context_base_experiences_are_the_starting_library(tmp_path: Path, embed
     )
     assert state.library == [e]
     assert all(e.text in c.system for c in backend.recorder.calls)
+
+
+def test_group_size_one_critiques_the_single_rollout(tmp_path: Path, embedder) -> None:
+    policy = arithmetic_policy(
+        correct=lambda c: True, compare=lambda c: ops_json({"op": "add", "text": GOOD})
+    )
+    spec = {
+        "dataset": str(tasks_file(tmp_path, 2)),
+        "validation_limit": 0,
+        "epochs": 1,
+        "batch_size": 2,
+        "group_size": 1,
+    }
+    run, result = run_job(tmp_path, embedder, policy, spec)
+    (step,) = run.steps()
+    assert step["groups_skipped"] == 0 and step["rollouts"] == 2
+    assert run.backend.recorder.stages().count("summarise") == 2 and result["experiences"] == 1
