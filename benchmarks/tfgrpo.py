@@ -147,7 +147,8 @@ async def main() -> None:
         retries = sum(v["retries"] for v in j.values())
         failures = sum(v["failures"] for v in j.values())
         print(
-            f"{'TF-GRPO G=' + str(g):<14}{score:>9.3f}{ratio:>14}{result['experiences']:>9}{result['steps']:>7}"
+            f"{'TF-GRPO G=' + str(g):<14}{score:>9.3f}{ratio:>14}"
+            f"{result['experiences']:>9}{result['steps']:>7}"
             f"{report['cost']['wall_s_per_step']:>8.1f}{report['cost']['llm_calls_per_step']:>16.1f}"
             f"{f'{retries}/{failures}':>20}"
         )
