@@ -72,6 +72,7 @@ def test_get_status_fields(node: NodeProcess) -> None:
         "model": "COMPONENT_STATE_SERVING",
         "library": "COMPONENT_STATE_DEGRADED",
         "retrieval": "COMPONENT_STATE_DEGRADED",
+        "jobs": "COMPONENT_STATE_SERVING",
     }
 
 
