@@ -103,12 +103,12 @@ def with_spec_options(command: Callable[..., None]) -> Callable[..., None]:
 
     Written by hand because typer has no shared option groups; this keeps one list for both commands.
     """
-    own = [p for p in inspect.signature(command).parameters.values() if p.name != "spec"]
+    own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "spec"]
     extra = [
         inspect.Parameter(
             field,
             inspect.Parameter.KEYWORD_ONLY,
-            default=typer.Option(None, *opt.split("/") if "/" in opt else (opt,), help=help_)
+            default=typer.Option(None, opt, help=help_)
             if typ is not bool or "/" in opt
             else typer.Option(None, opt, help=help_, is_flag=True),
             annotation=typ | None,

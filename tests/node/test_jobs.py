@@ -394,3 +394,55 @@ def test_watch_follows_a_job_from_another_thread_while_it_runs(node: NodeProcess
             t.join(120)
         assert results["w0"] == results["w1"] and results["w0"][-1] == "completed"
         assert results["w0"].count("step_completed") == 4
+
+
+def test_openai_rollouts_run_concurrently_up_to_the_bound(
+    node: NodeProcess, server: ScriptedServer, tmp_path: Path
+) -> None:
+    spec = {
+        "dataset": tasks_file(tmp_path / "t.jsonl", 4),
+        "validation_limit": 0,
+        "epochs": 1,
+        "batch_size": 4,
+        "group_size": 4,
+        "concurrency": 3,
+    }
+    server.delay_s = 0.2
+    server.max_in_flight = 0
+    try:
+        with NodeClient(node.address, admin_token=node.admin_token) as c:
+            job = submit(c, spec)
+            assert [t for _, t, _ in watch(c, job.id)][-1] == "completed"
+    finally:
+        server.delay_s = 0.0
+    # 16 rollouts were ready at once; no more than the bound ran together, and the bound was used.
+    assert server.max_in_flight == 3
+
+
+def test_a_job_that_fails_reports_why_and_the_queue_goes_on(
+    node: NodeProcess, server: ScriptedServer, tmp_path: Path
+) -> None:
+    slow = {
+        "dataset": tasks_file(tmp_path / "slow.jsonl", 2),
+        "validation_limit": 0,
+        "epochs": 1,
+        "group_size": 2,
+        "concurrency": 1,
+    }
+    doomed_file = Path(tasks_file(tmp_path / "doomed.jsonl", 2))
+    server.delay_s = 0.3
+    try:
+        with NodeClient(node.address, admin_token=node.admin_token) as c:
+            first = submit(c, slow)
+            doomed = submit(c, {"dataset": str(doomed_file), "validation_limit": 0, "epochs": 1})
+            doomed_file.unlink()  # gone before the job gets to run
+            after = submit(c, slow)
+            events = list(watch(c, doomed.id))
+            assert events[-1][1] == "failed" and "no such file" in events[-1][2]["error"]
+            failed = get(c, doomed.id)
+            assert state(failed) == "FAILED" and "no such file" in failed.error
+            assert [t for _, t, _ in watch(c, first.id)][-1] == "completed"
+            assert [t for _, t, _ in watch(c, after.id)][-1] == "completed"
+    finally:
+        server.delay_s = 0.0
+    assert not (node.data_dir / "jobs" / doomed.id / "library.json").exists()

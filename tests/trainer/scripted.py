@@ -108,6 +108,9 @@ class ScriptedServer:
         self.policy = policy
         self.delay_s = delay_s
         self.recorder = Recorder()
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._gauge = threading.Lock()
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -115,9 +118,16 @@ class ScriptedServer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 call = Call(body["messages"], int(body.get("seed", 0)), float(body.get("temperature", 0)))
                 outer.recorder.add(call)
-                if outer.delay_s:
-                    time.sleep(outer.delay_s)
-                text = outer.policy(call)
+                with outer._gauge:
+                    outer.in_flight += 1
+                    outer.max_in_flight = max(outer.max_in_flight, outer.in_flight)
+                try:
+                    if outer.delay_s:
+                        time.sleep(outer.delay_s)
+                    text = outer.policy(call)
+                finally:
+                    with outer._gauge:
+                        outer.in_flight -= 1
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
