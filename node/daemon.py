@@ -155,7 +155,7 @@ def build_components(
         library, cfg.embedder.path, data_dir.path / "embeddings.sqlite", cfg.inference.ann_threshold
     )
     library.on_change = retrieval.library_changed
-    comps += [library, retrieval, _job_runner(cfg, data_dir, model, library, retrieval)]
+    comps += [library, retrieval, _job_runner(cfg, data_dir, model, library, retrieval, metrics)]
     return comps
 
 
@@ -165,6 +165,7 @@ def _job_runner(
     model: ModelComponent,
     library: LibraryComponent,
     retrieval: RetrievalComponent,
+    metrics: NodeMetrics,
 ) -> JobRunner:
     from zoo.node.job_store import JobStore
 
@@ -175,7 +176,9 @@ def _job_runner(
         return Resources(model.backend, retrieval.retriever.embedder, lambda: library.active)
 
     store = JobStore(data_dir.path / "jobs.sqlite")
-    return JobRunner(store, data_dir.path / "jobs", resources, max_queued=cfg.jobs.max_queued)
+    return JobRunner(
+        store, data_dir.path / "jobs", resources, max_queued=cfg.jobs.max_queued, metrics=metrics
+    )
 
 
 def model_id(cfg: NodeConfig, path: Path | None) -> str:

@@ -64,11 +64,13 @@ class JobRunner(Component):
         jobs_dir: Path,
         resources: Callable[[], Resources | None],
         max_queued: int = 16,
+        metrics: Any = None,
     ) -> None:
         self.store = store
         self.jobs_dir = jobs_dir
         self.resources = resources
         self.max_queued = max_queued
+        self.metrics = metrics  # NodeMetrics, or None
         self.current: str | None = None
         self._task: asyncio.Task[Any] | None = None
         self._wake = asyncio.Event()
@@ -159,6 +161,10 @@ class JobRunner(Component):
         self.store.append_event(job_id, type_, data)
         self._notify(job_id)
 
+    def _finished(self, kind: str, state: JobState) -> None:
+        if self.metrics is not None:
+            self.metrics.jobs_finished.labels(kind, state.value).inc()
+
     async def _run(self, record: JobRecord, resources: Resources) -> None:
         job_id = record.id
         out_dir = self.jobs_dir / job_id
@@ -169,6 +175,7 @@ class JobRunner(Component):
             if self.store.get(job_id).cancel_requested:
                 step = self.store.get(job_id).step
                 self.store.finish(job_id, JobState.CANCELLED, event=("cancelled", {"step": step}))
+                self._finished(record.kind, JobState.CANCELLED)
                 self._notify(job_id)
                 log.info("job cancelled", job=job_id, step=step)
                 return
@@ -180,9 +187,11 @@ class JobRunner(Component):
                 self.store.finish(
                     job_id, JobState.FAILED, error=message, event=("failed", {"error": message})
                 )
+                self._finished(record.kind, JobState.FAILED)
             self._notify(job_id)
             return
         self.store.finish(job_id, JobState.SUCCEEDED, result=result, event=("completed", result))
+        self._finished(record.kind, JobState.SUCCEEDED)
         self._notify(job_id)
         log.info(
             "job succeeded", job=job_id, steps=result.get("steps"), experiences=result.get("experiences")
@@ -203,6 +212,9 @@ class JobRunner(Component):
         async def save(step: int, state: dict[str, Any], event: tuple[str, dict[str, Any]]) -> None:
             await asyncio.to_thread(self.store.checkpoint, job_id, step, state, event)
             self._notify(job_id)
+            if self.metrics is not None and event[0] == "step_completed":
+                self.metrics.job_steps.labels(record.kind).inc()
+                self.metrics.job_llm_calls.labels(record.kind).inc(event[1].get("llm_calls", 0))
             if self.store.get(job_id).cancel_requested:
                 raise asyncio.CancelledError
 

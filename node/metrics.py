@@ -59,6 +59,19 @@ class NodeMetrics:
             "Experiences placed in prompts (per-id counts are in GetStatus)",
             registry=r,
         )
+        self.jobs_finished = Counter(
+            "zoo_jobs_finished",
+            "Learning jobs that ended, by kind and final state",
+            ["kind", "state"],
+            registry=r,
+        )
+        self.job_steps = Counter("zoo_job_steps", "Completed learning-job steps", ["kind"], registry=r)
+        self.job_llm_calls = Counter(
+            "zoo_job_llm_calls",
+            "LLM calls made by learning jobs (rollouts, critique, validation)",
+            ["kind"],
+            registry=r,
+        )
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
 

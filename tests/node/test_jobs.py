@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx
 import pytest
 from google.protobuf import json_format
 from google.protobuf.struct_pb2 import Struct
@@ -241,6 +242,9 @@ def test_scripted_job_succeeds_and_cancel_after_the_end_is_refused(node: NodePro
         assert job.id in [j.id for j in listed]
         lib = decode_library((node.data_dir / "jobs" / job.id / "library.json").read_bytes())
         assert [e.text for e in lib.experiences] == [GOOD]
+    metrics = httpx.get(node.metrics_url).text
+    assert 'zoo_jobs_finished_total{kind="tf-grpo",state="succeeded"}' in metrics
+    assert 'zoo_job_steps_total{kind="tf-grpo"}' in metrics
     # A job never touches the node's current library (nothing was approved here).
     assert not (node.data_dir / "library" / "current.json").exists()
 
