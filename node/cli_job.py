@@ -108,9 +108,7 @@ def with_spec_options(command: Callable[..., None]) -> Callable[..., None]:
         inspect.Parameter(
             field,
             inspect.Parameter.KEYWORD_ONLY,
-            default=typer.Option(None, opt, help=help_)
-            if typ is not bool or "/" in opt
-            else typer.Option(None, opt, help=help_, is_flag=True),
+            default=typer.Option(None, opt, help=help_),
             annotation=typ | None,
         )
         for opt, field, typ, help_ in _SPEC_OPTIONS

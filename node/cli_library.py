@@ -353,7 +353,11 @@ def _job_library(cfg: Any, store: Any, job_id: str) -> Any:
         record = jobs.get(job_id)
     if record.state is not JobState.SUCCEEDED:
         raise _fail(f"job {job_id} is {record.state.value}; only a succeeded job has a library to propose")
-    library = decode_library((Path(cfg.data_dir) / "jobs" / job_id / "library.json").read_bytes())
+    path = Path(cfg.data_dir) / "jobs" / job_id / "library.json"
+    try:
+        library = decode_library(path.read_bytes())
+    except OSError as e:
+        raise _fail(f"job {job_id} succeeded but its library {path} cannot be read: {e.strerror}") from None
     cur = store.current()
     current_root = cur.root if cur is not None else ""
     if library.parent_root != current_root:

@@ -50,8 +50,13 @@ async def run_foreground(
 
     out_dir = out_dir.expanduser().resolve()
     checkpoint = _load_checkpoint(out_dir) if resume else None
-    if checkpoint is not None and spec_fields and spec_fields != checkpoint["spec"]:
-        view.console.print("--resume: using the spec the run was started with; the options given are ignored")
+    if checkpoint is not None and spec_fields:
+        given = {k: v for k, v in checkpoint["spec"].items() if k in spec_fields}
+        if given != spec_fields:
+            view.console.print(
+                "--resume: the run continues with the spec it was started with; "
+                "options that differ from it are ignored"
+            )
     if not resume and (out_dir / CHECKPOINT).exists():
         raise TrainingError(f"{out_dir} holds a run already: pass --resume to continue it, or another --out")
     try:

@@ -323,3 +323,7 @@ def test_propose_from_job_on_a_devnet_becomes_the_next_version(
     current = LibraryStore(devnet_dir).current()
     assert current is not None and current.version == 2 and current.root == root
     assert [e.id for e in current.library.experiences] == [e.id for e in job_lib.experiences]
+    # What it learned: the genesis lessons, untouched, plus the scripted critic's lesson.
+    learned = {e.text for e in current.library.experiences} - {e.text for e in genesis.library.experiences}
+    assert learned == {GOOD}
+    assert {e.id for e in genesis.library.experiences} < {e.id for e in current.library.experiences}
