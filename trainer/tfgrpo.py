@@ -198,7 +198,6 @@ class TfGrpoRun:
         self._rewards: dict[str, BaseReward] = {}
         self.steps_total = total_steps(self.train, spec)
         self.per_epoch = math.ceil(len(self.train) / spec.batch_size)
-        self._warned_factors = False
 
     # -- rewards and prompts ------------------------------------------------------------------------
 
@@ -440,7 +439,7 @@ class TfGrpoRun:
             merge=merge,
             make=self.make_experience,
             threshold=spec.merge_threshold,
-            factors_for=self._factors(groups) if spec.distill_factors else None,
+            factors_for=self._factors(groups, state) if spec.distill_factors else None,
         )
         changed = outcome.experiences != sorted(library, key=lambda e: e.id)
         decision = "no_change"
@@ -500,11 +499,14 @@ class TfGrpoRun:
         confidence = confidence_of(c[0], c[1])
         return e if abs(confidence - e.confidence) < 1e-6 else e.replace(confidence=confidence)
 
-    def _factors(self, groups: Sequence[Group]) -> Callable[[Proposal], ExpertFactors | None] | None:
+    def _factors(
+        self, groups: Sequence[Group], state: TrainState
+    ) -> Callable[[Proposal], ExpertFactors | None] | None:
         tokenizer = self.llm.tokenizer
         if tokenizer is None:
-            if not self._warned_factors:
-                self._warned_factors = True
+            note = f"distill_factors: the {self.llm.model_id} backend has no local tokenizer; no factors made"
+            if note not in state.notes:
+                state.notes.append(note)
             return None
         from zoo.trainer.distill import distill_factors
 

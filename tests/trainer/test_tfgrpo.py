@@ -473,3 +473,22 @@ def test_group_size_one_critiques_the_single_rollout(tmp_path: Path, embedder) -
     (step,) = run.steps()
     assert step["groups_skipped"] == 0 and step["rollouts"] == 2
     assert run.backend.recorder.stages().count("summarise") == 2 and result["experiences"] == 1
+
+
+def test_factor_distillation_without_a_local_tokenizer_is_noted_not_fatal(tmp_path: Path, embedder) -> None:
+    policy = arithmetic_policy(
+        correct=one_wrong_in(3), compare=lambda c: ops_json({"op": "add", "text": GOOD})
+    )
+    spec = {
+        "dataset": str(tasks_file(tmp_path, 2)),
+        "validation_limit": 0,
+        "epochs": 1,
+        "batch_size": 2,
+        "group_size": 3,
+        "distill_factors": True,
+    }
+    _, result = run_job(tmp_path, embedder, policy, spec)
+    report = json.loads(Path(result["report"]).read_text())
+    assert any("no local tokenizer" in n for n in report["notes"])
+    (lesson,) = decode_library(Path(result["library"]).read_bytes()).experiences
+    assert lesson.factors is None
