@@ -32,10 +32,12 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+
+import numpy as np
 
 from zoo.inference.embedder import Embedder
 from zoo.inference.prompt import assemble, parse_citations
@@ -136,6 +138,22 @@ class TrainState:
         )
 
 
+class MemoryVectors:
+    """Experience vectors kept for the run, so the per-step retrieval index only embeds new lessons
+    (the EmbeddingCache interface RetrievalIndex.build takes, without the SQLite file)."""
+
+    def __init__(self) -> None:
+        self._vectors: dict[tuple[str, str], np.ndarray] = {}
+
+    def get_many(self, model: str, ids: Iterable[str], dim: int | None = None) -> dict[str, np.ndarray]:
+        found = {i: v for i in ids if (v := self._vectors.get((model, i))) is not None}
+        return {i: v for i, v in found.items() if dim is None or v.shape == (dim,)}
+
+    def put_many(self, model: str, vectors: Mapping[str, np.ndarray]) -> None:
+        for i, v in vectors.items():
+            self._vectors[(model, i)] = v
+
+
 @dataclass
 class Group:
     task: Task
@@ -196,6 +214,7 @@ class TfGrpoRun:
         self.checkpoint = checkpoint
         self.base_model = ctx.base.base_model
         self._rewards: dict[str, BaseReward] = {}
+        self._vectors = MemoryVectors()
         self.steps_total = total_steps(self.train, spec)
         self.per_epoch = math.ceil(len(self.train) / spec.batch_size)
 
@@ -230,7 +249,7 @@ class TfGrpoRun:
         if len(library) <= self.spec.k:
             return None
         lib = Library.create(version=1, base_model=self.base_model, experiences=library)
-        return RetrievalIndex.build(lib, self.ctx.embedder, None)
+        return RetrievalIndex.build(lib, self.ctx.embedder, self._vectors)  # type: ignore[arg-type]
 
     def offered(self, task: Task, library: Sequence[Experience], index: RetrievalIndex | None) -> list[Hit]:
         if self.spec.k == 0:

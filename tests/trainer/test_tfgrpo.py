@@ -492,3 +492,35 @@ def test_factor_distillation_without_a_local_tokenizer_is_noted_not_fatal(tmp_pa
     assert any("no local tokenizer" in n for n in report["notes"])
     (lesson,) = decode_library(Path(result["library"]).read_bytes()).experiences
     assert lesson.factors is None
+
+
+def test_a_library_larger_than_k_is_retrieved_top_k_per_task(tmp_path: Path, embedder) -> None:
+    def lesson(text: str, domain: str) -> Experience:
+        return Experience.create(
+            text=text,
+            domain=domain,
+            confidence=0.5,
+            author="job:x",
+            base_model=MODEL,
+            created_at="2026-01-01T00:00:00Z",
+        )
+
+    adding = lesson("When adding two numbers plus each other, add the ones digits first.", "math.arithmetic")
+    others = [
+        lesson("When converting miles to kilometres, multiply by 1.609.", "math.units"),
+        lesson("When writing a Python function, handle the empty list first.", "code.python"),
+    ]
+    current = Library.create(version=2, base_model=MODEL, experiences=[adding, *others])
+    policy = arithmetic_policy(correct=lambda c: True, compare=lambda c: ops_json())
+    spec = {
+        "dataset": str(tasks_file(tmp_path, 2)),
+        "validation_limit": 0,
+        "epochs": 2,
+        "batch_size": 2,
+        "group_size": 2,
+        "k": 1,
+    }
+    run, _ = run_job(tmp_path, embedder, policy, spec, current=current)
+    rollouts = [c for c in run.backend.recorder.calls if c.stage == "rollout"]
+    assert len(rollouts) == 8
+    assert all(adding.text in c.system and not any(o.text in c.system for o in others) for c in rollouts)
