@@ -11,13 +11,41 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from zoo.node.logs import get_logger
 
 log = get_logger(__name__)
+T = TypeVar("T")
+
+
+async def in_background_thread(fn: Callable[[], T], name: str) -> T:
+    """Run blocking start-up work (loading a model) in a daemon thread and await its result.
+
+    Unlike asyncio.to_thread, a daemon thread does not hold up shutdown: asyncio.run joins the default
+    executor on exit, so a node stopped while a model is still loading would wait for the whole load.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(set_: Callable[[], None]) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits for this any more
+            loop.call_soon_threadsafe(lambda: None if future.done() else set_())
+
+    def work() -> None:
+        try:
+            result = fn()
+        except BaseException as e:
+            settle(lambda error=e: future.set_exception(error))
+        else:
+            settle(lambda: future.set_result(result))
+
+    threading.Thread(target=work, name=name, daemon=True).start()
+    return await future
 
 
 class State(enum.Enum):

@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from zoo.node.components import Component, State
+from zoo.node.components import Component, State, in_background_thread
 from zoo.node.library import LibraryComponent
 from zoo.node.logs import get_logger
 from zoo.registry.fsutil import write_atomic
@@ -113,7 +113,7 @@ class RetrievalComponent(Component):
         self.changed.set()
 
     async def setup(self) -> None:
-        self.retriever = await asyncio.to_thread(self._build)
+        self.retriever = await in_background_thread(self._build, "load-embedder")
 
     def _build(self) -> Any:
         from zoo.inference.embedder import SentenceTransformerEmbedder

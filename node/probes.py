@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from zoo.node.components import Component, State
+from zoo.node.components import Component, State, in_background_thread
 from zoo.node.config import ModelConfig
 from zoo.node.logs import get_logger
 
@@ -98,7 +97,7 @@ class ModelComponent(Component):
         from zoo.inference.backend import GenerationRequest, generate
 
         start = time.perf_counter()
-        backend = await asyncio.to_thread(self._load)
+        backend = await in_background_thread(self._load, "load-model")
         # Readiness is "it generates", not "the files loaded": one greedy token through the real backend.
         await generate(backend, GenerationRequest([{"role": "user", "content": "ok"}], max_tokens=1))
         self.backend = backend
