@@ -147,6 +147,9 @@ def test_an_interrupted_run_resumes_with_only_the_steps_left(tmp_path: Path) -> 
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
+            # Ctrl-C in a terminal reaches a process whose SIGINT is at its default; a test run started in
+            # the background (nohup, `&` in a script) would hand down an ignored SIGINT instead.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         try:
             # Poll the checkpoint, not stderr (rich may hold lines back when it is not a terminal).
