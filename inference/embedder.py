@@ -18,6 +18,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from zoo.inference.model_loading import MODEL_LOADING
 from zoo.inference.models import ModelUnavailable, bundled_embedder_dir
 
 # Files that document a model but do not change what it computes; hashing them would only force
@@ -82,8 +83,6 @@ class SentenceTransformerEmbedder:
         # directory must never trigger a hub lookup.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-        from sentence_transformers import SentenceTransformer
-
         self.path = Path(path) if path is not None else bundled_embedder_dir()
         if not self.path.is_dir():
             raise ModelUnavailable(f"embedding model directory {self.path} does not exist")
@@ -94,7 +93,10 @@ class SentenceTransformerEmbedder:
         label = self.path.parent.name if self.path.name == "model" else self.path.name
         self.name = f"{label}-{model_fingerprint(self.path)}"
         try:
-            self._model = SentenceTransformer(str(self.path), device=device, local_files_only=True)
+            with MODEL_LOADING:
+                from sentence_transformers import SentenceTransformer
+
+                self._model = SentenceTransformer(str(self.path), device=device, local_files_only=True)
         except (OSError, ValueError) as e:
             raise ModelUnavailable(f"cannot load the embedding model at {self.path}: {e}") from e
         dim = self._model.get_embedding_dimension()

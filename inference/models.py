@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from zoo.inference.model_loading import MODEL_LOADING
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
@@ -73,6 +75,11 @@ def prepare_bundled_chat_model(cache_dir: Path) -> PreparedModel:
     marker = target / "zoo-conversion.json"
     if marker.is_file():
         return PreparedModel(target, converted=False, seconds=0.0)
+    with MODEL_LOADING:  # see model_loading.py
+        return _convert_bundled_chat_model(target)
+
+
+def _convert_bundled_chat_model(target: Path) -> PreparedModel:
     start = time.perf_counter()
     gguf = bundled_gguf()
     import torch

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from zoo.inference.backend import BackendError, Chunk, GenerationRequest, GenerationResult, apply_stop
+from zoo.inference.model_loading import MODEL_LOADING
 
 _END = object()
 
@@ -35,11 +36,24 @@ class TransformersBackend:
     def load(
         cls, path: Path, model_id: str, device: str = "cpu", dtype: str = "bfloat16"
     ) -> TransformersBackend:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        with MODEL_LOADING:
+            import torch
 
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
+            # Besides what loading needs, resolve here, under the lock, the names generation threads
+            # import later, so that no first lookup of a transformers name races another model's load.
+            from transformers import (  # noqa: F401
+                AutoModelForCausalLM,
+                AutoTokenizer,
+                LogitsProcessorList,
+                StoppingCriteria,
+                StoppingCriteriaList,
+                TextStreamer,
+            )
+
+            import zoo.inference.factors  # noqa: F401
+
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
         return cls(model, tokenizer, model_id, device)
 
     def _encode(self, messages: list[dict[str, str]]) -> Any:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from zoo.inference.backend import BackendUnavailable, Chunk, GenerationRequest, GenerationResult
+from zoo.inference.model_loading import MODEL_LOADING
 
 
 class VllmBackend:
@@ -22,6 +23,11 @@ class VllmBackend:
 
     @classmethod
     def load(cls, path: Path, model_id: str, gpu_memory_utilization: float = 0.85) -> VllmBackend:
+        with MODEL_LOADING:  # vLLM imports transformers too: see model_loading.py
+            return cls._load(path, model_id, gpu_memory_utilization)
+
+    @classmethod
+    def _load(cls, path: Path, model_id: str, gpu_memory_utilization: float) -> VllmBackend:
         try:
             from vllm import AsyncEngineArgs, AsyncLLMEngine
         except ImportError as e:
