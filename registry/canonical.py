@@ -172,18 +172,20 @@ class _Refused(Exception):
 # raises that limit to 100000, so hostile input like "[" * 100000 would overflow the C stack (a
 # segfault, not an exception). Depth is therefore checked before parsing.
 MAX_NESTING = 32
-_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 
 
 def _nesting_exceeds(text: str, limit: int) -> bool:
+    # Strings (whose brackets do not nest) and everything but brackets are removed by regex, in C; only
+    # the brackets left are walked in Python.
     depth = 0
-    for m in _TOKENS.finditer(text):
-        c = m.group()[0]
+    for c in _NOT_BRACKET.sub("", _STRING.sub("", text)):
         if c in "[{":
             depth += 1
             if depth > limit:
                 return True
-        elif c in "]}":
+        else:
             depth -= 1
     return False
 

@@ -195,6 +195,21 @@ def test_decode_refuses_malformed_bytes(library: Library) -> None:
     _rejected(b'{"version":1.0}', "library", "JSON number 1.0")
 
 
+def test_brackets_inside_strings_do_not_count_as_nesting(library: Library) -> None:
+    # 100 brackets deep inside a string (after an escaped quote, too) is text, not structure.
+    deep = Library.create(
+        version=0,
+        base_model=library.base_model,
+        experiences=library.experiences,
+        description='say "[[[[' + "[" * 100 + "{" * 100 + '" and \\ then ' + "]" * 50,
+    )
+    data = encode_library(deep)
+    assert decode_library(data) == deep
+    # Real structure beyond the limit is still refused, with bracket-laden strings around it.
+    hostile = b'{"a":"[[[[","b":' + b"[" * 40 + b'"]]]]"' + b"]" * 40 + b"}"
+    _rejected(hostile, "library", "nested too deeply")
+
+
 def test_decode_names_the_bad_field(library: Library) -> None:
     doc = _doc(library)
     doc["schema"] = "other/9"

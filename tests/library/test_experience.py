@@ -8,6 +8,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
+from pydantic_core import PydanticCustomError
 
 from zoo.registry.errors import NotFound, ValidationError, ZooError
 from zoo.registry.experience import (
@@ -15,6 +16,7 @@ from zoo.registry.experience import (
     Experience,
     ExpertFactors,
     Library,
+    clean_string,
     experience_id,
     pack_signs,
 )
@@ -262,3 +264,20 @@ def test_library_nested_error_path(make_experience: Make) -> None:
     with pytest.raises(ValidationError) as info:
         Library.parse({"version": 0, "base_model": "m", "experiences": [good, bad]})
     assert info.value.field == "experiences[1].confidence"
+
+
+def test_clean_string_refuses_exactly_the_unicode_control_characters() -> None:
+    for code in range(0x110000):
+        if 0xD800 <= code <= 0xDFFF:
+            continue  # lone surrogates have their own error
+        ch = chr(code)
+        control = unicodedata.category(ch) == "Cc"
+        for multiline in (False, True):
+            allowed = not control or (multiline and ch in "\t\n")
+            try:
+                clean_string(f"a{ch}b", multiline=multiline)
+            except PydanticCustomError as e:  # clean_string runs inside pydantic validators
+                assert not allowed, f"U+{code:04X} refused: {e}"
+                assert f"control character U+{code:04X}" in str(e)
+            else:
+                assert allowed, f"U+{code:04X} accepted (multiline={multiline})"
