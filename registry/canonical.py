@@ -29,6 +29,7 @@ from typing import Any
 
 from zoo.registry.errors import ValidationError
 from zoo.registry.experience import CONFIDENCE_SCALE, Experience, Library
+from zoo.registry.gc_pause import gc_paused
 
 SCHEMA = "zoo.experience-library/1"
 DEFAULT_MAX_LIBRARY_BYTES = 64 * 1024 * 1024
@@ -99,7 +100,8 @@ def encode_experience(e: Experience) -> bytes:
 
 def encode_library(lib: Library) -> bytes:
     """Canonical bytes of a library version: what is published to IPFS."""
-    return canonical_json(library_document(lib))
+    with gc_paused():
+        return canonical_json(library_document(lib))
 
 
 def decode_library(
@@ -110,6 +112,11 @@ def decode_library(
     With require_canonical=False, documents that differ from the canonical bytes only in layout (key
     order, whitespace, escapes, experience order, non-NFC strings) are accepted and normalised.
     """
+    with gc_paused():
+        return _decode_library(data, max_size, require_canonical)
+
+
+def _decode_library(data: bytes, max_size: int, require_canonical: bool) -> Library:
     doc = _load(data, max_size, "library")
     if not isinstance(doc, dict):
         raise ValidationError("library", "must be a JSON object")

@@ -19,6 +19,7 @@ from pymerkle import InmemoryTree
 from zoo.registry.canonical import encode_experience
 from zoo.registry.errors import ValidationError
 from zoo.registry.experience import Library
+from zoo.registry.gc_pause import gc_paused
 
 HASH_SIZE = 32
 EMPTY_ROOT = hashlib.sha256(b"").digest()
@@ -141,7 +142,8 @@ def library_leaves(lib: Library) -> list[bytes]:
 
 def library_tree(lib: Library) -> MerkleTree:
     """Build once and prove many times (prove_experience() rebuilds the tree on every call)."""
-    return MerkleTree.from_leaves(library_leaves(lib))
+    with gc_paused():
+        return MerkleTree.from_leaves(library_leaves(lib))
 
 
 def library_root(lib: Library) -> bytes:
