@@ -41,7 +41,7 @@ class StoredVersion:
     root: str  # 0x-hex Merkle root
     cid: str
     path: Path
-    sha256: str = ""  # hex digest of the canonical bytes that were verified against the root
+    sha256: str  # hex digest of the canonical bytes that were verified against the root
 
     @property
     def version(self) -> int:
@@ -74,7 +74,7 @@ class LibraryStore:
                 computed=root,
                 expected=expected_root,
             )
-        path = self.versions_dir / f"v{library.version}-{root}.json"
+        path = self._version_file(library.version, root)
         data = raw if raw is not None else encode_library(library)
         # The root commits to the experiences only; this hash also covers version, parent and description.
         meta = {"cid": cid, "sha256": hashlib.sha256(data).hexdigest()}
@@ -103,10 +103,11 @@ class LibraryStore:
         what = f"root {root}" if root else f"version {version}"
         raise NotFound(f"library {what} is not in the local store", version=version, root=root)
 
-    def _load(self, version: int, root: str, use_cache: bool = True) -> StoredVersion:
-        if use_cache and root in self._cache:
-            return self._cache[root]
-        path = self.versions_dir / f"v{version}-{root}.json"
+    def _version_file(self, version: int, root: str) -> Path:
+        return self.versions_dir / f"v{version}-{root}.json"
+
+    def _read_intact(self, path: Path) -> tuple[bytes, str, str]:
+        """A version file's bytes, CID and sha256, the bytes checked against the hash in its .meta."""
         try:
             data = path.read_bytes()
             meta = json.loads(path.with_suffix(".meta").read_text())
@@ -117,6 +118,13 @@ class LibraryStore:
             raise IntegrityError(
                 f"stored library {path.name} is corrupt (its bytes changed on disk)", path=str(path)
             )
+        return data, cid, digest
+
+    def _load(self, version: int, root: str) -> StoredVersion:
+        if root in self._cache:
+            return self._cache[root]
+        path = self._version_file(version, root)
+        data, cid, digest = self._read_intact(path)
         try:
             library = decode_library(data)
         except ValidationError as e:
@@ -136,29 +144,18 @@ class LibraryStore:
 
     def activate(self, stored: StoredVersion) -> None:
         """Make a stored, verified version the current one (atomically)."""
-        # What becomes current must be intact on disk, where a restart will read it. When the hash of the
-        # bytes verified against the root is known, the file hashing to it is that same check at a hash's
-        # cost (decoding and re-rooting 100k experiences again took seconds); otherwise re-verify it all.
-        if stored.sha256:
-            self._check_file(stored)
-        else:
-            self._load(stored.version, stored.root, use_cache=False)
+        # What becomes current must be intact on disk, where a restart will read it: the file still hashing
+        # to the bytes that were verified against the root is that check, at a hash's cost (decoding and
+        # re-rooting the file again took seconds at 100k experiences).
+        path = self._version_file(stored.version, stored.root)
+        if self._read_intact(path)[2] != stored.sha256:
+            raise IntegrityError(
+                f"stored library {path.name} is corrupt (its bytes changed on disk)", path=str(path)
+            )
         write_atomic(
             self._current_file,
             json.dumps({"version": stored.version, "root": stored.root, "cid": stored.cid}).encode(),
         )
-
-    def _check_file(self, stored: StoredVersion) -> None:
-        path = self.versions_dir / f"v{stored.version}-{stored.root}.json"
-        try:
-            data = path.read_bytes()
-            digest = str(json.loads(path.with_suffix(".meta").read_text())["sha256"])
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise IntegrityError(f"stored library {path.name} is incomplete: {e}", path=str(path)) from None
-        if digest != stored.sha256 or hashlib.sha256(data).hexdigest() != stored.sha256:
-            raise IntegrityError(
-                f"stored library {path.name} is corrupt (its bytes changed on disk)", path=str(path)
-            )
 
     def current(self) -> StoredVersion | None:
         """The active version, or None when the node has none yet."""

@@ -4,6 +4,7 @@ search on synthetic vectors; swapping and pinning indexes under concurrent searc
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ from zoo.inference.retrieval import (
     domain_matches,
     embedding_text,
 )
+from zoo.registry.canonical import encode_library
 from zoo.registry.experience import Experience, Library
 from zoo.registry.merkle import library_root
 from zoo.registry.store import StoredVersion, root_hex
@@ -63,7 +65,8 @@ def make_library(lessons: Sequence[tuple[str, str]], version: int = 1) -> Librar
 
 
 def stored(library: Library) -> StoredVersion:
-    return StoredVersion(library, root_hex(library_root(library)), "", Path("unused"))
+    digest = hashlib.sha256(encode_library(library)).hexdigest()
+    return StoredVersion(library, root_hex(library_root(library)), "", Path("unused"), digest)
 
 
 class CountingEmbedder:
