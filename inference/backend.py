@@ -20,6 +20,20 @@ class BackendUnavailable(BackendError):
     """The backend cannot serve right now (remote unreachable, model not loaded)."""
 
 
+@dataclass(frozen=True)
+class ResponseFormat:
+    """Structured output: the answer must be JSON. `json_object`: any JSON object; `json_schema`: an
+    instance of `schema` (JSON text of a JSON Schema). Backends that can constrain decoding do; the
+    OpenAI-compatible backend passes it to its server."""
+
+    type: str  # "json_object" | "json_schema"
+    schema: str = ""
+
+    def __post_init__(self) -> None:
+        if self.type not in ("json_object", "json_schema"):
+            raise ValueError(f"unknown response format type {self.type!r}")
+
+
 @dataclass
 class GenerationRequest:
     messages: list[dict[str, str]]  # [{"role": "system"|"user"|"assistant", "content": ...}]
@@ -30,6 +44,8 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     # Decode-time expert factors: a transformers LogitsProcessor (or the vLLM callable) to apply.
     logits_processor: Any = None
+    # Constrain the output to JSON (None: free text).
+    response_format: ResponseFormat | None = None
     # Set to stop generation early (client cancelled or deadline passed).
     cancel: threading.Event = field(default_factory=threading.Event)
 
@@ -54,6 +70,7 @@ class Backend(Protocol):
     model_id: str
     context_length: int
     supports_logits_processors: bool
+    constrains_json: bool  # response_format is enforced by constrained decoding, so replies always parse
 
     def count_prompt_tokens(self, messages: list[dict[str, str]]) -> int:
         """Tokens the chat-formatted messages take (what the context limit is checked against)."""

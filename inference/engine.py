@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from zoo.inference.backend import Backend, Chunk, GenerationRequest
+from zoo.inference.backend import Backend, Chunk, GenerationRequest, ResponseFormat
 from zoo.inference.prompt import assemble, parse_citations
 from zoo.registry.errors import ZooError
 
@@ -34,6 +34,7 @@ class InferParams:
     library_root: str = ""
     use_expert_factors: bool = False
     min_score: float = -1.0
+    response_format: ResponseFormat | None = None
 
 
 @dataclass
@@ -134,7 +135,14 @@ class InferenceEngine:
             processor = self.factor_builder([h.experience for h in assembled.used])
         seed = p.seed if p.seed is not None else random.SystemRandom().randrange(2**63)
         request = GenerationRequest(
-            assembled.messages, p.max_tokens, p.temperature, p.top_p, seed, list(p.stop), processor
+            assembled.messages,
+            p.max_tokens,
+            p.temperature,
+            p.top_p,
+            seed,
+            list(p.stop),
+            processor,
+            response_format=p.response_format,
         )
         t1 = time.perf_counter()
         result = None

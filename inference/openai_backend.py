@@ -1,8 +1,10 @@
 """OpenAI-compatible backend: any server speaking /v1/chat/completions with SSE streaming (a vLLM
-server, a hosted API). Token counts come from the server's usage report when it sends one."""
+server, a hosted API). Token counts come from the server's usage report when it sends one. At most
+`max_concurrency` requests are in flight to the server; further callers wait their turn."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -15,6 +17,8 @@ from zoo.inference.backend import BackendError, BackendUnavailable, Chunk, Gener
 class OpenAIBackend:
     # Remote servers apply their own sampling; decode-time expert factors need local logits.
     supports_logits_processors = False
+    # response_format is forwarded, but whether the server enforces it is the server's business.
+    constrains_json = False
 
     def __init__(
         self,
@@ -24,7 +28,10 @@ class OpenAIBackend:
         context_length: int = 8192,
         timeout_s: float = 120.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        max_concurrency: int = 16,
     ) -> None:
+        self.max_batch_size = max_concurrency
+        self._slots = asyncio.Semaphore(max_concurrency)
         self.model_id = model
         self.context_length = context_length
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -38,6 +45,11 @@ class OpenAIBackend:
         return sum(len(m["content"]) // 3 + 4 for m in messages)
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        async with self._slots:
+            async for chunk in self._stream(request):
+                yield chunk
+
+    async def _stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         body: dict[str, Any] = {
             "model": self.model_id,
             "messages": request.messages,
@@ -50,6 +62,14 @@ class OpenAIBackend:
         }
         if request.stop:
             body["stop"] = request.stop
+        fmt = request.response_format
+        if fmt is not None:
+            # The server constrains decoding itself (OpenAI, vLLM and SGLang all accept this shape).
+            body["response_format"] = (
+                {"type": "json_schema", "json_schema": {"name": "response", "schema": json.loads(fmt.schema)}}
+                if fmt.type == "json_schema"
+                else {"type": "json_object"}
+            )
         text: list[str] = []
         finish = "stop"
         usage: dict[str, int] = {}

@@ -8,12 +8,20 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from zoo.inference.backend import BackendUnavailable, Chunk, GenerationRequest, GenerationResult
+from zoo.inference.backend import (
+    BackendUnavailable,
+    Chunk,
+    GenerationRequest,
+    GenerationResult,
+    ResponseFormat,
+)
 from zoo.inference.model_loading import MODEL_LOADING
 
 
 class VllmBackend:
     supports_logits_processors = True
+    # Grammar-constrained JSON output (response_format) is enforced while decoding.
+    constrains_json = True
 
     def __init__(self, engine: Any, tokenizer: Any, model_id: str, context_length: int) -> None:
         self.engine = engine
@@ -70,6 +78,7 @@ class VllmBackend:
             seed=request.seed,
             stop=request.stop or None,
             extra_args=vllm_extra_args(request.logits_processor) if request.logits_processor else None,
+            structured_outputs=_structured(request.response_format),
         )
         request_id = uuid.uuid4().hex
         sent = ""
@@ -99,3 +108,16 @@ class VllmBackend:
 
     async def close(self) -> None:
         return None
+
+
+def _structured(fmt: ResponseFormat | None) -> Any:
+    """vLLM's own structured-output parameters (its xgrammar backend) for a response format."""
+    if fmt is None:
+        return None
+    import json
+
+    from vllm.sampling_params import StructuredOutputsParams
+
+    if fmt.type == "json_schema":
+        return StructuredOutputsParams(json=json.loads(fmt.schema))
+    return StructuredOutputsParams(json_object=True)

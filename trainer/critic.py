@@ -7,7 +7,10 @@
 - Stage 3, `merge`: several near-duplicate lessons (found by embedding similarity) → one lesson as JSON:
   {"text": ...}; also used to shorten a lesson that breaks the 32-word limit.
 
-Models wrap JSON in prose or code fences, or break it. `ask_json` takes the first JSON object that parses
+On a backend that constrains decoding (the local transformers and vLLM backends), each JSON stage is asked
+with a JSON Schema as its response format, so even the bundled 135M model always answers with the right
+shape (ids limited to the library's, lesson texts bounded). Elsewhere, models wrap JSON in prose or code
+fences, or break it: `ask_json` takes the first JSON object that parses
 and validates; otherwise it asks again with a stricter instruction that quotes the error, up to
 `max_retries` times, and then gives up with None. Retries and give-ups are counted in `JsonStats` and end
 up in the job report: never a crash, never a silent drop.
@@ -24,6 +27,7 @@ from typing import Any, Literal, TypeVar
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
+from zoo.inference.backend import ResponseFormat
 from zoo.registry.experience import MAX_WORDS, TRIGGER_WORDS, Experience
 from zoo.trainer.llm import LLM
 
@@ -50,6 +54,39 @@ class MergeReply(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     text: str = Field(min_length=1, max_length=2000)
+
+
+LESSON_MAX_CHARS = 12 * MAX_WORDS  # generous for MAX_WORDS words; the grammar closes the string by then
+
+
+def operations_schema(library_ids: Sequence[str], max_ops: int) -> dict[str, Any]:
+    """The compare stage's reply as a JSON Schema: at most max_ops operations, ids only of lessons that
+    exist (without any, only additions are possible)."""
+    op: dict[str, Any] = {
+        "type": "object",
+        "properties": {
+            "op": {"enum": ["add", "modify", "delete"] if library_ids else ["add"]},
+            "text": {"type": "string", "minLength": 1, "maxLength": LESSON_MAX_CHARS},
+        },
+        "required": ["op"],
+        "additionalProperties": False,
+    }
+    if library_ids:
+        op["properties"]["id"] = {"enum": sorted(library_ids)}
+    return {
+        "type": "object",
+        "properties": {"operations": {"type": "array", "items": op, "maxItems": max(1, max_ops)}},
+        "required": ["operations"],
+        "additionalProperties": False,
+    }
+
+
+MERGE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"text": {"type": "string", "minLength": 1, "maxLength": LESSON_MAX_CHARS}},
+    "required": ["text"],
+    "additionalProperties": False,
+}
 
 
 @dataclass
@@ -99,13 +136,19 @@ async def ask_json(
     max_retries: int,
     max_tokens: int,
     seed: int,
+    schema: dict[str, Any] | None = None,
 ) -> M | None:
-    """Ask for JSON matching `model`, retrying with a stricter instruction; None after the last retry."""
+    """Ask for JSON matching `model`, retrying with a stricter instruction; None after the last retry.
+
+    With a schema and a backend that constrains decoding, the reply is generated to the schema."""
     convo = list(messages)
+    fmt = ResponseFormat("json_schema", json.dumps(schema)) if schema and llm.constrains_json else None
     for attempt in range(max_retries + 1):
         if attempt:
             stats.retries += 1
-        reply = await llm.chat(convo, role=role, max_tokens=max_tokens, temperature=0.0, seed=seed + attempt)
+        reply = await llm.chat(
+            convo, role=role, max_tokens=max_tokens, temperature=0.0, seed=seed + attempt, response_format=fmt
+        )
         try:
             return parse_json_reply(reply.text, model)
         except JsonReplyError as e:
@@ -250,6 +293,7 @@ async def compare(
         max_retries=max_retries,
         max_tokens=max_tokens,
         seed=seed,
+        schema=operations_schema([e.id for e in experiences], max_ops),
     )
     return None if reply is None else reply.operations[:max_ops]
 
@@ -267,6 +311,7 @@ async def merge(
         max_retries=max_retries,
         max_tokens=max_tokens,
         seed=seed,
+        schema=MERGE_SCHEMA,
     )
     return None if reply is None else reply.text
 

@@ -14,7 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from zoo.inference.backend import Backend, GenerationRequest, GenerationResult, generate
+from zoo.inference.backend import Backend, GenerationRequest, GenerationResult, ResponseFormat, generate
 
 
 @dataclass
@@ -78,6 +78,11 @@ class LLM:
         return self.backend.model_id
 
     @property
+    def constrains_json(self) -> bool:
+        """Whether a response_format is enforced while decoding (local backends), so JSON always parses."""
+        return bool(getattr(self.backend, "constrains_json", False))
+
+    @property
     def tokenizer(self) -> Any:
         """The local tokenizer when the backend has one (needed to distill token-level factors)."""
         return getattr(self.backend, "tokenizer", None)
@@ -91,8 +96,11 @@ class LLM:
         temperature: float = 0.0,
         top_p: float = 1.0,
         seed: int = 0,
+        response_format: ResponseFormat | None = None,
     ) -> GenerationResult:
-        request = GenerationRequest(messages, max_tokens, temperature, top_p, seed)
+        request = GenerationRequest(
+            messages, max_tokens, temperature, top_p, seed, response_format=response_format
+        )
         async with self._slots:
             started = time.perf_counter()
             result = await generate(self.backend, request)

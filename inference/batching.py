@@ -1,0 +1,449 @@
+"""Continuous batching for a local transformers model: requests join and leave the running batch between
+decode steps, and one forward pass per step serves every running request.
+
+Written by hand, and why: transformers' `generate` runs a fixed batch to its end, and its continuous-
+batching manager shares one GenerationConfig (sampling, seed, processors) across requests and needs
+paged-attention kernels. Here every request keeps its own sampling parameters, seed, stop strings,
+logits processors and grammar, and a request's output must not depend on what else is in the batch.
+The KV cache is transformers' DynamicCache; this module does the scheduling (who is in the batch, how
+their caches are merged and cut) and per-row sampling.
+
+Batch invariance (greedy output alone == inside any batch, bit for bit, measured on CPU in bf16):
+- every request is prefilled alone, so its prompt's keys and values never depend on other requests;
+- decode attention runs per row over that row's own keys (the `zoo_ragged` attention below): the left
+  padding that keeps the cache rectangular is never read, so no padded softmax changes a sum;
+- CPU bf16 matmuls give a row the same result whatever else is in the batch for M >= 2 rows, but a
+  single row takes a different kernel; so a lone request decodes beside a shadow copy of itself.
+On GPUs, matmul kernels are not batch-invariant in general; there the guarantee does not hold.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from zoo.inference.backend import GenerationRequest, GenerationResult, apply_stop
+
+logger = logging.getLogger(__name__)
+
+RAGGED_ATTENTION = "zoo_ragged"
+_ROW_STARTS = "zoo_row_starts"  # forward kwarg: per row, the first cache position that row may attend to
+_register_lock = threading.Lock()
+_registered = False
+
+
+def _ragged_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    starts = kwargs.pop(_ROW_STARTS, None)
+    if starts is None:  # a prefill: one request alone, no padding, plain causal attention
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    rows = [
+        sdpa_attention_forward(
+            module, query[b : b + 1], key[b : b + 1, :, s:], value[b : b + 1, :, s:], None, dropout, scaling
+        )[0]
+        for b, s in enumerate(starts)
+    ]
+    return torch.cat(rows), None
+
+
+def register_ragged_attention() -> None:
+    """Make `zoo_ragged` a transformers attention implementation (its mask is never built: rows say
+    where they start, and prefills are causal without padding)."""
+    global _registered
+    with _register_lock:
+        if _registered:
+            return
+        from transformers import AttentionInterface, AttentionMaskInterface
+
+        AttentionInterface.register(RAGGED_ATTENTION, _ragged_attention)
+        AttentionMaskInterface.register(RAGGED_ATTENTION, lambda *args, **kwargs: None)
+        _registered = True
+
+
+def supports_ragged(config: Any) -> bool:
+    """Whether the model's layers all keep full caches (sliding-window layers cannot be left-padded)."""
+    layer_types = getattr(config, "layer_types", None) or []
+    if any(t != "full_attention" for t in layer_types):
+        return False
+    return not getattr(config, "sliding_window", None) or getattr(config, "use_sliding_window", True) is False
+
+
+# -- per-request state --------------------------------------------------------------------------------
+
+
+class Detokenizer:
+    """Incremental detokenization (TGI's prefix/read offsets): text appears once its bytes are complete,
+    never re-decoding more than the last few tokens."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self._prefix = 0
+        self._read = 0
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        decode = self.tokenizer.decode
+        prefix = decode(self.ids[self._prefix : self._read], skip_special_tokens=True)
+        text = decode(self.ids[self._prefix :], skip_special_tokens=True)
+        if len(text) > len(prefix) and not text.endswith("\ufffd"):
+            self._prefix, self._read = self._read, len(self.ids)
+            return text[len(prefix) :]
+        return ""
+
+
+def held_back(text: str, stops: list[str]) -> int:
+    """How many trailing characters of `text` could still become a stop string (not safe to emit)."""
+    hold = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), hold, -1):
+            if text.endswith(s[:k]):
+                hold = k
+                break
+    return hold
+
+
+Emit = Callable[[Any], None]  # receives text deltas (str), then a GenerationResult or an exception
+
+
+@dataclass
+class Sequence:
+    """One request in the scheduler: prompt, sampling state, what was generated and emitted."""
+
+    request: GenerationRequest
+    prompt_ids: list[int]
+    emit: Emit
+    detok: Detokenizer
+    constraint: Any = None  # a TokenConstraint (structured output), or None
+    generator: torch.Generator | None = None
+    generated: list[int] = field(default_factory=list)
+    text: str = ""  # decoded so far (cut at a stop string)
+    sent: int = 0  # characters of `text` emitted
+    finish: str = ""
+    enqueued: float = field(default_factory=time.perf_counter)
+
+    @property
+    def length(self) -> int:
+        """Tokens of this sequence in the KV cache once its last generated token has been fed."""
+        return len(self.prompt_ids) + len(self.generated)
+
+
+@dataclass
+class BatchStats:
+    """What the scheduler is doing, for status and metrics."""
+
+    running: int = 0
+    waiting: int = 0
+    steps: int = 0
+    tokens: int = 0
+    last_batch: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+
+
+class ContinuousBatcher:
+    """Owns the model in one scheduler thread; `submit` hands it a request from any thread."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        device: str = "cpu",
+        max_batch_size: int = 16,
+        prefill_budget_tokens: int = 1024,
+        context_length: int = 2048,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = device
+        self.context_length = context_length
+        self.ragged = supports_ragged(model.config)
+        if self.ragged:
+            register_ragged_attention()
+            model.set_attn_implementation(RAGGED_ATTENTION)
+        elif max_batch_size > 1:
+            logger.warning("model has sliding-window attention: continuous batching is off (batch size 1)")
+        self.max_batch_size = max_batch_size if self.ragged else 1
+        self.prefill_budget_tokens = prefill_budget_tokens
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self.stats = BatchStats()
+        self._cond = threading.Condition()
+        self._waiting: deque[Sequence] = deque()
+        self._closed = False
+        self._rows: list[Sequence] = []  # running sequences, in cache row order
+        self._shadow = False  # the cache holds one extra row copying row 0 (see the module docstring)
+        self._cache: Any = None
+        self._thread = threading.Thread(target=self._run, name="batcher", daemon=True)
+        self._thread.start()
+
+    # -- public --------------------------------------------------------------------------------------
+
+    def submit(
+        self, request: GenerationRequest, prompt_ids: list[int], emit: Emit, constraint: Any = None
+    ) -> None:
+        seq = Sequence(request, prompt_ids, emit, Detokenizer(self.tokenizer), constraint)
+        if request.temperature > 0:
+            seq.generator = torch.Generator(device=self.device).manual_seed(request.seed % (2**63))
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the batcher is closed")
+            self._waiting.append(seq)
+            self.stats.waiting = len(self._waiting)
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout=30)
+
+    # -- the scheduler thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not self._waiting and not self._rows:
+                    self._cond.wait()
+                if self._closed:
+                    pending = list(self._waiting) + self._rows
+                    self._waiting.clear()
+                    break
+                admitted = self._admit()
+            try:
+                with torch.inference_mode():
+                    if admitted:
+                        self._prefill(admitted)
+                    if self._rows:
+                        self._decode_step()
+            except Exception as e:  # a failed forward pass fails every running request, not the node
+                logger.exception("batched forward pass failed")
+                for seq in [*self._rows, *admitted]:
+                    if not seq.finish:
+                        seq.finish = "error"
+                        seq.emit(e)
+                self._rows, self._cache, self._shadow = [], None, False
+            self.stats.running = len(self._rows)
+        for seq in pending:
+            seq.emit(RuntimeError("the model is shutting down"))
+
+    def _admit(self) -> list[Sequence]:
+        """Take waiting requests while there are free rows and the prefill budget lasts (at least one)."""
+        taken: list[Sequence] = []
+        budget = self.prefill_budget_tokens
+        while self._waiting and len(self._rows) + len(taken) < self.max_batch_size:
+            seq = self._waiting[0]
+            if taken and len(seq.prompt_ids) > budget:
+                break
+            self._waiting.popleft()
+            if seq.request.cancel.is_set():
+                self._finish(seq, "cancelled")
+                continue
+            budget -= len(seq.prompt_ids)
+            taken.append(seq)
+        self.stats.waiting = len(self._waiting)
+        return taken
+
+    def _prefill(self, seqs: list[Sequence]) -> None:
+        from transformers import DynamicCache
+
+        t0 = time.perf_counter()
+        joined: list[tuple[Sequence, Any]] = []
+        for seq in seqs:
+            try:
+                cache = DynamicCache()
+                ids = torch.tensor([seq.prompt_ids], device=self.device)
+                logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0, -1]
+                token = self._sample(seq, logits)
+            except Exception as e:  # one bad request (a processor that raises) fails alone
+                seq.finish = "error"
+                seq.emit(e)
+                continue
+            if self._accept(seq, token):
+                joined.append((seq, cache))
+        if joined:
+            self._merge(joined)
+        self.stats.prefill_seconds += time.perf_counter() - t0
+
+    def _decode_step(self) -> None:
+        t0 = time.perf_counter()
+        rows = self._rows
+        if self.ragged and len(rows) == 1 and not self._shadow:
+            self._set_cache([(k.repeat(2, 1, 1, 1), v.repeat(2, 1, 1, 1)) for k, v in self._layers()])
+            self._shadow = True
+        feed = [*rows, rows[0]] if self._shadow else rows
+        width = self._cache.get_seq_length()
+        tokens = torch.tensor([[s.generated[-1]] for s in feed], device=self.device)
+        positions = torch.tensor([[s.length - 1] for s in feed], device=self.device)
+        kwargs: dict[str, Any] = {}
+        if self.ragged:
+            kwargs[_ROW_STARTS] = [width - (s.length - 1) for s in feed]
+        logits = self.model(
+            input_ids=tokens, position_ids=positions, past_key_values=self._cache, use_cache=True, **kwargs
+        ).logits[:, -1]
+        keep: list[int] = []
+        for i, seq in enumerate(rows):
+            if seq.request.cancel.is_set():
+                self._finish(seq, "cancelled")
+                continue
+            try:
+                token = self._sample(seq, logits[i])
+            except Exception as e:
+                seq.finish = "error"
+                seq.emit(e)
+                continue
+            if self._accept(seq, token):
+                keep.append(i)
+        self.stats.steps += 1
+        self.stats.last_batch = len(rows)
+        self.stats.tokens += len(rows)
+        if len(keep) < len(rows):
+            self._evict(keep)
+        self.stats.decode_seconds += time.perf_counter() - t0
+
+    # -- sampling and finishing ----------------------------------------------------------------------
+
+    def _sample(self, seq: Sequence, logits: torch.Tensor) -> int:
+        req = seq.request
+        scores = logits.float()
+        if req.logits_processor is not None:
+            ids = torch.tensor([seq.prompt_ids + seq.generated], device=scores.device)
+            scores = req.logits_processor(ids, scores[None])[0]
+        if seq.constraint is not None:
+            scores = seq.constraint.mask_logits(scores)
+        if req.temperature <= 0:
+            return int(scores.argmax())
+        scores = scores / req.temperature
+        if req.top_p < 1.0:
+            # Nucleus filtering as transformers' TopPLogitsWarper does it: drop the low tail whose mass is
+            # at most 1 - top_p, keeping at least one token.
+            sorted_scores, order = torch.sort(scores, descending=False)
+            cumulative = sorted_scores.softmax(-1).cumsum(-1)
+            remove = cumulative <= (1 - req.top_p)
+            remove[-1] = False
+            scores = scores.masked_fill(remove.scatter(0, order, remove), float("-inf"))
+        probs = scores.softmax(-1)
+        return int(torch.multinomial(probs, 1, generator=seq.generator))
+
+    def _accept(self, seq: Sequence, token: int) -> bool:
+        """Record a sampled token and emit text; False when the sequence has finished."""
+        seq.generated.append(token)
+        req = seq.request
+        if seq.constraint is not None:
+            seq.constraint.accept(token)
+        if token in self.eos_ids:
+            return self._finish(seq, "stop")
+        seq.text += seq.detok.push(token)
+        if req.stop:
+            cut, hit = apply_stop(seq.text, req.stop)
+            if hit:
+                seq.text = cut
+                return self._finish(seq, "stop")
+            self._send(seq, len(seq.text) - held_back(seq.text, req.stop))
+        else:
+            self._send(seq, len(seq.text))
+        if seq.constraint is not None and seq.constraint.is_terminated():
+            return self._finish(seq, "stop")
+        if len(seq.generated) >= req.max_tokens or seq.length >= self.context_length:
+            return self._finish(seq, "length")
+        if req.cancel.is_set():
+            return self._finish(seq, "cancelled")
+        return True
+
+    def _send(self, seq: Sequence, upto: int) -> None:
+        if upto > seq.sent:
+            seq.emit(seq.text[seq.sent : upto])
+            seq.sent = upto
+
+    def _finish(self, seq: Sequence, reason: str) -> bool:
+        if reason != "cancelled":
+            # Text the incremental decoder still held (an unfinished character at the very end).
+            full = self.tokenizer.decode(seq.generated, skip_special_tokens=True)
+            full, hit = apply_stop(full, seq.request.stop) if seq.request.stop else (full, False)
+            if len(full) > len(seq.text) and full.startswith(seq.text):
+                seq.text = full
+            reason = "stop" if hit else reason
+        self._send(seq, len(seq.text))
+        seq.finish = reason
+        seq.emit(GenerationResult(seq.text, len(seq.prompt_ids), len(seq.generated), reason))
+        return False
+
+    # -- the cache -----------------------------------------------------------------------------------
+
+    def _layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(layer.keys, layer.values) for layer in self._cache.layers]
+
+    def _set_cache(self, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        from transformers import DynamicCache
+
+        self._cache = DynamicCache(ddp_cache_data=layers)
+
+    def _merge(self, joined: list[tuple[Sequence, Any]]) -> None:
+        """Add prefilled sequences as new rows: every row left-padded to the longest, then stacked."""
+        parts: list[tuple[list[tuple[torch.Tensor, torch.Tensor]], int]] = []
+        if self._rows:
+            self._drop_shadow()
+            parts.append((self._layers(), self._cache.get_seq_length()))
+        for seq, cache in joined:
+            parts.append(([(layer.keys, layer.values) for layer in cache.layers], len(seq.prompt_ids)))
+        width = max(w for _, w in parts)
+
+        def padded(t: torch.Tensor, w: int) -> torch.Tensor:
+            return torch.nn.functional.pad(t, (0, 0, width - w, 0)) if w < width else t
+
+        n_layers = len(parts[0][0])
+        self._set_cache(
+            [
+                (
+                    torch.cat([padded(layers[i][0], w) for layers, w in parts]),
+                    torch.cat([padded(layers[i][1], w) for layers, w in parts]),
+                )
+                for i in range(n_layers)
+            ]
+        )
+        self._rows = [*self._rows, *(seq for seq, _ in joined)]
+
+    def _drop_shadow(self) -> None:
+        if self._shadow:
+            self._set_cache([(k[:1], v[:1]) for k, v in self._layers()])
+            self._shadow = False
+
+    def _evict(self, keep: list[int]) -> None:
+        """Drop finished rows and the leading columns no remaining row reads."""
+        self._rows = [self._rows[i] for i in keep]
+        self._shadow = False
+        if not self._rows:
+            self._cache = None
+            return
+        width = self._cache.get_seq_length()
+        trim = width - max(s.length - 1 for s in self._rows)
+        index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        self._set_cache([(k[index, :, trim:], v[index, :, trim:]) for k, v in self._layers()])
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), tokenizer):
+        value = getattr(source, "eos_token_id", None)
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list | tuple):
+            ids.update(int(v) for v in value)
+    return ids

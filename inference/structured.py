@@ -1,0 +1,111 @@
+"""Structured output for local models: JSON grammars compiled with xgrammar (what vLLM and SGLang use),
+applied per request as a token mask before sampling, so the answer always parses and, for a schema,
+validates. One grammar is compiled per distinct schema and cached; each request gets its own matcher.
+
+The grammar emits compact JSON (no free whitespace): a small model that may pad with spaces or newlines
+would otherwise spend its whole token budget on them.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from zoo.inference.backend import ResponseFormat
+from zoo.registry.errors import ValidationError
+
+MAX_SCHEMA_CHARS = 64 * 1024
+_CACHE_SIZE = 64
+
+
+def parse_response_format(kind: str, schema: str, field: str = "response_format") -> ResponseFormat | None:
+    """Validate a response format given as (type, schema JSON text); None for plain text."""
+    if kind in ("", "text"):
+        if schema:
+            raise ValidationError(f"{field}.json_schema", "only allowed with type 'json_schema'")
+        return None
+    if kind == "json_object":
+        return ResponseFormat("json_object")
+    if kind != "json_schema":
+        raise ValidationError(
+            f"{field}.type", f"must be 'text', 'json_object' or 'json_schema' (got {kind[:40]!r})"
+        )
+    if not schema:
+        raise ValidationError(f"{field}.json_schema", "a JSON Schema is required with type 'json_schema'")
+    if len(schema) > MAX_SCHEMA_CHARS:
+        raise ValidationError(f"{field}.json_schema", f"at most {MAX_SCHEMA_CHARS} characters")
+    try:
+        parsed = json.loads(schema)
+    except json.JSONDecodeError as e:
+        raise ValidationError(f"{field}.json_schema", f"is not valid JSON: {e}") from None
+    if not isinstance(parsed, dict):
+        raise ValidationError(f"{field}.json_schema", "must be a JSON object (a JSON Schema)")
+    return ResponseFormat("json_schema", json.dumps(parsed, sort_keys=True, separators=(",", ":")))
+
+
+class JsonConstraint:
+    """One request's grammar state: masks the logits to the tokens the grammar allows next."""
+
+    def __init__(self, compiled: Any, vocab_size: int) -> None:
+        import xgrammar as xgr
+
+        self._xgr = xgr
+        self.matcher = xgr.GrammarMatcher(compiled)
+        self.vocab_size = vocab_size
+        self.bitmask = xgr.allocate_token_bitmask(1, vocab_size)
+
+    def mask_logits(self, scores: torch.Tensor) -> torch.Tensor:
+        """scores: 1-D float logits of the next token; returns them with disallowed tokens at -inf."""
+        self.matcher.fill_next_token_bitmask(self.bitmask)
+        row = scores[None].contiguous()
+        self._xgr.apply_token_bitmask_inplace(row, self.bitmask.to(row.device), vocab_size=self.vocab_size)
+        return row[0]
+
+    def accept(self, token_id: int) -> None:
+        if not self.matcher.accept_token(token_id):
+            raise RuntimeError(f"token {token_id} violates the response format's grammar")
+
+    def is_terminated(self) -> bool:
+        return bool(self.matcher.is_terminated())
+
+
+class GrammarCache:
+    """Compiles response formats for one tokenizer; the last few compiled grammars are kept."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+        import xgrammar as xgr
+
+        self.vocab_size = vocab_size
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+        self._compiled: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def constraint(self, fmt: ResponseFormat) -> JsonConstraint:
+        """A fresh constraint for one request (ValidationError when the schema cannot be compiled)."""
+        return JsonConstraint(self.compile(fmt), self.vocab_size)
+
+    def compile(self, fmt: ResponseFormat) -> Any:
+        key = (fmt.type, fmt.schema)
+        with self._lock:
+            compiled = self._compiled.get(key)
+            if compiled is not None:
+                self._compiled.move_to_end(key)
+                return compiled
+        schema = fmt.schema if fmt.type == "json_schema" else '{"type": "object"}'
+        try:
+            compiled = self._compiler.compile_json_schema(schema, any_whitespace=False)
+        except Exception as e:  # xgrammar reports unsupported or malformed schemas as RuntimeError/ValueError
+            reason = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+            raise ValidationError(
+                "response_format.json_schema", f"cannot be used for constrained decoding: {reason}"
+            ) from None
+        with self._lock:
+            self._compiled[key] = compiled
+            while len(self._compiled) > _CACHE_SIZE:
+                self._compiled.popitem(last=False)
+        return compiled

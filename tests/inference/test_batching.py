@@ -1,0 +1,186 @@
+"""Continuous batching with the real bundled model: requests that share decode steps get exactly what
+they would get alone, each with its own sampling, stops, limits and processors; cancelled requests
+leave the batch at the next step."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import torch
+
+from zoo.inference.backend import GenerationRequest, generate
+from zoo.inference.batching import Detokenizer, held_back
+from zoo.inference.models import prepare_bundled_chat_model
+from zoo.inference.transformers_backend import TransformersBackend
+from zoo.node.config import default_cache_dir
+
+PROMPTS = [
+    "Explain in two sentences why the sky is blue.",
+    "Name a prime number.",
+    "What is the area of a triangle with base 4 and height 3? Show your work.",
+    "Write a haiku about rust.",
+    "hi",
+    "List three colors and say why each one is pretty.",
+    "What is 7 times 8?",
+    "Give me a word that rhymes with cat.",
+]
+
+
+def wait_idle(backend: TransformersBackend, timeout_s: float = 5.0) -> None:
+    """The batcher updates its counts after the step that finished a request: give it that step."""
+    deadline = time.monotonic() + timeout_s
+    while backend.batcher.stats.running and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert backend.batcher.stats.running == 0
+
+
+def msgs(prompt: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": prompt}]
+
+
+@pytest.fixture(scope="module")
+def backend() -> TransformersBackend:
+    torch.set_num_threads(2)
+    path = prepare_bundled_chat_model(default_cache_dir()).path
+    return TransformersBackend.load(path, "HuggingFaceTB/SmolLM2-135M-Instruct", max_batch_size=8)
+
+
+async def _staggered(backend: TransformersBackend, requests: list[GenerationRequest], gap_s: float) -> list:
+    """Start the requests a little apart, so they join a batch that is already decoding."""
+
+    async def one(i: int, r: GenerationRequest):
+        await asyncio.sleep(i * gap_s)
+        return await generate(backend, r)
+
+    return await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
+
+
+def test_greedy_output_is_identical_alone_and_inside_a_batch(backend: TransformersBackend) -> None:
+    alone = [asyncio.run(generate(backend, GenerationRequest(msgs(p), max_tokens=40))) for p in PROMPTS]
+    steps_before = backend.batcher.stats.steps
+    together = asyncio.run(
+        _staggered(backend, [GenerationRequest(msgs(p), max_tokens=40) for p in PROMPTS], 0.05)
+    )
+    for a, b in zip(alone, together, strict=True):
+        assert (b.text, b.completion_tokens, b.finish_reason) == (
+            a.text,
+            a.completion_tokens,
+            a.finish_reason,
+        )
+    # They really shared steps: far fewer decode steps than tokens generated.
+    steps = backend.batcher.stats.steps - steps_before
+    assert steps < 0.5 * sum(r.completion_tokens for r in together)
+
+
+def test_each_request_keeps_its_own_sampling_stops_and_limits(backend: TransformersBackend) -> None:
+    def reqs() -> list[GenerationRequest]:
+        return [
+            GenerationRequest(msgs(PROMPTS[0]), max_tokens=30, temperature=1.1, top_p=0.9, seed=7),
+            GenerationRequest(msgs(PROMPTS[0]), max_tokens=30, temperature=1.1, top_p=0.9, seed=8),
+            GenerationRequest(msgs(PROMPTS[2]), max_tokens=5),
+            GenerationRequest(msgs(PROMPTS[5]), max_tokens=40, stop=[","]),
+            GenerationRequest(msgs(PROMPTS[3]), max_tokens=30),
+        ]
+
+    alone = [asyncio.run(generate(backend, r)) for r in reqs()]
+    together = asyncio.run(_staggered(backend, reqs(), 0.0))
+    assert [r.text for r in together] == [r.text for r in alone]
+    seeded7, seeded8, short, stopped, _ = together
+    assert seeded7.text != seeded8.text  # different seeds, different samples
+    assert short.completion_tokens == 5 and short.finish_reason == "length"
+    assert "," not in stopped.text and stopped.finish_reason == "stop"
+
+
+def test_streamed_deltas_add_up_to_the_text(backend: TransformersBackend) -> None:
+    async def run() -> tuple[list[str], str]:
+        deltas, final = [], ""
+        async for chunk in backend.stream(
+            GenerationRequest(msgs(PROMPTS[5]), max_tokens=40, stop=["pretty"])
+        ):
+            if chunk.result is not None:
+                final = chunk.result.text
+            else:
+                deltas.append(chunk.delta)
+        return deltas, final
+
+    deltas, final = asyncio.run(run())
+    assert len(deltas) > 3 and "".join(deltas) == final and "pretty" not in final
+
+
+def test_a_cancelled_request_leaves_the_batch_and_the_others_finish(backend: TransformersBackend) -> None:
+    long = GenerationRequest(msgs("Count from 1 to 500, one number per line."), max_tokens=400)
+    short = GenerationRequest(msgs(PROMPTS[1]), max_tokens=12)
+    expected = asyncio.run(generate(backend, GenerationRequest(msgs(PROMPTS[1]), max_tokens=12)))
+
+    async def run():
+        task = asyncio.create_task(generate(backend, long))
+        await asyncio.sleep(0.5)
+        other = await generate(backend, short)
+        long.cancel.set()
+        return other, await asyncio.wait_for(task, 20)
+
+    other, cancelled = asyncio.run(run())
+    assert other.text == expected.text
+    assert cancelled.finish_reason == "cancelled" and cancelled.completion_tokens < 400
+    wait_idle(backend)
+
+
+def test_a_consumer_that_goes_away_frees_its_row(backend: TransformersBackend) -> None:
+    async def run() -> None:
+        stream = backend.stream(GenerationRequest(msgs("Count from 1 to 500."), max_tokens=400))
+        async for _chunk in stream:
+            break
+        await stream.aclose()  # what a client disconnect does to the handler
+        for _ in range(100):
+            if backend.batcher.stats.running == 0:
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError("the abandoned request still holds a row")
+
+    asyncio.run(run())
+
+
+def test_a_per_request_logits_processor_touches_only_its_row(backend: TransformersBackend) -> None:
+    tok = backend.tokenizer
+    banana = tok.encode(" banana")[0]
+
+    def boost(input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        scores[:, banana] += 100.0
+        return scores
+
+    plain = asyncio.run(generate(backend, GenerationRequest(msgs(PROMPTS[6]), max_tokens=8)))
+    boosted, untouched = asyncio.run(
+        _staggered(
+            backend,
+            [
+                GenerationRequest(msgs(PROMPTS[6]), max_tokens=8, logits_processor=boost),
+                GenerationRequest(msgs(PROMPTS[6]), max_tokens=8),
+            ],
+            0.0,
+        )
+    )
+    assert boosted.text.count("banana") >= 4
+    assert untouched.text == plain.text
+
+
+def test_more_requests_than_rows_wait_and_all_finish(backend: TransformersBackend) -> None:
+    requests = [GenerationRequest(msgs(f"Say the number {i}."), max_tokens=6) for i in range(20)]
+    results = asyncio.run(_staggered(backend, requests, 0.0))
+    assert all(r.completion_tokens > 0 for r in results)
+    assert backend.batcher.stats.last_batch <= 8
+    wait_idle(backend)
+
+
+def test_detokenizer_emits_whole_characters_and_stops_hold_back_prefixes(
+    backend: TransformersBackend,
+) -> None:
+    tok = backend.tokenizer
+    text = "naïve café — ✓ 東京 🙂 done"
+    d = Detokenizer(tok)
+    pieces = [d.push(t) for t in tok.encode(text)]
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in p for p in pieces)
+    assert held_back("the end is ne", ["near", "x"]) == 2
+    assert held_back("abc", ["zz"]) == 0

@@ -1,0 +1,138 @@
+"""Structured output with the real bundled model: grammar-constrained decoding (xgrammar) makes the
+TF-GRPO operations reply always parse and fit its schema; bad formats are refused with the reason."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import torch
+
+from zoo.inference.backend import GenerationRequest, ResponseFormat, generate
+from zoo.inference.models import prepare_bundled_chat_model
+from zoo.inference.structured import parse_response_format
+from zoo.inference.transformers_backend import TransformersBackend
+from zoo.node.config import default_cache_dir
+from zoo.registry.errors import ValidationError
+from zoo.trainer.critic import LESSON_MAX_CHARS, OperationsReply, operations_schema
+
+IDS = ["exp-0123456789abcdef", "exp-fedcba9876543210"]
+
+
+@pytest.fixture(scope="module")
+def backend() -> TransformersBackend:
+    torch.set_num_threads(2)
+    path = prepare_bundled_chat_model(default_cache_dir()).path
+    return TransformersBackend.load(path, "HuggingFaceTB/SmolLM2-135M-Instruct", max_batch_size=8)
+
+
+def run_all(backend: TransformersBackend, requests: list[GenerationRequest]) -> list:
+    async def go() -> list:
+        return await asyncio.gather(*(generate(backend, r) for r in requests))
+
+    return asyncio.run(go())
+
+
+def ops_request(seed: int = 0, temperature: float = 0.0) -> GenerationRequest:
+    messages = [
+        {"role": "system", "content": "You improve a library of short lessons. Reply with JSON operations."},
+        {
+            "role": "user",
+            "content": "Attempt A (reward 1): 3*4=12. Attempt B (reward 0): 3*4=7. "
+            f"Library: [{IDS[0]}] When multiplying, check the table. [{IDS[1]}] When adding, carry.",
+        },
+    ]
+    schema = json.dumps(operations_schema(IDS, max_ops=3))
+    return GenerationRequest(
+        messages, max_tokens=200, temperature=temperature, seed=seed,
+        response_format=ResponseFormat("json_schema", schema),
+    )  # fmt: skip
+
+
+def check_operations(text: str) -> OperationsReply:
+    reply = OperationsReply.model_validate(json.loads(text))  # parses, and has the pydantic shape
+    assert len(reply.operations) <= 3
+    for op in reply.operations:
+        assert op.id in ("", *IDS) and len(op.text) <= LESSON_MAX_CHARS
+    return reply
+
+
+def test_operations_reply_always_parses_and_fits_the_schema(backend: TransformersBackend) -> None:
+    greedy = asyncio.run(generate(backend, ops_request()))
+    assert greedy.finish_reason == "stop"
+    check_operations(greedy.text)
+    sampled = run_all(backend, [ops_request(seed, 1.0) for seed in range(6)])  # at once, sampled
+    for r in sampled:
+        assert r.finish_reason == "stop", r.text
+        check_operations(r.text)
+
+
+def test_unconstrained_model_does_not_manage_it_alone(backend: TransformersBackend) -> None:
+    """What the constraint buys: the same request without it is not usable JSON."""
+    free = ops_request()
+    free.response_format = None
+    text = asyncio.run(generate(backend, free)).text
+    with pytest.raises((ValueError, TypeError)):
+        check_operations(text)
+
+
+def test_json_object_gives_an_object(backend: TransformersBackend) -> None:
+    r = asyncio.run(
+        generate(
+            backend,
+            GenerationRequest(
+                [{"role": "user", "content": "Describe a cat as JSON with its name and age."}],
+                max_tokens=80,
+                response_format=ResponseFormat("json_object"),
+            ),
+        )
+    )
+    assert isinstance(json.loads(r.text), dict)
+
+
+def test_constrained_and_free_requests_share_a_batch(backend: TransformersBackend) -> None:
+    free = GenerationRequest([{"role": "user", "content": "Name a prime number."}], max_tokens=20)
+    alone = asyncio.run(generate(backend, free)).text
+    together = run_all(backend, [ops_request(), GenerationRequest(free.messages, max_tokens=20)])
+    check_operations(together[0].text)
+    assert together[1].text == alone
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        '{"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}',
+        '{"type": "integer", "minimum": 5, "maximum": 1}',
+    ],
+)
+def test_a_schema_that_cannot_compile_is_a_validation_error(backend: TransformersBackend, schema: str) -> None:
+    fmt = parse_response_format("json_schema", schema)
+    request = GenerationRequest([{"role": "user", "content": "hi"}], max_tokens=4, response_format=fmt)
+    with pytest.raises(ValidationError) as e:
+        asyncio.run(generate(backend, request))
+    assert e.value.field == "response_format.json_schema"
+
+
+@pytest.mark.parametrize(
+    ("kind", "schema", "field"),
+    [
+        ("xml", "", "response_format.type"),
+        ("json_schema", "", "response_format.json_schema"),
+        ("json_schema", "{not json", "response_format.json_schema"),
+        ("json_schema", "[1, 2]", "response_format.json_schema"),
+        ("json_schema", "{}" + " " * 70_000, "response_format.json_schema"),
+        ("text", '{"type": "object"}', "response_format.json_schema"),
+    ],
+)
+def test_bad_response_formats_name_the_field(kind: str, schema: str, field: str) -> None:
+    with pytest.raises(ValidationError) as e:
+        parse_response_format(kind, schema)
+    assert e.value.field == field
+
+
+def test_good_response_formats() -> None:
+    assert parse_response_format("", "") is None and parse_response_format("text", "") is None
+    assert parse_response_format("json_object", "") == ResponseFormat("json_object")
+    fmt = parse_response_format("json_schema", '{"type": "object",  "required": []}')
+    assert fmt is not None and json.loads(fmt.schema) == {"type": "object", "required": []}
