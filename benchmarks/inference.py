@@ -1,16 +1,22 @@
-"""Inference benchmarks (issue figures 1 and 3), ratios against baselines measured in the same run.
+"""Serving benchmarks (issue 12's figures), every ratio against a baseline measured in the same run.
 
-1. Daemon overhead: Infer latency through gRPC against calling the same backend in-process with the same
-   prompt, model, thread count and greedy decoding. Runs alternate so machine noise hits both alike.
-2. Throughput with 1, 4 and 16 concurrent clients (requests/s, tokens/s) against sequential requests.
+1. Throughput with 1, 4, 16 and 64 concurrent gRPC clients at 32 and 256 new tokens, against one
+   sequential client; and single-request latency through the daemon against the in-process backend.
+2. The OpenAI-compatible HTTP endpoint against gRPC, same requests alternating (latency and 16-client
+   throughput).
+3. A flood of concurrent Infer calls: answered, queued-then-answered and refused, peak RSS of the node,
+   and whether it is healthy afterwards.
+4. Structured output: share of usable TF-GRPO operations JSON from the bundled model, constrained and
+   free, and the grammar's cost per generated token.
 
-Usage: .venv/bin/python benchmarks/inference.py [--runs 8] [--max-tokens 32] [--requests 16]
+Usage: ./zoo bench inference [--only 1,2,3,4] [--runs 6] [--flood 200]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import sys
 import tempfile
@@ -18,11 +24,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
+import httpx
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.conftest import base_config, launch, write_config  # noqa: E402
-from zoo.inference.backend import GenerationRequest, generate  # noqa: E402
+from tests.conftest import NodeProcess, base_config, launch, write_config  # noqa: E402
+from zoo.inference.backend import GenerationRequest, ResponseFormat, generate  # noqa: E402
 from zoo.inference.models import prepare_bundled_chat_model  # noqa: E402
 from zoo.inference.transformers_backend import TransformersBackend  # noqa: E402
 from zoo.node.client import NodeClient  # noqa: E402
@@ -30,86 +39,270 @@ from zoo.node.config import default_cache_dir  # noqa: E402
 from zoo.v1 import inference_pb2 as pb  # noqa: E402
 
 PROMPT = "Explain in two sentences why the sky is blue."
+LONG_PROMPT = "Write a long story about a dragon who learns to bake bread."
 THREADS = 2
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--requests", type=int, default=16, help="requests per throughput level")
+    ap.add_argument("--only", default="1,2,3,4", help="comma-separated figure numbers")
+    ap.add_argument("--runs", type=int, default=6, help="alternating runs for latency ratios")
+    ap.add_argument("--flood", type=int, default=200, help="concurrent requests in the flood")
+    ap.add_argument("--structured-samples", type=int, default=12)
     args = ap.parse_args()
+    only = {int(x) for x in args.only.split(",")}
 
     import torch
 
     torch.set_num_threads(THREADS)
     path = prepare_bundled_chat_model(default_cache_dir()).path
-    backend = TransformersBackend.load(path, "local")
+    backend = TransformersBackend.load(path, "local", max_batch_size=16)
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = Path(tmp) / "data"
-        extra = {"model": {"threads": THREADS}, "inference": {"concurrency": 16, "max_queue": 64}}
+        extra = {"model": {"threads": THREADS}, "inference": {"max_batch_size": 16, "max_queued": 128}}
         node = launch(write_config(Path(tmp) / "bench.toml", base_config(data_dir, extra)), data_dir)
         try:
             node.wait_listening()
             node.wait_component("model", "SERVING", timeout_s=300)
-            with NodeClient(node.address, timeout_s=600) as client:
-                overhead(client, backend, args.runs, args.max_tokens)
-                throughput(node.address, args.requests, args.max_tokens)
+            with NodeClient(node.address, timeout_s=900) as client:
+                if 1 in only:
+                    latency(client, backend, args.runs)
+                    for tokens in (32, 256):
+                        throughput(node.address, tokens)
+                if 2 in only:
+                    http_vs_grpc(node, client, args.runs)
+                if 3 in only:
+                    flood(node, client, args.flood)
         finally:
             node.stop()
+    if 4 in only:
+        structured(backend, args.structured_samples)
 
 
-def _grpc_once(client: NodeClient, max_tokens: int) -> tuple[float, str, int]:
-    req = pb.InferRequest(
-        prompt=PROMPT, disable_experiences=True, sampling=pb.SamplingParams(max_tokens=max_tokens)
+def request(prompt: str, tokens: int) -> pb.InferRequest:
+    return pb.InferRequest(
+        prompt=prompt, disable_experiences=True, sampling=pb.SamplingParams(max_tokens=tokens)
     )
+
+
+def _grpc_once(client: NodeClient, tokens: int) -> tuple[float, str]:
     t0 = time.perf_counter()
-    r = client.inference.Infer(req)
-    return time.perf_counter() - t0, r.text, r.usage.completion_tokens
+    r = client.inference.Infer(request(PROMPT, tokens))
+    return time.perf_counter() - t0, r.text
 
 
-def _local_once(backend: TransformersBackend, max_tokens: int) -> tuple[float, str, int]:
-    req = GenerationRequest([{"role": "user", "content": PROMPT}], max_tokens=max_tokens)
+def _local_once(backend: TransformersBackend, tokens: int) -> tuple[float, str]:
+    req = GenerationRequest([{"role": "user", "content": PROMPT}], max_tokens=tokens)
     t0 = time.perf_counter()
     r = asyncio.run(generate(backend, req))
-    return time.perf_counter() - t0, r.text, r.completion_tokens
+    return time.perf_counter() - t0, r.text
 
 
-def overhead(client: NodeClient, backend: TransformersBackend, runs: int, max_tokens: int) -> None:
-    _grpc_once(client, max_tokens), _local_once(backend, max_tokens)  # warm both
-    remote, local = [], []
+def latency(client: NodeClient, backend: TransformersBackend, runs: int) -> None:
+    tokens = 32
+    _grpc_once(client, tokens), _local_once(backend, tokens)  # warm both
+    remote, local, same = [], [], True
     for i in range(runs):
-        order = (_grpc_once, _local_once) if i % 2 == 0 else (_local_once, _grpc_once)
-        for fn in order:
-            dt, text, _tokens = fn(client, max_tokens) if fn is _grpc_once else fn(backend, max_tokens)
-            (remote if fn is _grpc_once else local).append(dt)
+        a = _grpc_once(client, tokens) if i % 2 == 0 else None
+        b = _local_once(backend, tokens)
+        a = a or _grpc_once(client, tokens)
+        remote.append(a[0])
+        local.append(b[0])
+        same = same and a[1] == b[1]
     r, lo = statistics.median(remote), statistics.median(local)
     print(
-        f"\n1) daemon overhead, {runs} alternating runs, {max_tokens} tokens, greedy, {THREADS} threads each"
+        f"\n1a) single-request latency, {runs} alternating runs, {tokens} tokens, greedy, {THREADS} threads"
     )
     print(f"   in-process backend  median {lo * 1000:8.1f} ms   (baseline)")
-    print(f"   gRPC Infer          median {r * 1000:8.1f} ms   ratio {r / lo:.3f}x   (goal <= 1.10x)")
-    print(f"   same text both ways: {text == _local_once(backend, max_tokens)[1]}")
+    print(f"   gRPC Infer          median {r * 1000:8.1f} ms   ratio {r / lo:.3f}x   (goal <= 1.15x)")
+    print(f"   same text both ways: {same}")
 
 
-def throughput(address: str, requests: int, max_tokens: int) -> None:
+def throughput(address: str, tokens: int) -> None:
     def one(i: int) -> int:
-        with NodeClient(address, timeout_s=600) as c:
-            req = pb.InferRequest(prompt=f"{PROMPT} ({i})", disable_experiences=True,
-                                  sampling=pb.SamplingParams(max_tokens=max_tokens))  # fmt: skip
-            return c.inference.Infer(req).usage.completion_tokens
+        with NodeClient(address, timeout_s=900) as c:
+            return c.inference.Infer(request(f"{LONG_PROMPT} ({i})", tokens)).usage.completion_tokens
 
-    print(f"\n3) throughput, {requests} requests of up to {max_tokens} tokens per level")
-    base_rps = 0.0
-    for clients in (1, 4, 16):
+    print(f"\n1b) throughput, {tokens} new tokens per request (1 client = sequential baseline)")
+    base = 0.0
+    for clients in (1, 4, 16, 64):
+        n = max(clients, 4 if tokens > 64 else 8)
         t0 = time.perf_counter()
         with ThreadPoolExecutor(clients) as pool:
-            tokens = sum(pool.map(one, range(requests)))
+            generated = sum(pool.map(one, range(n)))
         dt = time.perf_counter() - t0
-        rps, tps = requests / dt, tokens / dt
-        base_rps = base_rps or rps
-        label = "sequential (baseline)" if clients == 1 else f"{clients} concurrent clients"
-        print(f"   {label:24s} {rps:6.2f} req/s  {tps:7.1f} tok/s  ratio {rps / base_rps:.2f}x")
+        tps = generated / dt
+        base = base or tps
+        label = "1 client (baseline)" if clients == 1 else f"{clients} concurrent clients"
+        print(f"   {label:22s} {n:4d} requests {tps:7.1f} tok/s   ratio {tps / base:5.2f}x")
+
+
+def http_vs_grpc(node: NodeProcess, client: NodeClient, runs: int) -> None:
+    http_base = str(node.info.get("http") or "")
+    if not http_base:
+        print("\n2) the node has no HTTP API (http.enabled = false?): skipped")
+        return
+    model = client.status().model_id
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": 32,
+        "temperature": 0,
+        "zoo": {"disable_experiences": True},
+    }
+    with httpx.Client(base_url=http_base, timeout=600) as http:
+
+        def http_once(prompt: str = PROMPT) -> tuple[float, str]:
+            t0 = time.perf_counter()
+            resp = http.post(
+                "/v1/chat/completions", json={**body, "messages": [{"role": "user", "content": prompt}]}
+            )
+            resp.raise_for_status()
+            return time.perf_counter() - t0, resp.json()["choices"][0]["message"]["content"]
+
+        http_once(), _grpc_once(client, 32)
+        h, g, same = [], [], True
+        for i in range(runs):
+            pair = (http_once(), _grpc_once(client, 32)) if i % 2 == 0 else (None, _grpc_once(client, 32))
+            a = pair[0] or http_once()
+            h.append(a[0])
+            g.append(pair[1][0])
+            same = same and a[1] == pair[1][1]
+        print(f"\n2) OpenAI HTTP vs gRPC, {runs} alternating runs, 32 tokens")
+        print(f"   gRPC Infer                 median {statistics.median(g) * 1000:8.1f} ms   (baseline)")
+        ratio = statistics.median(h) / statistics.median(g)
+        h_ms = statistics.median(h) * 1000
+        print(f"   POST /v1/chat/completions  median {h_ms:8.1f} ms   ratio {ratio:.3f}x   (goal <= 1.10x)")
+        print(f"   same text both ways: {same}")
+
+        def grpc_one(i: int) -> int:
+            return client.inference.Infer(request(f"{LONG_PROMPT} ({i})", 32)).usage.completion_tokens
+
+        def http_one(i: int) -> int:
+            resp = http.post("/v1/chat/completions", json={**body, "messages": [
+                {"role": "user", "content": f"{LONG_PROMPT} ({i})"}]})  # fmt: skip
+            return int(resp.json()["usage"]["completion_tokens"])
+
+        rates = {}
+        for name, fn in (("gRPC", grpc_one), ("HTTP", http_one), ("gRPC ", grpc_one), ("HTTP ", http_one)):
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(16) as pool:
+                generated = sum(pool.map(fn, range(32)))
+            rates.setdefault(name.strip(), []).append(generated / (time.perf_counter() - t0))
+        g_tps, h_tps = statistics.mean(rates["gRPC"]), statistics.mean(rates["HTTP"])
+        print(f"   16 clients: gRPC {g_tps:6.1f} tok/s, HTTP {h_tps:6.1f} tok/s   ratio {g_tps / h_tps:.3f}x")
+
+
+def _rss_peak_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def flood(node: NodeProcess, client: NodeClient, n: int) -> None:
+    before = client.status().serving
+    rss_before = _rss_peak_mb(node.proc.pid)
+    codes: dict[str, int] = {}
+    waited: list[float] = []
+
+    def one(i: int) -> None:
+        try:
+            r = client.inference.Infer(request(f"{PROMPT} ({i})", 32), timeout=600)
+            waited.append(r.usage.queue_ms)
+            codes["OK"] = codes.get("OK", 0) + 1
+        except grpc.RpcError as e:
+            codes[e.code().name] = codes.get(e.code().name, 0) + 1
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(n) as pool:
+        list(pool.map(one, range(n)))
+    dt = time.perf_counter() - t0
+    after = client.status().serving
+    queued = after.queued_then_admitted - before.queued_then_admitted
+    print(f"\n3) flood of {n} concurrent Infer calls (32 tokens), inference.max_batch_size "
+          f"{after.max_batch_size}, max_queued {after.max_queued}: {dt:.1f} s")  # fmt: skip
+    print(
+        f"   answered {codes.get('OK', 0)} (of them queued first: {queued}), "
+        f"refused: {', '.join(f'{k} {v}' for k, v in codes.items() if k != 'OK') or 'none'}"
+    )
+    if waited:
+        print(
+            f"   queue wait of answered: median {statistics.median(waited):.0f} ms, max {max(waited):.0f} ms"
+        )
+    print(f"   node peak RSS {rss_before:.0f} MB before, {_rss_peak_mb(node.proc.pid):.0f} MB after")
+    healthy = client.health("") == "SERVING"
+    answer = client.inference.Infer(request("Say yes.", 4)).text
+    state = "SERVING" if healthy else "NOT SERVING"
+    print(f"   afterwards: health {state}, a new request answered: {bool(answer)}")
+
+
+def structured(backend: TransformersBackend, samples: int) -> None:
+    from zoo.trainer.critic import OperationsReply, compare_messages, operations_schema
+    from zoo.trainer.tasks import load_shipped
+
+    tasks = load_shipped("train")[:samples]
+    convos = []
+    for t in tasks:
+        graded = [(1.0, f"The answer is {t.answer}."), (0.0, "The answer is 0.")]
+        convos.append(compare_messages(t.question, t.answer, graded, [], 3))
+    schema = json.dumps(operations_schema([], 3))
+
+    def usable(text: str) -> bool:
+        try:
+            OperationsReply.model_validate(json.loads(text))
+            return True
+        except ValueError:
+            return False
+
+    async def run(fmt: ResponseFormat | None) -> tuple[int, float, int]:
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(generate(backend, GenerationRequest(m, max_tokens=160,
+                                                  response_format=fmt)) for m in convos))  # fmt: skip
+        return (
+            sum(usable(r.text) for r in results),
+            time.perf_counter() - t0,
+            sum(r.completion_tokens for r in results),
+        )
+
+    # The grammar's own cost: time inside the constraint's calls, per constrained token. (Whole-run time
+    # per token would mostly compare prefill shares: constrained replies are much shorter.)
+    from zoo.inference import structured as st
+
+    spent = [0.0, 0]
+    original = st.JsonConstraint.mask_logits, st.JsonConstraint.accept
+
+    def timed(fn, count: bool):
+        def wrapper(self, *a):
+            t0 = time.perf_counter()
+            try:
+                return fn(self, *a)
+            finally:
+                spent[0] += time.perf_counter() - t0
+                spent[1] += count
+
+        return wrapper
+
+    st.JsonConstraint.mask_logits = timed(original[0], True)
+    st.JsonConstraint.accept = timed(original[1], False)
+    free_ok, free_s, free_tokens = asyncio.run(run(None))
+    con_ok, con_s, con_tokens = asyncio.run(run(ResponseFormat("json_schema", schema)))
+    st.JsonConstraint.mask_logits, st.JsonConstraint.accept = original
+    stats = backend.batcher.stats
+    step_ms = stats.decode_seconds / max(stats.steps, 1) * 1000
+    grammar_ms = spent[0] / max(spent[1], 1) * 1000
+    print(f"\n4) structured output: TF-GRPO compare replies for {len(convos)} shipped tasks, greedy, batched")
+    print(f"   usable operations JSON: free {free_ok}/{len(convos)}, constrained {con_ok}/{len(convos)}")
+    print(f"   grammar time per constrained token {grammar_ms:.2f} ms; a decode step (whole batch) "
+          f"{step_ms:.1f} ms on average in this process")  # fmt: skip
+    print(
+        f"   whole runs: free {free_tokens} tokens in {free_s:.1f} s, "
+        f"constrained {con_tokens} in {con_s:.1f} s"
+    )
+    print("   example constrained reply: ", end="")
+    sample = asyncio.run(generate(backend, GenerationRequest(convos[0], max_tokens=160,
+                                  response_format=ResponseFormat("json_schema", schema))))  # fmt: skip
+    print(sample.text[:300])
 
 
 if __name__ == "__main__":

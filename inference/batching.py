@@ -52,7 +52,7 @@ def _ragged_attention(
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     starts = kwargs.pop(_ROW_STARTS, None)
-    if starts is None:  # a prefill: one request alone, no padding, plain causal attention
+    if starts is None:  # not a batched decode step (a prefill, or any other use of the model): sdpa
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     rows = [
         sdpa_attention_forward(
@@ -64,16 +64,17 @@ def _ragged_attention(
 
 
 def register_ragged_attention() -> None:
-    """Make `zoo_ragged` a transformers attention implementation (its mask is never built: rows say
-    where they start, and prefills are causal without padding)."""
+    """Make `zoo_ragged` a transformers attention implementation. Without row starts it is exactly sdpa,
+    masks included, so anything else that runs the model (padded batches, training) is unaffected."""
     global _registered
     with _register_lock:
         if _registered:
             return
         from transformers import AttentionInterface, AttentionMaskInterface
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
         AttentionInterface.register(RAGGED_ATTENTION, _ragged_attention)
-        AttentionMaskInterface.register(RAGGED_ATTENTION, lambda *args, **kwargs: None)
+        AttentionMaskInterface.register(RAGGED_ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
         _registered = True
 
 

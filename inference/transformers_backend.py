@@ -66,6 +66,7 @@ class TransformersBackend:
                 DynamicCache,
             )
             from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: F401
+            from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS  # noqa: F401
 
             import zoo.inference.factors  # noqa: F401
 

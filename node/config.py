@@ -104,6 +104,25 @@ class MetricsConfig(_Section):
         return v
 
 
+class HttpConfig(_Section):
+    enabled: bool = True
+    """Serve the OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/embeddings,
+    /v1/models) in the daemon's process, sharing its model, admission queue and metrics."""
+    listen: str = "127.0.0.1:8080"
+    """HTTP listen address HOST:PORT (port 0 picks a free port; the chosen one is written to node.json)."""
+    api_key: SecretStr | None = None
+    """When set, every /v1/* request must send `Authorization: Bearer <api_key>` (401 otherwise). The
+    admin token is never needed for inference."""
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, le=1024**3)
+    """Largest request body accepted; a bigger one is refused with 413."""
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        parse_listen(v)
+        return v
+
+
 class LogConfig(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     """Lowest level written to stderr."""
@@ -203,10 +222,16 @@ class InferenceConfig(_Section):
     """Tokens generated when a request does not say."""
     max_tokens_limit: int = Field(2048, ge=1, le=100_000)
     """Largest max_tokens a request may ask for."""
-    concurrency: int = Field(2, ge=1, le=1024)
-    """Requests generating at once (the transformers backend still runs one generate at a time)."""
-    max_queue: int = Field(16, ge=0, le=100_000)
-    """Requests that may wait for a slot; beyond this, RESOURCE_EXHAUSTED at once."""
+    max_batch_size: int = Field(16, ge=1, le=1024)
+    """Requests generating at once. The transformers backend decodes them as one batch (continuous
+    batching: requests join and leave between steps); the openai backend sends at most this many to its
+    server at a time."""
+    max_queued: int = Field(128, ge=0, le=100_000)
+    """Requests that may wait for a free slot, in arrival order; beyond this, RESOURCE_EXHAUSTED (HTTP 429)
+    at once."""
+    max_wait_s: float = Field(60.0, gt=0, le=3600)
+    """Longest a request waits for a slot before it is refused with RESOURCE_EXHAUSTED (a client deadline
+    that is shorter ends the wait first)."""
     ann_threshold: int = Field(20_000, ge=1)
     """Libraries with at least this many experiences use the approximate index instead of exact search."""
     factor_eta: float = Field(1.0, ge=0, le=100)
@@ -242,6 +267,7 @@ class NodeConfig(_Section):
     """Rebuildable caches: converted models, compiled contracts."""
     server: ServerConfig = Field(default_factory=ServerConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    http: HttpConfig = Field(default_factory=HttpConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     chain: ChainConfig = Field(default_factory=ChainConfig)
     ipfs: IpfsConfig = Field(default_factory=IpfsConfig)
@@ -334,4 +360,5 @@ def effective_config(cfg: NodeConfig) -> dict[str, Any]:
     out = cfg.model_dump(mode="json")
     token = cfg.server.admin_token
     out["server"]["admin_token"] = "********" if token is not None else None
+    out["http"]["api_key"] = "********" if cfg.http.api_key is not None else None
     return out

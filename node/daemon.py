@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from zoo.node import __version__
+from zoo.node.admission import Admission
 from zoo.node.components import Component, DisabledComponent, Supervisor
 from zoo.node.config import NodeConfig, parse_listen
 from zoo.node.datadir import DataDir, DataDirLocked
-from zoo.node.inference_service import InferenceServicer
+from zoo.node.http_api import ApiDeps, HttpServer, embedder_model_id, start_http_api
+from zoo.node.inference_service import InferenceServicer, serving_stats
 from zoo.node.inference_wiring import NodeLibraryView, RetrievalComponent, UsageCounter
 from zoo.node.job_runner import JobRunner, Resources
 from zoo.node.job_service import JobServicer
@@ -133,7 +135,7 @@ def build_components(
         comps.append(IpfsComponent(wiring.ipfs_api, cfg.ipfs.probe_interval_s))
     else:
         comps.append(DisabledComponent("ipfs", "ipfs.api_url is not set"))
-    model = ModelComponent(cfg.model, model_path, model_id(cfg, model_path))
+    model = ModelComponent(cfg.model, model_path, model_id(cfg, model_path), cfg.inference.max_batch_size)
     comps.append(model)
     store = LibraryStore(data_dir.path)
     factory = None
@@ -329,6 +331,13 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
     assert isinstance(library, LibraryComponent)
     usage = UsageCounter(data_dir.path / "usage.json")
     servicer.usage = usage
+    inf = cfg.inference
+    admission = Admission(inf.max_batch_size, inf.max_queued, inf.max_wait_s, metrics.queue_wait.observe)
+    model = supervisor.components["model"]
+    assert isinstance(model, ModelComponent)
+    servicer.serving = lambda: serving_stats(admission, lambda: model.backend)
+    metrics.watch_serving(servicer.serving)
+    engine = build_engine(cfg, supervisor, usage, metrics)
     servicers: list[Any] = [
         (node_pb2_grpc.add_NodeServiceServicer_to_server, servicer),
         (
@@ -337,7 +346,7 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
         ),
         (
             inference_pb2_grpc.add_InferenceServiceServicer_to_server,
-            InferenceServicer(build_engine(cfg, supervisor, usage, metrics), cfg.inference),
+            InferenceServicer(engine, cfg.inference, admission),
         ),
     ]
     jobs = supervisor.components["jobs"]
@@ -349,6 +358,20 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
         metrics.shutdown()
         raise StartupError(str(e)) from None
 
+    deps = ApiDeps(
+        engine,
+        admission,
+        cfg.inference,
+        metrics,
+        model_id(cfg, model_path),
+        _embedder(supervisor),
+        embedder_model_id(cfg.embedder.path),
+    )
+    http = await _start_http(cfg, metrics, deps)
+    http_url = http.address if http is not None else ""
+    if http is not None:
+        servicer.http_address = lambda: http_url + "/v1"
+
     loop = asyncio.get_running_loop()
     supervisor.on_change(lambda _s: loop.create_task(health.update()))
     await health.update()
@@ -357,17 +380,25 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
     address = f"{host}:{bound_port}"
     tls = bool(cfg.server.tls_cert)
     data_dir.write_node_info(
-        {"pid": os.getpid(), "listen": address, "tls": tls, "metrics": metrics_url, "version": __version__}
+        {
+            "pid": os.getpid(),
+            "listen": address,
+            "tls": tls,
+            "metrics": metrics_url,
+            "http": http_url,
+            "version": __version__,
+        }
     )
     log.info(
         "zoo-node listening",
         grpc=address,
         tls=tls,
         metrics=metrics_url or "off",
+        http=http_url or "off",
         data_dir=str(cfg.data_dir),
         startup_s=round(time.monotonic() - started, 2),
     )
-    _print_banner(address, metrics_url, cfg, tls)
+    _print_banner(address, metrics_url, http_url, cfg, tls)
 
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -376,21 +407,41 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
 
     log.info("shutting down", grace_period_s=cfg.server.grace_period_s)
     await health.shutdown()
-    # New RPCs are refused at once; in-flight ones get the grace period to finish.
-    await server.stop(cfg.server.grace_period_s)
+    # New RPCs and HTTP requests are refused at once; in-flight ones get the grace period to finish.
+    grace = cfg.server.grace_period_s
+    await asyncio.gather(server.stop(grace), *([http.stop(grace)] if http is not None else []))
     await supervisor.stop()
     usage.flush()
     metrics.shutdown()
     return EXIT_OK
 
 
-def _print_banner(address: str, metrics_url: str, cfg: NodeConfig, tls: bool) -> None:
+async def _start_http(cfg: NodeConfig, metrics: NodeMetrics, deps: ApiDeps) -> HttpServer | None:
+    """Serve the OpenAI-compatible HTTP API (None when http.enabled is false)."""
+    if not cfg.http.enabled:
+        return None
+    try:
+        return await start_http_api(cfg.http, deps, cfg.server.grace_period_s)
+    except OSError as e:
+        metrics.shutdown()
+        raise StartupError(f"cannot serve the HTTP API on {cfg.http.listen}: {e}") from None
+
+
+def _embedder(supervisor: Supervisor) -> Any:
+    """A provider of the loaded embedder: None until the retrieval component has loaded it."""
+    retrieval = supervisor.components["retrieval"]
+    assert isinstance(retrieval, RetrievalComponent)
+    return lambda: retrieval.retriever.embedder if retrieval.retriever is not None else None
+
+
+def _print_banner(address: str, metrics_url: str, http_url: str, cfg: NodeConfig, tls: bool) -> None:
     if not sys.stdout.isatty() and os.environ.get("ZOO_NODE_BANNER", "1") == "0":
         return
     data_flag = f" --data-dir {cfg.data_dir}"
     lines = [
         f"zoo-node {__version__} is up: gRPC {address}{' (TLS)' if tls else ''}",
         f"  metrics:  {metrics_url or 'off'}",
+        f"  openai:   {http_url + '/v1' if http_url else 'off'}",
         f"  status:   zoo-node status{data_flag}",
         f"  grpcurl:  grpcurl -plaintext {address} zoo.v1.NodeService/GetStatus"
         if not tls

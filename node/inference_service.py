@@ -1,29 +1,28 @@
 """InferenceService: validate requests, admit them through a bounded queue, run the engine, translate.
 
-Admission: at most `concurrency` requests generate at once and at most `max_queue` wait; a request
-beyond that gets RESOURCE_EXHAUSTED at once, so memory never grows with load. A client deadline or
-cancel cancels the handler, which stops generation at the next token.
+Admission (admission.py) bounds what runs and what waits. A client deadline or cancel cancels the
+handler, which frees the request's row in the batch at the next decode step.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import re
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
-from zoo.inference.backend import BackendUnavailable
+from zoo.inference.backend import BackendUnavailable, ResponseFormat
 from zoo.inference.engine import InferenceEngine, InferOutcome, InferParams
+from zoo.inference.structured import parse_response_format
+from zoo.node.admission import Admission
 from zoo.node.config import InferenceConfig
-from zoo.node.errors import Overloaded
 from zoo.registry.errors import ValidationError
 from zoo.registry.experience import DOMAIN_RE
-from zoo.v1 import inference_pb2, inference_pb2_grpc
+from zoo.v1 import inference_pb2, inference_pb2_grpc, node_pb2
 
 ROOT_RE = re.compile(r"0x[0-9a-fA-F]{64}")
 ROLES = {"system", "user", "assistant"}
@@ -33,28 +32,25 @@ MAX_STOP = 8
 MAX_STOP_CHARS = 64
 
 
-class Admission:
-    """Bounded concurrency plus a bounded wait queue."""
-
-    def __init__(self, concurrency: int, max_queue: int) -> None:
-        self.concurrency = concurrency
-        self.max_queue = max_queue
-        self._slots = asyncio.Semaphore(concurrency)
-        self.inflight = 0  # running + waiting
-
-    @contextlib.asynccontextmanager
-    async def slot(self) -> AsyncIterator[float]:
-        if self.inflight >= self.concurrency + self.max_queue:
-            raise Overloaded(
-                f"inference queue is full ({self.concurrency} running, {self.max_queue} waiting); retry later"
-            )
-        self.inflight += 1
-        start = time.perf_counter()
-        try:
-            async with self._slots:
-                yield (time.perf_counter() - start) * 1000
-        finally:
-            self.inflight -= 1
+def serving_stats(admission: Admission, backend: Callable[[], Any]) -> node_pb2.ServingStats:
+    """The generation load now: admission's slots and queue, and the batcher's steps when there is one."""
+    a = admission.stats()
+    batcher = getattr(backend(), "batcher", None)
+    b = batcher.stats if batcher is not None else None
+    return node_pb2.ServingStats(
+        running=a.running,
+        max_batch_size=a.slots,
+        waiting=a.waiting,
+        max_queued=a.max_queued,
+        last_batch_size=b.last_batch if b else 0,
+        admitted=a.admitted,
+        queued_then_admitted=a.queued_then_admitted,
+        refused_queue_full=a.refused_full,
+        refused_wait_timeout=a.refused_timeout,
+        mean_wait_ms=a.mean_wait_ms,
+        decode_steps=b.steps if b else 0,
+        decoded_tokens=b.tokens if b else 0,
+    )
 
 
 def _check(condition: bool, field: str, message: str) -> None:
@@ -62,55 +58,121 @@ def _check(condition: bool, field: str, message: str) -> None:
         raise ValidationError(field, message)
 
 
-def params_from_request(req: Any, cfg: InferenceConfig) -> InferParams:
-    """Validate an InferRequest into engine parameters (INVALID_ARGUMENT naming the field otherwise)."""
-    _check(bool(req.messages) != bool(req.prompt), "messages", "send either messages or prompt (exactly one)")
-    if req.prompt:
-        messages = [{"role": "user", "content": req.prompt}]
+@dataclass(frozen=True)
+class FieldNames:
+    """What validation errors call each field: the gRPC message's paths, or the HTTP API's JSON keys."""
+
+    messages: str = "messages"
+    prompt: str = "messages[0].content"
+    k: str = "k"
+    max_tokens: str = "sampling.max_tokens"
+    temperature: str = "sampling.temperature"
+    top_p: str = "sampling.top_p"
+    seed: str = "sampling.seed"
+    stop: str = "sampling.stop"
+    domain: str = "domain"
+    library_root: str = "library_root"
+
+
+GRPC_FIELDS = FieldNames()
+
+
+def validate_params(
+    cfg: InferenceConfig,
+    *,
+    messages: Sequence[Mapping[str, str]] = (),
+    prompt: str = "",
+    domain: str = "",
+    k: int | None = None,
+    max_tokens: int | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    stop: Sequence[str] = (),
+    disable_experiences: bool = False,
+    library_root: str = "",
+    use_expert_factors: bool = False,
+    response_format: ResponseFormat | None = None,
+    names: FieldNames = GRPC_FIELDS,
+) -> InferParams:
+    """Check a generation request's fields against the node's limits and build the engine's parameters.
+
+    The one set of rules for gRPC and the HTTP API; `names` says what the caller calls each field, so a
+    ValidationError (INVALID_ARGUMENT / HTTP 400) names the field as the client sent it. None means "not
+    sent": the configured default (k, max_tokens), greedy decoding (temperature), 1.0 (top_p).
+    """
+    n = names
+    _check(bool(messages) != bool(prompt), n.messages, "send either messages or prompt (exactly one)")
+    content_field = (lambda _i: n.prompt) if prompt else (lambda i: f"{n.messages}[{i}].content")
+    if prompt:
+        turns = [{"role": "user", "content": prompt}]
     else:
-        _check(len(req.messages) <= MAX_MESSAGES, "messages", f"at most {MAX_MESSAGES} messages")
-        messages = []
-        for i, m in enumerate(req.messages):
-            _check(m.role in ROLES, f"messages[{i}].role", f"must be one of {sorted(ROLES)} (got {m.role!r})")
-            messages.append({"role": m.role, "content": m.content})
-    _check(any(m["role"] == "user" for m in messages), "messages", "need at least one user message")
-    for i, m in enumerate(messages):
-        _check(0 < len(m["content"]) <= MAX_CONTENT_CHARS, f"messages[{i}].content",
+        _check(len(messages) <= MAX_MESSAGES, n.messages, f"at most {MAX_MESSAGES} messages")
+        turns = []
+        for i, m in enumerate(messages):
+            role = m["role"]
+            _check(role in ROLES, f"{n.messages}[{i}].role", f"must be one of {sorted(ROLES)} (got {role!r})")
+            turns.append({"role": role, "content": m["content"]})
+    _check(any(m["role"] == "user" for m in turns), n.messages, "need at least one user message")
+    for i, m in enumerate(turns):
+        _check(0 < len(m["content"]) <= MAX_CONTENT_CHARS, content_field(i),
                f"must have 1 to {MAX_CONTENT_CHARS} characters")  # fmt: skip
-    k = req.k or cfg.default_k
-    _check(k <= cfg.max_k, "k", f"must be at most {cfg.max_k} (got {req.k})")
-    s = req.sampling
-    max_tokens = s.max_tokens or cfg.default_max_tokens
-    _check(max_tokens <= cfg.max_tokens_limit, "sampling.max_tokens",
-           f"must be at most {cfg.max_tokens_limit} (got {s.max_tokens})")  # fmt: skip
-    _check(math.isfinite(s.temperature) and 0 <= s.temperature <= 2, "sampling.temperature",
-           f"must be in [0, 2] (got {s.temperature})")  # fmt: skip
-    _check(
-        math.isfinite(s.top_p) and 0 <= s.top_p <= 1, "sampling.top_p", f"must be in (0, 1] (got {s.top_p})"
-    )
-    _check(len(s.stop) <= MAX_STOP, "sampling.stop", f"at most {MAX_STOP} stop strings")
-    for i, st in enumerate(s.stop):
-        _check(
-            0 < len(st) <= MAX_STOP_CHARS,
-            f"sampling.stop[{i}]",
-            f"must have 1 to {MAX_STOP_CHARS} characters",
-        )
-    _check(not req.domain or bool(DOMAIN_RE.fullmatch(req.domain)), "domain",
-           f"must be a dotted lower-case prefix like math.geometry (got {req.domain[:80]!r})")  # fmt: skip
-    _check(not req.library_root or bool(ROOT_RE.fullmatch(req.library_root)), "library_root",
+    k_used = cfg.default_k if k is None else k
+    _check(k_used >= 0, n.k, f"must not be negative (got {k})")
+    _check(k_used <= cfg.max_k, n.k, f"must be at most {cfg.max_k} (got {k})")
+    tokens = cfg.default_max_tokens if max_tokens is None else max_tokens
+    _check(tokens >= 1, n.max_tokens, f"must be at least 1 (got {max_tokens})")
+    _check(tokens <= cfg.max_tokens_limit, n.max_tokens,
+           f"must be at most {cfg.max_tokens_limit} (got {max_tokens})")  # fmt: skip
+    temp = 0.0 if temperature is None else temperature
+    _check(math.isfinite(temp) and 0 <= temp <= 2, n.temperature, f"must be in [0, 2] (got {temp})")
+    p = 1.0 if top_p is None else top_p
+    _check(math.isfinite(p) and 0 <= p <= 1, n.top_p, f"must be in (0, 1] (got {p})")
+    _check(seed is None or 0 <= seed < 2**64, n.seed, f"must be in [0, 2^64) (got {seed})")
+    _check(len(stop) <= MAX_STOP, n.stop, f"at most {MAX_STOP} stop strings")
+    for i, st in enumerate(stop):
+        _check(0 < len(st) <= MAX_STOP_CHARS, f"{n.stop}[{i}]", f"must have 1 to {MAX_STOP_CHARS} characters")
+    _check(not domain or bool(DOMAIN_RE.fullmatch(domain)), n.domain,
+           f"must be a dotted lower-case prefix like math.geometry (got {domain[:80]!r})")  # fmt: skip
+    _check(not library_root or bool(ROOT_RE.fullmatch(library_root)), n.library_root,
            "must be 0x followed by 64 hex digits")  # fmt: skip
     return InferParams(
-        messages=messages,
+        messages=turns,
+        domain=domain,
+        k=k_used,
+        max_tokens=tokens,
+        temperature=temp,
+        top_p=p or 1.0,
+        seed=seed,
+        stop=list(stop),
+        disable_experiences=disable_experiences,
+        library_root=library_root.lower(),
+        use_expert_factors=use_expert_factors,
+        response_format=response_format,
+    )
+
+
+def params_from_request(req: Any, cfg: InferenceConfig) -> InferParams:
+    """Validate an InferRequest into engine parameters (INVALID_ARGUMENT naming the field otherwise).
+
+    proto3 cannot tell 0 from unset, so 0 means "the default" for k, max_tokens and top_p.
+    """
+    s = req.sampling
+    return validate_params(
+        cfg,
+        messages=[{"role": m.role, "content": m.content} for m in req.messages],
+        prompt=req.prompt,
         domain=req.domain,
-        k=k,
-        max_tokens=max_tokens,
+        k=req.k or None,
+        max_tokens=s.max_tokens or None,
         temperature=s.temperature,
-        top_p=s.top_p or 1.0,
+        top_p=s.top_p or None,
         seed=s.seed if s.HasField("seed") else None,
         stop=list(s.stop),
         disable_experiences=req.disable_experiences,
-        library_root=req.library_root.lower(),
+        library_root=req.library_root,
         use_expert_factors=req.use_expert_factors,
+        response_format=parse_response_format(req.response_format.type, req.response_format.json_schema),
     )
 
 
@@ -139,10 +201,12 @@ def outcome_to_proto(o: InferOutcome, queue_ms: float) -> inference_pb2.InferRes
 
 
 class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
-    def __init__(self, engine: Callable[[], InferenceEngine | None], cfg: InferenceConfig) -> None:
+    def __init__(
+        self, engine: Callable[[], InferenceEngine | None], cfg: InferenceConfig, admission: Admission
+    ) -> None:
         self._engine = engine
         self.cfg = cfg
-        self.admission = Admission(cfg.concurrency, cfg.max_queue)
+        self.admission = admission
 
     def engine(self) -> InferenceEngine:
         engine = self._engine()

@@ -18,6 +18,7 @@ from grpc.aio import AbortError
 from zoo.node.errors import status_for
 from zoo.node.logs import get_logger
 from zoo.node.metrics import NodeMetrics
+from zoo.registry.errors import ValidationError
 
 log = get_logger(__name__)
 
@@ -25,6 +26,9 @@ log = get_logger(__name__)
 ADMIN_PREFIXES = ("/zoo.v1.JobService/",)
 # Health and reflection must answer load balancers and grpcurl even when the node is busy.
 UNLIMITED_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+# Generation RPCs pass the generic RPC limit: they queue in their own admission (node/admission.py),
+# which waits for a slot instead of refusing at once.
+SELF_ADMITTED = ("/zoo.v1.InferenceService/Infer", "/zoo.v1.InferenceService/InferStream")
 
 
 class NodeInterceptor(grpc.aio.ServerInterceptor):
@@ -63,13 +67,14 @@ class NodeInterceptor(grpc.aio.ServerInterceptor):
     async def _accounted(self, method: str, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
         """One RPC's admission, error mapping and metrics, shared by unary and streaming handlers."""
         metrics = self.metrics
-        if self._slots.locked():
+        limited = method not in SELF_ADMITTED
+        if limited and self._slots.locked():
             metrics.rpc_rejected.labels(method, "overloaded").inc()
             metrics.rpc_requests.labels(method, "RESOURCE_EXHAUSTED").inc()
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "node is at its concurrency limit")
         start = time.perf_counter()
         code = "OK"
-        async with self._slots:
+        async with self._slots if limited else contextlib.nullcontext():
             try:
                 yield
             except AbortError:
@@ -92,6 +97,7 @@ class NodeInterceptor(grpc.aio.ServerInterceptor):
 
             async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 async with self._accounted(method, context):
+                    _check_decoded(request, method)
                     return await inner(request, context)
 
             return unary
@@ -101,6 +107,7 @@ class NodeInterceptor(grpc.aio.ServerInterceptor):
         async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             # Streams are forwarded item by item; the accounting covers the whole call.
             async with self._accounted(method, context):
+                _check_decoded(request, method)
                 result = inner_stream(request, context)
                 if hasattr(result, "__aiter__"):
                     async for item in result:
@@ -135,6 +142,35 @@ def _map_error(exc: Exception, method: str) -> tuple[grpc.StatusCode, str]:
     return mapped
 
 
+class _Undecodable:
+    """Stands in for a request whose bytes are not a valid message of the method's request type."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _lenient(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """A deserializer that hands bad bytes on as _Undecodable, so the RPC answers INVALID_ARGUMENT
+    (grpc would answer UNKNOWN for a deserializer that raises)."""
+    if deserializer is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except Exception as e:  # protobuf's DecodeError, or anything a custom deserializer raises
+            return _Undecodable(e)
+
+    return parse
+
+
+def _check_decoded(request: Any, method: str) -> None:
+    if isinstance(request, _Undecodable):
+        raise ValidationError(
+            "request", f"the payload of {method} is not a valid protobuf message ({request.error})"
+        )
+
+
 def _deny(code: grpc.StatusCode, message: str) -> Callable[..., Any]:
     async def deny(request: Any, context: grpc.aio.ServicerContext) -> Any:
         await context.abort(code, message)
@@ -145,7 +181,7 @@ def _deny(code: grpc.StatusCode, message: str) -> Callable[..., Any]:
 def _replace(handler: grpc.RpcMethodHandler, behaviour: Callable[..., Any]) -> grpc.RpcMethodHandler:
     """A handler of the same kind and (de)serialisers as `handler`, running `behaviour`."""
     kw = {
-        "request_deserializer": handler.request_deserializer,
+        "request_deserializer": _lenient(handler.request_deserializer),
         "response_serializer": handler.response_serializer,
     }
     if handler.unary_unary:

@@ -84,10 +84,11 @@ class ModelComponent(Component):
     name = "model"
     probe_interval_s = 30.0
 
-    def __init__(self, cfg: Any, path: Path | None, model_id: str) -> None:
+    def __init__(self, cfg: Any, path: Path | None, model_id: str, max_batch_size: int = 16) -> None:
         self.cfg = cfg  # ModelConfig
         self.path = path
         self.model_id = model_id
+        self.max_batch_size = max_batch_size
         self.backend: Any = None
         self.load_seconds = 0.0
 
@@ -107,7 +108,7 @@ class ModelComponent(Component):
         )
 
     def _load(self) -> Any:
-        return load_backend(self.cfg, self.path, self.model_id)
+        return load_backend(self.cfg, self.path, self.model_id, self.max_batch_size)
 
     async def probe(self) -> tuple[State, str]:
         if self.backend is None:
@@ -120,15 +121,21 @@ class ModelComponent(Component):
             await self.backend.close()
 
 
-def load_backend(cfg: ModelConfig, path: Path | None, model_id: str) -> Any:
-    """The generation backend the model config asks for (blocking: loads weights for local backends)."""
+def load_backend(cfg: ModelConfig, path: Path | None, model_id: str, max_batch_size: int = 16) -> Any:
+    """The generation backend the model config asks for (blocking: loads weights for local backends).
+
+    max_batch_size: requests decoded together (transformers) or sent to the server at once (openai)."""
     if cfg.backend == "openai":
         import os
 
         from zoo.inference.openai_backend import OpenAIBackend
 
         return OpenAIBackend(
-            str(cfg.base_url), str(cfg.name), os.environ.get(cfg.api_key_env), cfg.context_length
+            str(cfg.base_url),
+            str(cfg.name),
+            os.environ.get(cfg.api_key_env),
+            cfg.context_length,
+            max_concurrency=max_batch_size,
         )
     assert path is not None
     if not (path / "config.json").is_file():
@@ -143,4 +150,4 @@ def load_backend(cfg: ModelConfig, path: Path | None, model_id: str) -> Any:
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    return TransformersBackend.load(path, model_id, cfg.device, cfg.dtype)
+    return TransformersBackend.load(path, model_id, cfg.device, cfg.dtype, max_batch_size)

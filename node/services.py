@@ -35,6 +35,8 @@ class NodeServicer(node_pb2_grpc.NodeServiceServicer):
         self.model_id = model_id
         self.started = time.monotonic()
         self.usage: Any = None  # UsageCounter, set by the daemon
+        self.serving: Callable[[], node_pb2.ServingStats] | None = None  # set by the daemon
+        self.http_address: Callable[[], str] = lambda: ""  # set by the daemon when the HTTP API is on
 
     async def GetStatus(self, request: node_pb2.GetStatusRequest, context: grpc.aio.ServicerContext) -> Any:
         comps = self.supervisor.components
@@ -71,6 +73,8 @@ class NodeServicer(node_pb2_grpc.NodeServiceServicer):
             components=components,
             listen_address=self.listen(),
             experience_usage=self.usage.snapshot() if self.usage is not None else {},
+            serving=self.serving() if self.serving is not None else None,
+            http_address=self.http_address(),
         )
 
 

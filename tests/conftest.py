@@ -105,6 +105,7 @@ def base_config(data_dir: Path, extra: dict | None = None) -> str:
         "data_dir": str(data_dir),
         "server": {"listen": "127.0.0.1:0", "grace_period_s": 5},
         "metrics": {"listen": "127.0.0.1:0"},
+        "http": {"listen": "127.0.0.1:0"},
         "chain": {"mode": "off"},
         "model": {"threads": 1},
     }

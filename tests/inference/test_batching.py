@@ -5,13 +5,14 @@ leave the batch at the next step."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
 import torch
 
 from zoo.inference.backend import GenerationRequest, generate
-from zoo.inference.batching import Detokenizer, held_back
+from zoo.inference.batching import ContinuousBatcher, Detokenizer, held_back, supports_ragged
 from zoo.inference.models import prepare_bundled_chat_model
 from zoo.inference.transformers_backend import TransformersBackend
 from zoo.node.config import default_cache_dir
@@ -184,3 +185,63 @@ def test_detokenizer_emits_whole_characters_and_stops_hold_back_prefixes(
     assert all("\ufffd" not in p for p in pieces)
     assert held_back("the end is ne", ["near", "x"]) == 2
     assert held_back("abc", ["zz"]) == 0
+
+
+def test_the_ragged_attention_is_plain_sdpa_for_any_other_use_of_the_model(
+    backend: TransformersBackend,
+) -> None:
+    """A padded batch run through the model (as training would) gives what sdpa gives: the batcher's
+    attention implementation changes nothing outside its own decode steps."""
+    tok = backend.tokenizer
+    tok.padding_side = "left"
+    batch = tok(["Name a prime number.", "Explain why the sky is blue, briefly please."], return_tensors="pt",
+                padding=True)  # fmt: skip
+    model = backend.model
+    with torch.inference_mode():
+        ragged = model(**batch).logits
+        model.set_attn_implementation("sdpa")
+        try:
+            plain = model(**batch).logits
+        finally:
+            model.set_attn_implementation("zoo_ragged")
+    mask = batch["attention_mask"].bool()
+    assert torch.equal(ragged[mask], plain[mask])
+
+
+def test_models_with_sliding_windows_decode_one_at_a_time(backend: TransformersBackend) -> None:
+    """Sliding-window caches cannot be left-padded: such a model gets batch size 1 and the model's own
+    attention, and still answers greedily exactly like transformers' generate."""
+    config = backend.model.config
+    assert supports_ragged(config)
+    sliding = type(config).from_dict({**config.to_dict(), "sliding_window": 64})
+    assert not supports_ragged(sliding)
+    model = backend.model
+    original = model.config
+    model.config = sliding
+    model.set_attn_implementation("sdpa")
+    try:
+        batcher = ContinuousBatcher(model, backend.tokenizer, max_batch_size=8, context_length=2048)
+        assert batcher.max_batch_size == 1 and not batcher.ragged
+        prompt = backend.tokenizer.apply_chat_template(msgs(PROMPTS[0]), add_generation_prompt=True,
+                                                       return_tensors="pt", return_dict=True)  # fmt: skip
+        with torch.inference_mode():
+            expected_ids = model.generate(**prompt, max_new_tokens=24, do_sample=False)[0][
+                prompt["input_ids"].shape[1] :
+            ]
+        results: list = []
+        done = threading.Event()
+
+        def emit(item: object) -> None:
+            if not isinstance(item, str):
+                results.append(item)
+                done.set()
+
+        batcher.submit(
+            GenerationRequest(msgs(PROMPTS[0]), max_tokens=24), prompt["input_ids"][0].tolist(), emit
+        )
+        assert done.wait(60)
+        batcher.close()
+    finally:
+        model.config = original
+        model.set_attn_implementation("zoo_ragged")
+    assert results[0].text == backend.tokenizer.decode(expected_ids, skip_special_tokens=True)

@@ -106,7 +106,7 @@ def test_constrained_and_free_requests_share_a_batch(backend: TransformersBacken
         '{"type": "integer", "minimum": 5, "maximum": 1}',
     ],
 )
-def test_a_schema_that_cannot_compile_is_a_validation_error(backend: TransformersBackend, schema: str) -> None:
+def test_a_schema_that_cannot_compile_is_refused(backend: TransformersBackend, schema: str) -> None:
     fmt = parse_response_format("json_schema", schema)
     request = GenerationRequest([{"role": "user", "content": "hi"}], max_tokens=4, response_format=fmt)
     with pytest.raises(ValidationError) as e:

@@ -4,10 +4,12 @@ and the real embedder, over a real gRPC socket."""
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import threading
 import time
 
 import grpc
+import httpx
 import pytest
 
 from tests.conftest import NodeProcess, base_config, launch, write_config
@@ -26,7 +28,7 @@ def node(tmp_path_factory: pytest.TempPathFactory):
     data_dir = tmp / "data"
     extra = {
         "chain": {"mode": "devnet", "poll_interval_s": 0.3},
-        "inference": {"concurrency": 1, "max_queue": 24, "default_max_tokens": 12},
+        "inference": {"max_batch_size": 4, "max_queued": 24, "default_max_tokens": 12},
     }
     n = launch(write_config(tmp / "node.toml", base_config(data_dir, extra)), data_dir)
     n.wait_listening(timeout_s=120)
@@ -148,7 +150,7 @@ def test_deadline_exceeded_and_node_recovers(node: NodeProcess) -> None:
 
 
 def test_queue_full_is_resource_exhausted(tmp_path, start_node) -> None:
-    n = start_node({"inference": {"concurrency": 1, "max_queue": 0}}, name="tinyqueue")
+    n = start_node({"inference": {"max_batch_size": 1, "max_queued": 0}}, name="tinyqueue")
     n.wait_component("model", "SERVING", timeout_s=180)
     with NodeClient(n.address) as c:
         # A stream that has started and is not finished holds the only slot.
@@ -229,3 +231,64 @@ def test_pin_older_root_and_swap_under_load(node: NodeProcess) -> None:
         )
         assert fresh.library_root == v2_root
         assert fresh.experiences[0].id in v2_ids - genesis_ids
+
+
+def test_requests_wait_for_a_slot_up_to_max_wait(start_node) -> None:
+    """One slot, a queue of two, a one-second wait: the first waiter is answered when the slot frees, a
+    waiter whose wait runs out and one beyond the queue are refused, each saying which limit it hit."""
+    n = start_node({"inference": {"max_batch_size": 1, "max_queued": 2, "max_wait_s": 1.5}}, name="waits")
+    n.wait_component("model", "SERVING", timeout_s=180)
+    hold = pb.InferRequest(
+        prompt="Write a long story about a dragon.",
+        sampling=pb.SamplingParams(max_tokens=300, stop=["zzzz-never"]),
+        disable_experiences=True,
+    )
+    quick = pb.InferRequest(prompt="hi", sampling=pb.SamplingParams(max_tokens=2), disable_experiences=True)
+    with NodeClient(n.address) as c, concurrent.futures.ThreadPoolExecutor(4) as pool:
+        stream = c.inference.InferStream(hold)
+        assert next(stream).delta  # the only slot is taken
+        waiters = [pool.submit(c.inference.Infer, quick, timeout=60) for _ in range(2)]
+        time.sleep(0.3)
+        with pytest.raises(grpc.RpcError) as full:
+            c.inference.Infer(quick, timeout=60)
+        assert full.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "queue is full" in full.value.details()
+        for w in waiters:  # nobody frees the slot within max_wait_s
+            with pytest.raises(grpc.RpcError) as late:
+                w.result()
+            assert late.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "inference.max_wait_s" in late.value.details()
+        waiter = pool.submit(c.inference.Infer, quick, timeout=60)
+        time.sleep(0.3)
+        stream.cancel()  # frees the slot: the waiter runs
+        answer = waiter.result()
+        assert answer.usage.queue_ms >= 200 and answer.usage.completion_tokens > 0
+        serving = c.status().serving
+    assert serving.max_batch_size == 1 and serving.max_queued == 2
+    assert serving.refused_queue_full == 1 and serving.refused_wait_timeout == 2
+    assert serving.queued_then_admitted == 1 and serving.running == 0 and serving.waiting == 0
+    metrics = httpx.get(n.metrics_url).text
+    assert 'zoo_inference_refused_total{reason="wait_timeout"} 2.0' in metrics
+    assert "zoo_inference_queue_wait_seconds_count 2.0" in metrics
+
+
+def test_json_schema_response_format_over_grpc(node: NodeProcess) -> None:
+    schema = '{"type": "object", "properties": {"area": {"type": "number"}}, "required": ["area"]}'
+    fmt = pb.ResponseFormat(type="json_schema", json_schema=schema)
+    with NodeClient(node.address) as c:
+        r = infer(c, prompt=GEOMETRY, response_format=fmt, sampling={"max_tokens": 40})
+        assert r.finish_reason == "stop"
+        assert isinstance(json.loads(r.text)["area"], int | float)
+        with pytest.raises(grpc.RpcError) as e:
+            infer(c, prompt="hi", response_format=pb.ResponseFormat(type="json_schema", json_schema="{oops"))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details().startswith("response_format.json_schema")
+
+
+def test_a_payload_that_is_not_protobuf_is_invalid_argument(node: NodeProcess) -> None:
+    with grpc.insecure_channel(node.address) as channel:
+        raw = channel.unary_unary("/zoo.v1.InferenceService/Infer")
+        with pytest.raises(grpc.RpcError) as e:
+            raw(b"\xff\xff\xff\xff not protobuf", timeout=30)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not a valid protobuf message" in e.value.details()

@@ -1,0 +1,544 @@
+"""The OpenAI-compatible HTTP API end to end: a real daemon on its devnet (genesis library), the bundled
+model and embedder, spoken to with the official `openai` SDK and, for the wire details, with raw httpx."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import socket
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from tests.conftest import NodeProcess, base_config, launch, write_config
+from zoo.devnet.genesis import genesis_library
+from zoo.node.client import NodeClient
+from zoo.node.config import ConfigError, effective_config, load_config
+from zoo.registry.merkle import library_root
+
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+EMBEDDER = "all-MiniLM-L6-v2"
+GEOMETRY = "How do I find the area of a triangle with base 6 and height 4?"
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory):
+    tmp = tmp_path_factory.mktemp("http-node")
+    data_dir = tmp / "data"
+    extra = {
+        "chain": {"mode": "devnet", "poll_interval_s": 0.3},
+        "inference": {"max_batch_size": 4, "max_queued": 24, "default_max_tokens": 12},
+    }
+    n = launch(write_config(tmp / "node.toml", base_config(data_dir, extra)), data_dir)
+    n.wait_listening(timeout_s=120)
+    for component in ("model", "library", "retrieval"):
+        n.wait_component(component, "SERVING", timeout_s=180)
+    yield n
+    n.stop()
+
+
+def base_url(node: NodeProcess) -> str:
+    return str(node.info["http"]) + "/v1"
+
+
+@pytest.fixture(scope="module")
+def client(node: NodeProcess) -> openai.OpenAI:
+    # No retries: a 429 or 5xx must reach the test as it is.
+    return openai.OpenAI(base_url=base_url(node), api_key="unused", max_retries=0, timeout=120)
+
+
+def error_of(response: httpx.Response) -> dict:
+    body = response.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    return body["error"]
+
+
+def sse_events(lines: list[str]) -> list[str]:
+    """The `data:` payloads of an SSE body, checking its framing: every event one line, then a blank."""
+    events = []
+    for i in range(0, len(lines), 2):
+        assert lines[i].startswith("data: "), lines[i]
+        assert lines[i + 1] == "", f"no blank line after event {i // 2}"
+        events.append(lines[i].removeprefix("data: "))
+    return events
+
+
+# ---------------------------------------------------------------------------------------------- SDK
+
+
+def test_models(client: openai.OpenAI, node: NodeProcess) -> None:
+    models = {m.id: m for m in client.models.list()}
+    assert set(models) == {MODEL, EMBEDDER}
+    assert all(m.owned_by == "zoo-node" for m in models.values())
+    assert client.models.retrieve(MODEL).id == MODEL  # the id holds a slash
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4o")
+    with NodeClient(node.address) as c:
+        assert c.status().http_address == base_url(node)
+
+
+def test_chat_completion_with_experiences(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": GEOMETRY}],
+        max_tokens=8,
+        temperature=0,
+        extra_body={"zoo": {"k": 2, "domain": "math"}},
+    )
+    assert r.object == "chat.completion" and r.id.startswith("chatcmpl-") and r.model == MODEL
+    assert r.choices[0].message.role == "assistant" and r.choices[0].message.content
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage is not None and r.usage.prompt_tokens > 0 and 0 < r.usage.completion_tokens <= 8
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    zoo = r.to_dict()["zoo"]
+    genesis = genesis_library()
+    assert zoo["library_root"] == "0x" + library_root(genesis).hex() and zoo["library_version"] >= 1
+    geometry = {e.id for e in genesis.experiences if e.domain == "math.geometry"}
+    assert 0 < len(zoo["experiences"]) <= 2 and zoo["experiences"][0]["id"] in geometry
+    assert set(zoo["experiences"][0]) == {"id", "score", "cited"}
+    assert set(zoo["cited"]) <= {e["id"] for e in zoo["experiences"]}
+    assert zoo["queue_ms"] >= 0 and zoo["generation_ms"] > 0 and isinstance(zoo["seed"], int)
+
+
+def test_chat_stream_equals_non_stream(client: openai.OpenAI) -> None:
+    kw = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "Name a prime number."}]}],
+        "max_completion_tokens": 16,
+        "temperature": 0,
+    }
+    whole = client.chat.completions.create(**kw)
+    chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    final, usage = chunks[-2], chunks[-1]
+    assert final.choices[0].finish_reason == whole.choices[0].finish_reason
+    assert final.to_dict()["zoo"]["library_root"] == whole.to_dict()["zoo"]["library_root"]
+    assert usage.choices == [] and usage.usage is not None
+    assert usage.usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_completions_plain_and_streamed(client: openai.OpenAI) -> None:
+    kw = {"model": MODEL, "prompt": "Name a colour.", "max_tokens": 8, "temperature": 0}
+    whole = client.completions.create(**kw)
+    assert whole.object == "text_completion" and whole.choices[0].text
+    assert whole.usage is not None and whole.usage.completion_tokens > 0
+    assert "zoo" in whole.to_dict()
+    chunks = list(client.completions.create(**kw, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+    # A list of exactly one prompt is the same request.
+    one = client.completions.create(**{**kw, "prompt": ["Name a colour."]})
+    assert one.choices[0].text == whole.choices[0].text
+
+
+def test_embeddings_float_and_base64(client: openai.OpenAI) -> None:
+    texts = ["The area of a triangle is half base times height.", "Compound interest grows."]
+    as_float = client.embeddings.create(model=EMBEDDER, input=texts, encoding_format="float")
+    default = client.embeddings.create(model=EMBEDDER, input=texts)  # the SDK asks for base64
+    assert as_float.model == EMBEDDER and [d.index for d in as_float.data] == [0, 1]
+    assert as_float.usage.prompt_tokens == as_float.usage.total_tokens > 0
+    for a, b in zip(as_float.data, default.data, strict=True):
+        va, vb = np.array(a.embedding), np.array(b.embedding)
+        assert va.shape == (384,) and abs(np.linalg.norm(va) - 1) < 1e-4
+        assert np.allclose(va, vb, atol=1e-6)
+    single = client.embeddings.create(model=EMBEDDER, input=texts[0], encoding_format="float")
+    assert np.allclose(single.data[0].embedding, as_float.data[0].embedding, atol=1e-5)
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model=MODEL, input="x")
+
+
+def test_json_schema_response_format_is_accepted(client: openai.OpenAI) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"type": "integer"}},
+        "required": ["answer"],
+        "additionalProperties": False,
+    }
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "What is 2 + 2? Answer in JSON."}],
+        max_tokens=24,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "sum", "schema": schema, "strict": True},
+        },
+    )
+    assert isinstance(json.loads(r.choices[0].message.content)["answer"], int)
+    # A schema the backend cannot compile is a 400 naming where the schema sits in the request.
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "hi"}],
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "nonsense"}},
+            },
+        )
+    assert isinstance(e.value.body, dict) and e.value.body["param"] == "response_format.json_schema.schema"
+
+
+def test_bad_requests_name_the_field(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], temperature=5
+        )
+    assert e.value.status_code == 400
+    assert isinstance(e.value.body, dict) and e.value.body["param"] == "temperature"
+    assert e.value.body["type"] == "invalid_request_error"
+    with pytest.raises(openai.NotFoundError) as nf:
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+    assert isinstance(nf.value.body, dict) and nf.value.body["code"] == "model_not_found"
+
+
+# ---------------------------------------------------------------------------------------------- raw HTTP
+
+
+@pytest.mark.parametrize(
+    ("change", "param"),
+    [
+        ({"max_tokens": 100000}, "max_tokens"),
+        ({"max_completion_tokens": 0}, "max_completion_tokens"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"seed": -1}, "seed"),
+        ({"stop": [""]}, "stop[0]"),
+        ({"n": 2}, "n"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"logprobs": True}, "logprobs"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": ""}]}, "messages[0].content"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0]"),
+        ({"messages": "hi"}, "messages"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"zoo": {"k": 500}}, "zoo.k"),
+        ({"zoo": {"domain": "Bad Domain"}}, "zoo.domain"),
+        ({"zoo": {"library_root": "0x12"}}, "zoo.library_root"),
+        ({"zoo": {"kk": 1}}, "zoo.kk"),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, None),
+    ],
+)
+def test_bad_chat_requests_are_400(node: NodeProcess, change: dict, param: str | None) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **change}
+    r = httpx.post(base_url(node) + "/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    err = error_of(r)
+    assert err["type"] == "invalid_request_error"
+    assert err["param"] == (param or "response_format.json_schema.schema")
+    assert err["message"].startswith(err["param"])
+
+
+@pytest.mark.parametrize(
+    ("change", "param"),
+    [
+        ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": [1, 2, 3]}, "prompt"),
+        ({"prompt": ""}, "prompt"),
+        ({"echo": True}, "echo"),
+        ({"best_of": 2}, "best_of"),
+        ({"logprobs": 1}, "logprobs"),
+        ({"suffix": "end"}, "suffix"),
+    ],
+)
+def test_bad_completion_requests_are_400(node: NodeProcess, change: dict, param: str) -> None:
+    r = httpx.post(
+        base_url(node) + "/completions", json={"model": MODEL, "prompt": "hi", **change}, timeout=60
+    )
+    assert r.status_code == 400, r.text
+    assert error_of(r)["param"] == param
+
+
+def test_bad_embedding_requests_are_400(node: NodeProcess) -> None:
+    url = base_url(node) + "/embeddings"
+    for body, param in [
+        ({"input": [[1, 2, 3]]}, "input[0]"),
+        ({"input": []}, "input"),
+        ({"input": [""]}, "input[0]"),
+        ({"input": ["x"] * 257}, "input"),
+        ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
+    ]:
+        r = httpx.post(url, json={"model": EMBEDDER, **body}, timeout=60)
+        assert r.status_code == 400, r.text
+        assert error_of(r)["param"] == param
+
+
+def test_sse_framing(node: NodeProcess) -> None:
+    body = {"model": MODEL, "prompt": "Say hello.", "max_tokens": 6, "stream": True}
+    with httpx.stream("POST", base_url(node) + "/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        lines = list(r.iter_lines())
+    events = sse_events(lines)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all(c["object"] == "text_completion" for c in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length") and "zoo" in chunks[-1]
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+
+
+def test_malformed_bodies_and_routes(node: NodeProcess) -> None:
+    url = base_url(node)
+    r = httpx.post(url + "/chat/completions", content=b"{not json", timeout=30)
+    assert r.status_code == 400 and error_of(r)["type"] == "invalid_request_error"
+    r = httpx.post(url + "/chat/completions", json=[1, 2], timeout=30)
+    assert r.status_code == 400 and "JSON object" in error_of(r)["message"]
+    r = httpx.post(
+        url + "/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}, timeout=30
+    )
+    assert r.status_code == 400 and error_of(r)["param"] == "model"
+    r = httpx.get(url + "/nothing-here", timeout=30)
+    assert r.status_code == 404 and error_of(r)["code"] == "not_found"
+    r = httpx.get(url + "/chat/completions", timeout=30)
+    assert r.status_code == 405 and error_of(r)
+    big = {"model": MODEL, "messages": [{"role": "user", "content": "x" * (5 * 1024 * 1024)}]}
+    r = httpx.post(url + "/chat/completions", json=big, timeout=60)
+    assert r.status_code == 413 and error_of(r)["code"] == "request_too_large"
+
+
+def test_requests_are_counted_by_route(node: NodeProcess) -> None:
+    httpx.get(base_url(node) + "/models", timeout=30)
+    httpx.get(base_url(node) + "/no/such/route", timeout=30)
+    httpx.post(base_url(node) + "/chat/completions", json={"model": MODEL, "messages": []}, timeout=30)
+    text = httpx.get(node.metrics_url, timeout=30).text
+    assert 'zoo_http_requests_total{route="/v1/models",status="200"}' in text
+    assert 'zoo_http_requests_total{route="other",status="404"}' in text
+    assert 'zoo_http_latency_seconds_count{route="/v1/chat/completions"}' in text
+
+
+# ---------------------------------------------------------------------------------------------- other nodes
+
+
+def test_api_key_is_required_when_set(start_node) -> None:
+    n = start_node({"http": {"api_key": "sk-test-key"}}, name="keyed")
+    url = str(n.info["http"]) + "/v1/models"
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic sk-test-key"}):
+        r = httpx.get(url, headers=headers, timeout=30)
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+        assert error_of(r)["type"] == "authentication_error"
+    # The API key alone is enough: the gRPC admin token is never asked for.
+    assert n.admin_token != "sk-test-key"
+    r = httpx.get(url, headers={"Authorization": "Bearer sk-test-key"}, timeout=30)
+    assert r.status_code == 200 and r.json()["data"]
+    sdk = openai.OpenAI(base_url=str(n.info["http"]) + "/v1", api_key="sk-test-key", max_retries=0)
+    assert {m.id for m in sdk.models.list()} == {MODEL, EMBEDDER}
+
+
+def wait_until(condition, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+def test_full_queue_is_429_and_hanging_up_frees_slots(start_node) -> None:
+    """One slot and one queue place: a started stream holds the slot, a request waits, a third is refused
+    with 429. The waiter that hangs up leaves the queue, the stream that is closed frees the slot."""
+    n = start_node({"inference": {"max_batch_size": 1, "max_queued": 1}}, name="tinyqueue")
+    n.wait_component("model", "SERVING", timeout_s=180)
+    url = str(n.info["http"]) + "/v1/chat/completions"
+    hold = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Write a long story about a dragon."}],
+        "max_tokens": 300,
+        "stop": ["zzzz-never"],
+        "stream": True,
+        "zoo": {"disable_experiences": True},
+    }
+    quick = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    with (
+        httpx.Client(timeout=60) as http,
+        NodeClient(n.address) as grpc_client,
+        concurrent.futures.ThreadPoolExecutor(1) as pool,
+    ):
+        serving = lambda: grpc_client.status().serving  # noqa: E731
+        with http.stream("POST", url, json=hold) as stream:
+            assert stream.status_code == 200
+            lines = stream.iter_lines()  # kept: dropping the iterator would close the connection
+            assert next(lines).startswith("data: ")  # the stream has started: it holds the only slot
+            # A streamed request waits in the queue (its response has not started), then gives up.
+            waiter = pool.submit(httpx.post, url, json={**quick, "stream": True}, timeout=3)
+            wait_until(lambda: serving().waiting == 1)
+            r = http.post(url, json=quick)
+            assert r.status_code == 429
+            err = error_of(r)
+            assert err["type"] == "rate_limit_error" and err["code"] == "rate_limit_exceeded"
+            assert "queue is full" in err["message"]
+            with pytest.raises(httpx.ReadTimeout):
+                waiter.result()
+            wait_until(lambda: serving().waiting == 0)
+            assert serving().running == 1
+        # Closing the stream stops its generation and frees the slot.
+        wait_until(lambda: serving().running == 0)
+        r = http.post(url, json=quick)
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] is not None
+    metrics = httpx.get(n.metrics_url, timeout=30).text
+    assert 'zoo_http_requests_total{route="/v1/chat/completions",status="429"} 1.0' in metrics
+    assert "level=error" not in n.log()
+
+
+def test_disabled_http_api(start_node) -> None:
+    n = start_node({"http": {"enabled": False}}, name="nohttp")
+    assert n.info["http"] == ""
+    with NodeClient(n.address) as c:
+        assert c.status().http_address == ""
+
+
+def test_http_port_in_use_fails_startup(start_node) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        n = start_node({"http": {"listen": f"127.0.0.1:{port}"}}, name="portinuse", wait=False)
+        assert n.proc.wait(120) != 0
+    assert f"cannot serve the HTTP API on 127.0.0.1:{port}" in n.log()
+
+
+# ---------------------------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize(
+    ("toml", "needle"),
+    [
+        ('[http]\nlisten = "nohost"\n', "http.listen"),
+        ('[http]\nlisten = "127.0.0.1:70000"\n', "out of range"),
+        ("[http]\nmax_body_bytes = 10\n", "http.max_body_bytes"),
+        ('[http]\nlisen = "x"\n', "http.lisen: unknown key"),
+    ],
+)
+def test_bad_http_config_names_key_and_file(tmp_path: Path, toml: str, needle: str) -> None:
+    f = tmp_path / "bad.toml"
+    f.write_text(toml)
+    with pytest.raises(ConfigError) as e:
+        load_config(f, environ={})
+    assert needle in str(e.value) and str(f) in str(e.value)
+
+
+def test_http_config_defaults_and_masked_key() -> None:
+    cfg = load_config(None, environ={})
+    assert cfg.http.enabled and cfg.http.listen == "127.0.0.1:8080" and cfg.http.api_key is None
+    cfg = load_config(None, environ={"ZOO_NODE_HTTP__API_KEY": "sk-secret"})
+    assert cfg.http.api_key is not None and cfg.http.api_key.get_secret_value() == "sk-secret"
+    assert effective_config(cfg)["http"]["api_key"] == "********"
+    assert "sk-secret" not in repr(cfg)
+
+
+# ---------------------------------------------------------------------------------------------- in process
+
+
+class FakeEngine:
+    """Streams fixed deltas, then fails or finishes, as the real engine's stream does."""
+
+    def __init__(self, fail_after: BaseException | None = None, fail_before: BaseException | None = None):
+        self.fail_after = fail_after
+        self.fail_before = fail_before
+        self.closed = False
+
+    async def stream(self, params):
+        from zoo.inference.backend import Chunk
+        from zoo.inference.engine import InferOutcome
+
+        try:
+            if self.fail_before is not None:
+                raise self.fail_before
+            for word in ("Hello", " there"):
+                yield Chunk(word)
+            if self.fail_after is not None:
+                raise self.fail_after
+            yield InferOutcome(
+                "Hello there", [], "", 0, MODEL, 3, 2, 0.1, 1.0, "cancelled", 8, 0.0, 1.0, 7, []
+            )
+        finally:
+            self.closed = True
+
+
+def call_app(engine, method: str, path: str, body: dict | None = None, embedder=None) -> httpx.Response:
+    """One request to the API app in this process, with a fake engine behind it."""
+    import asyncio
+
+    from zoo.node.admission import Admission
+    from zoo.node.config import InferenceConfig
+    from zoo.node.http_api import ApiDeps, build_app
+    from zoo.node.metrics import NodeMetrics
+
+    deps = ApiDeps(
+        lambda: engine,
+        Admission(1, 0, 1.0),
+        InferenceConfig(),
+        NodeMetrics("test"),
+        MODEL,
+        lambda: embedder,
+        EMBEDDER,
+    )
+
+    async def go() -> httpx.Response:
+        transport = httpx.ASGITransport(app=build_app(deps))
+        async with httpx.AsyncClient(transport=transport, base_url="http://node") as c:
+            return await c.request(method, path, json=body)
+
+    return asyncio.run(go())
+
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_error_after_the_stream_started_is_one_error_event() -> None:
+    from zoo.inference.backend import BackendError
+
+    engine = FakeEngine(fail_after=BackendError("the backend fell over"))
+    r = call_app(engine, "POST", "/v1/chat/completions", {**CHAT, "stream": True})
+    assert r.status_code == 200
+    events = sse_events(r.text.split("\n")[:-1])
+    assert events[-1] != "[DONE]" and "[DONE]" not in events
+    error = json.loads(events[-1])["error"]
+    assert error["type"] == "server_error" and error["code"] is None
+    assert "internal error (BackendError)" in error["message"]  # unexpected errors are not detailed
+    assert json.loads(events[1])["choices"][0]["delta"]["content"] == "Hello"
+    assert engine.closed
+
+
+@pytest.mark.parametrize(
+    ("engine", "status", "kind"),
+    [
+        (None, 503, "server_error"),
+        ("unavailable", 503, "server_error"),
+        ("not_found", 404, "invalid_request_error"),
+        ("too_long", 400, "invalid_request_error"),
+        ("bug", 500, "server_error"),
+    ],
+)
+def test_errors_before_the_first_token_are_http_errors(engine, status: int, kind: str) -> None:
+    from zoo.inference.backend import BackendUnavailable
+    from zoo.inference.prompt import PromptTooLong
+    from zoo.registry.errors import NotFound
+
+    failures = {
+        "unavailable": BackendUnavailable("the remote server is down"),
+        "not_found": NotFound("this node does not hold that library root"),
+        "too_long": PromptTooLong("messages", "too long"),
+        "bug": ZeroDivisionError("secret detail"),
+    }
+    fake = None if engine is None else FakeEngine(fail_before=failures[engine])
+    for stream in (False, True):
+        r = call_app(fake, "POST", "/v1/chat/completions", {**CHAT, "stream": stream})
+        assert r.status_code == status, r.text
+        err = error_of(r)
+        assert err["type"] == kind and "secret detail" not in err["message"]
+    if engine == "too_long":
+        r = call_app(fake, "POST", "/v1/completions", {"model": MODEL, "prompt": "hi"})
+        assert error_of(r)["param"] == "prompt"
+
+
+def test_cancelled_generation_reads_as_stop_and_embedder_loading_is_503() -> None:
+    r = call_app(FakeEngine(), "POST", "/v1/chat/completions", CHAT)
+    assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "stop"
+    r = call_app(FakeEngine(), "POST", "/v1/embeddings", {"model": EMBEDDER, "input": "x"})
+    assert r.status_code == 503 and error_of(r)["type"] == "server_error"
