@@ -8,6 +8,7 @@ print(client.status().node_version)
 from __future__ import annotations
 
 import json
+from collections import namedtuple
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,9 @@ class NodeClient:
         tls_root_cert: bytes | None = None,
         use_tls: bool = False,
         timeout_s: float = 10.0,
+        api_key: str | None = None,
     ) -> None:
+        """api_key: the node's server.api_key, sent with every inference call when the node requires one."""
         self.address = address
         self.timeout_s = timeout_s
         self._token = admin_token
@@ -39,6 +42,8 @@ class NodeClient:
             )
         else:
             self.channel = grpc.insecure_channel(address)
+        if api_key:
+            self.channel = grpc.intercept_channel(self.channel, _ApiKey(api_key))
         self.node = node_pb2_grpc.NodeServiceStub(self.channel)
         self.inference = inference_pb2_grpc.InferenceServiceStub(self.channel)
         self.library = library_pb2_grpc.LibraryServiceStub(self.channel)
@@ -87,3 +92,35 @@ class NodeClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _CallDetails(
+    namedtuple("_CallDetails", "method timeout metadata credentials wait_for_ready compression"),
+    grpc.ClientCallDetails,
+):
+    pass
+
+
+class _ApiKey(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    """Adds `authorization: Bearer <api_key>` to InferenceService calls (admin calls carry their own)."""
+
+    def __init__(self, api_key: str) -> None:
+        self._metadata = ("authorization", f"Bearer {api_key}")
+
+    def _with_key(self, details: Any) -> Any:
+        if not details.method.startswith("/zoo.v1.InferenceService/"):
+            return details
+        return _CallDetails(
+            details.method,
+            details.timeout,
+            [*(details.metadata or []), self._metadata],
+            details.credentials,
+            details.wait_for_ready,
+            details.compression,
+        )
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._with_key(details), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._with_key(details), request)

@@ -71,6 +71,10 @@ class ServerConfig(_Section):
     admin_token: SecretStr | None = None
     """Bearer token for admin RPCs (jobs, key-spending and library-writing calls). When unset the node
     generates one on first start and keeps it in DATA_DIR/admin.token (mode 0600)."""
+    api_key: SecretStr | None = None
+    """Bearer token for the public inference endpoints: when set, gRPC InferenceService calls and every
+    HTTP /v1/* request must send `authorization: Bearer <api_key>` (UNAUTHENTICATED / 401 otherwise).
+    Unset: inference is open. The admin token is never needed for inference."""
     tls_cert: Path | None = None
     """PEM certificate chain; TLS is on when tls_cert and tls_key are both set."""
     tls_key: Path | None = None
@@ -110,9 +114,6 @@ class HttpConfig(_Section):
     /v1/models) in the daemon's process, sharing its model, admission queue and metrics."""
     listen: str = "127.0.0.1:8080"
     """HTTP listen address HOST:PORT (port 0 picks a free port; the chosen one is written to node.json)."""
-    api_key: SecretStr | None = None
-    """When set, every /v1/* request must send `Authorization: Bearer <api_key>` (401 otherwise). The
-    admin token is never needed for inference."""
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, le=1024**3)
     """Largest request body accepted; a bigger one is refused with 413."""
 
@@ -360,5 +361,5 @@ def effective_config(cfg: NodeConfig) -> dict[str, Any]:
     out = cfg.model_dump(mode="json")
     token = cfg.server.admin_token
     out["server"]["admin_token"] = "********" if token is not None else None
-    out["http"]["api_key"] = "********" if cfg.http.api_key is not None else None
+    out["server"]["api_key"] = "********" if cfg.server.api_key is not None else None
     return out

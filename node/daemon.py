@@ -15,10 +15,11 @@ from typing import Any
 
 from zoo.node import __version__
 from zoo.node.admission import Admission
+from zoo.node.api.endpoints import ApiDeps, embedder_model_id
+from zoo.node.api.server import HttpServer, start_http_api
 from zoo.node.components import Component, DisabledComponent, Supervisor
 from zoo.node.config import NodeConfig, parse_listen
 from zoo.node.datadir import DataDir, DataDirLocked
-from zoo.node.http_api import ApiDeps, HttpServer, embedder_model_id, start_http_api
 from zoo.node.inference_service import InferenceServicer, serving_stats
 from zoo.node.inference_wiring import NodeLibraryView, RetrievalComponent, UsageCounter
 from zoo.node.job_runner import JobRunner, Resources
@@ -366,6 +367,7 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
         model_id(cfg, model_path),
         _embedder(supervisor),
         embedder_model_id(cfg.embedder.path),
+        api_key=cfg.server.api_key.get_secret_value() if cfg.server.api_key else None,
     )
     http = await _start_http(cfg, metrics, deps)
     http_url = http.address if http is not None else ""

@@ -29,22 +29,31 @@ UNLIMITED_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 # Generation RPCs pass the generic RPC limit: they queue in their own admission (node/admission.py),
 # which waits for a slot instead of refusing at once.
 SELF_ADMITTED = ("/zoo.v1.InferenceService/Infer", "/zoo.v1.InferenceService/InferStream")
+# Public inference: open, or guarded by server.api_key when one is set (the HTTP API checks the same key).
+PUBLIC_PREFIXES = ("/zoo.v1.InferenceService/",)
 
 
 class NodeInterceptor(grpc.aio.ServerInterceptor):
     def __init__(
-        self, metrics: NodeMetrics, admin_token: str, max_concurrent: int, admin_methods: tuple[str, ...] = ()
+        self,
+        metrics: NodeMetrics,
+        admin_token: str,
+        max_concurrent: int,
+        admin_methods: tuple[str, ...] = (),
+        api_key: str | None = None,
     ) -> None:
         self.metrics = metrics
         self._token = admin_token.encode()
+        self._api_key = api_key.encode() if api_key else None
         self._slots = asyncio.Semaphore(max_concurrent)
         self._admin = ADMIN_PREFIXES + admin_methods
 
-    def _authorized(self, metadata: tuple[Any, ...] | None) -> bool:
+    def _authorized(self, metadata: tuple[Any, ...] | None, secret: bytes | None = None) -> bool:
+        secret = self._token if secret is None else secret
         for key, value in metadata or ():
             if key == "authorization":
                 scheme, _, token = (value if isinstance(value, str) else value.decode()).partition(" ")
-                return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self._token)
+                return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), secret)
         return False
 
     async def intercept_service(
@@ -59,6 +68,14 @@ class NodeInterceptor(grpc.aio.ServerInterceptor):
         if method.startswith(self._admin) and not self._authorized(details.invocation_metadata):
             self.metrics.rpc_rejected.labels(method, "unauthenticated").inc()
             return _replace(handler, _deny(grpc.StatusCode.UNAUTHENTICATED, _auth_message(method)))
+        if (
+            self._api_key is not None
+            and method.startswith(PUBLIC_PREFIXES)
+            and not self._authorized(details.invocation_metadata, self._api_key)
+        ):
+            self.metrics.rpc_rejected.labels(method, "unauthenticated").inc()
+            message = f"{method} needs metadata 'authorization: Bearer <key>' with this node's server.api_key"
+            return _replace(handler, _deny(grpc.StatusCode.UNAUTHENTICATED, message))
         if method.startswith(UNLIMITED_PREFIXES):
             return handler
         return _replace(handler, self._wrap(method, handler))

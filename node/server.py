@@ -65,7 +65,8 @@ def build_server(
     servicers: list[tuple[Callable[[Any, grpc.aio.Server], None], Any]],
 ) -> tuple[grpc.aio.Server, int]:
     """Create and bind the server; returns it with the bound port (not started yet)."""
-    interceptor = NodeInterceptor(metrics, admin_token, cfg.server.max_concurrent_rpcs)
+    api_key = cfg.server.api_key.get_secret_value() if cfg.server.api_key else None
+    interceptor = NodeInterceptor(metrics, admin_token, cfg.server.max_concurrent_rpcs, api_key=api_key)
     server = grpc.aio.server(
         interceptors=[interceptor],
         options=[

@@ -9,6 +9,7 @@ import socket
 import time
 from pathlib import Path
 
+import grpc
 import httpx
 import numpy as np
 import openai
@@ -19,6 +20,7 @@ from zoo.devnet.genesis import genesis_library
 from zoo.node.client import NodeClient
 from zoo.node.config import ConfigError, effective_config, load_config
 from zoo.registry.merkle import library_root
+from zoo.v1 import inference_pb2 as pb
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 EMBEDDER = "all-MiniLM-L6-v2"
@@ -318,7 +320,7 @@ def test_requests_are_counted_by_route(node: NodeProcess) -> None:
 
 
 def test_api_key_is_required_when_set(start_node) -> None:
-    n = start_node({"http": {"api_key": "sk-test-key"}}, name="keyed")
+    n = start_node({"server": {"api_key": "sk-test-key"}}, name="keyed")
     url = str(n.info["http"]) + "/v1/models"
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic sk-test-key"}):
         r = httpx.get(url, headers=headers, timeout=30)
@@ -330,6 +332,16 @@ def test_api_key_is_required_when_set(start_node) -> None:
     assert r.status_code == 200 and r.json()["data"]
     sdk = openai.OpenAI(base_url=str(n.info["http"]) + "/v1", api_key="sk-test-key", max_retries=0)
     assert {m.id for m in sdk.models.list()} == {MODEL, EMBEDDER}
+    # The same key guards gRPC inference; status and health stay open.
+    request = pb.InferRequest(prompt="hi", sampling=pb.SamplingParams(max_tokens=2))
+    with NodeClient(n.address) as anonymous:
+        assert anonymous.status().node_version
+        with pytest.raises(grpc.RpcError) as e:
+            anonymous.inference.Infer(request, timeout=60)
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED and "server.api_key" in e.value.details()
+    n.wait_component("model", "SERVING", timeout_s=180)
+    with NodeClient(n.address, api_key="sk-test-key") as keyed:
+        assert keyed.inference.Infer(request, timeout=120).usage.completion_tokens > 0
 
 
 def wait_until(condition, timeout_s: float = 60.0) -> None:
@@ -424,10 +436,10 @@ def test_bad_http_config_names_key_and_file(tmp_path: Path, toml: str, needle: s
 
 def test_http_config_defaults_and_masked_key() -> None:
     cfg = load_config(None, environ={})
-    assert cfg.http.enabled and cfg.http.listen == "127.0.0.1:8080" and cfg.http.api_key is None
-    cfg = load_config(None, environ={"ZOO_NODE_HTTP__API_KEY": "sk-secret"})
-    assert cfg.http.api_key is not None and cfg.http.api_key.get_secret_value() == "sk-secret"
-    assert effective_config(cfg)["http"]["api_key"] == "********"
+    assert cfg.http.enabled and cfg.http.listen == "127.0.0.1:8080" and cfg.server.api_key is None
+    cfg = load_config(None, environ={"ZOO_NODE_SERVER__API_KEY": "sk-secret"})
+    assert cfg.server.api_key is not None and cfg.server.api_key.get_secret_value() == "sk-secret"
+    assert effective_config(cfg)["server"]["api_key"] == "********"
     assert "sk-secret" not in repr(cfg)
 
 
@@ -465,8 +477,9 @@ def call_app(engine, method: str, path: str, body: dict | None = None, embedder=
     import asyncio
 
     from zoo.node.admission import Admission
+    from zoo.node.api.endpoints import ApiDeps
+    from zoo.node.api.server import build_app
     from zoo.node.config import InferenceConfig
-    from zoo.node.http_api import ApiDeps, build_app
     from zoo.node.metrics import NodeMetrics
 
     deps = ApiDeps(

@@ -1,0 +1,346 @@
+"""The endpoints of the HTTP API and what they share with the daemon (`ApiDeps`): generation through
+the admission queue and the engine, whole or streamed as SSE, embeddings and models. A client that hangs
+up cancels its request, which stops generation and frees the admission slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+import uuid
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from zoo.inference.backend import BackendError, BackendUnavailable, Chunk
+from zoo.inference.engine import InferenceEngine, InferOutcome, InferParams
+from zoo.node.admission import Admission
+from zoo.node.api.errors import ApiError, api_error_for, unsupported
+from zoo.node.api.responses import SSE_DONE, Answer, ChatAnswer, CompletionAnswer, encode_vector, sse
+from zoo.node.api.schemas import (
+    CHAT_FIELDS,
+    COMPLETION_FIELDS,
+    ChatRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    Generation,
+    ZooOptions,
+    chat_field,
+    chat_messages,
+    check_chat,
+    check_completion,
+    completion_field,
+    completion_prompt,
+    embedding_inputs,
+    read_json,
+    response_format,
+)
+from zoo.node.config import InferenceConfig
+from zoo.node.errors import Overloaded
+from zoo.node.inference_service import FieldNames, validate_params
+from zoo.node.metrics import NodeMetrics
+from zoo.registry.errors import ValidationError
+
+T = TypeVar("T")
+
+BUNDLED_EMBEDDER_ID = "all-MiniLM-L6-v2"
+MAX_EMBED_REQUESTS = 32  # embedding requests running or waiting for the embedder; beyond: 429
+
+
+def embedder_model_id(path: Path | None) -> str:
+    """The id /v1/models lists for the embedder: its directory's name (the bundled one's hub name)."""
+    if path is None:
+        return BUNDLED_EMBEDDER_ID
+    path = Path(path)
+    return path.parent.name if path.name == "model" else path.name
+
+
+@dataclass
+class ApiDeps:
+    """What the HTTP API shares with the rest of the daemon."""
+
+    engine: Callable[[], InferenceEngine | None]
+    admission: Admission
+    inference: InferenceConfig
+    metrics: NodeMetrics
+    model_id: str
+    embedder: Callable[[], Any]  # the loaded Embedder, or None while it loads
+    embedder_id: str
+    api_key: str | None = None
+    max_body_bytes: int = 4 * 1024 * 1024
+
+
+class OpenAIApi:
+    """The endpoints; each answers OpenAI's error shape for every failure."""
+
+    def __init__(self, deps: ApiDeps) -> None:
+        self.deps = deps
+        self.started = int(time.time())
+        self._embedding_requests = 0
+
+    # -- generation
+
+    async def chat_completions(self, request: Request) -> Response:
+        body = ChatRequest.model_validate(await read_json(request, self.deps.max_body_bytes))
+        self._check_model(body.model)
+        check_chat(body)
+        names = CHAT_FIELDS
+        if body.max_completion_tokens is not None:
+            names = dataclasses.replace(names, max_tokens="max_completion_tokens")
+        tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        params = self._params(
+            body,
+            names,
+            messages=chat_messages(body.messages),
+            max_tokens=tokens,
+            response_format=response_format(body.response_format),
+        )
+        answer = ChatAnswer("chatcmpl-" + uuid.uuid4().hex, self.deps.model_id, _include_usage(body))
+        return await self._answer(request, params, answer, body.stream, chat_field)
+
+    async def completions(self, request: Request) -> Response:
+        body = CompletionRequest.model_validate(await read_json(request, self.deps.max_body_bytes))
+        self._check_model(body.model)
+        check_completion(body)
+        prompt = completion_prompt(body.prompt)
+        params = self._params(body, COMPLETION_FIELDS, prompt=prompt, max_tokens=body.max_tokens)
+        answer = CompletionAnswer("cmpl-" + uuid.uuid4().hex, self.deps.model_id, _include_usage(body))
+        return await self._answer(request, params, answer, body.stream, completion_field)
+
+    def _params(self, body: Generation, names: FieldNames, **fields: Any) -> InferParams:
+        zoo = body.zoo or ZooOptions()
+        stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        return validate_params(
+            self.deps.inference,
+            domain=zoo.domain,
+            k=zoo.k,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            seed=body.seed,
+            stop=stop,
+            disable_experiences=zoo.disable_experiences,
+            library_root=zoo.library_root,
+            use_expert_factors=zoo.use_expert_factors,
+            names=names,
+            **fields,
+        )
+
+    async def _answer(
+        self,
+        request: Request,
+        params: InferParams,
+        answer: Answer,
+        stream: bool | None,
+        rename: Callable[[str], str],
+    ) -> Response:
+        """Generate; the engine's and backend's ValidationErrors name fields as gRPC does, `rename` maps
+        them to this endpoint's JSON."""
+        try:
+            if stream:
+                return await self._stream(request, params, answer)
+            outcome, queue_ms = await unless_disconnected(request, self._complete(params))
+        except ValidationError as e:
+            raise api_error_for(e, rename) from None
+        return JSONResponse(answer.whole(outcome, queue_ms))
+
+    def _engine(self) -> InferenceEngine:
+        engine = self.deps.engine()
+        if engine is None:
+            raise BackendUnavailable("the model is still loading; retry shortly (see health of 'model')")
+        return engine
+
+    async def _generate(
+        self, params: InferParams
+    ) -> AsyncGenerator[tuple[float, Chunk | InferOutcome], None]:
+        """The engine's chunks and outcome, each with the queue wait, holding an admission slot throughout.
+
+        Closing this generator closes the engine's stream, which stops generation.
+        """
+        engine = self._engine()
+        async with (
+            self.deps.admission.slot() as queue_ms,
+            contextlib.aclosing(engine.stream(params)) as items,
+        ):
+            async for item in items:
+                yield queue_ms, item
+
+    async def _complete(self, params: InferParams) -> tuple[InferOutcome, float]:
+        async with contextlib.aclosing(self._generate(params)) as items:
+            async for queue_ms, item in items:
+                if isinstance(item, InferOutcome):
+                    return item, queue_ms
+        raise BackendError("the engine ended its stream without an outcome")
+
+    async def _stream(self, request: Request, params: InferParams, answer: Answer) -> Response:
+        """An SSE answer. The first item is awaited before the response starts, so admission, loading and
+        validation failures (queue full, prompt too long, unknown root) are plain HTTP errors."""
+        items = self._generate(params)
+
+        async def first() -> tuple[float, Chunk | InferOutcome]:
+            return await anext(items)
+
+        try:
+            head = await unless_disconnected(request, first())
+        except BaseException:
+            if not items.ag_running:  # still running only while this handler itself is being cancelled
+                await items.aclose()
+            raise
+        return EventStream(_events(head, items, answer))
+
+    # -- embeddings and models
+
+    async def embeddings(self, request: Request) -> Response:
+        body = EmbeddingRequest.model_validate(await read_json(request, self.deps.max_body_bytes))
+        if body.model != self.deps.embedder_id:
+            raise _model_not_found(body.model, [self.deps.embedder_id], "embedding ")
+        texts = embedding_inputs(body.input)
+        embedder = self.deps.embedder()
+        if embedder is None:
+            raise ApiError(
+                503,
+                "the embedding model is still loading; retry shortly",
+                type="server_error",
+                code="unavailable",
+            )
+        if body.dimensions is not None and body.dimensions != embedder.dim:
+            raise unsupported("dimensions", f"must be {embedder.dim} (this model's dimension) or absent")
+        with self._embedding_slot():
+            vectors = await asyncio.to_thread(embedder.embed, texts)
+        fmt = body.encoding_format or "float"
+        data = [
+            {"object": "embedding", "index": i, "embedding": encode_vector(v, fmt)}
+            for i, v in enumerate(vectors)
+        ]
+        # Token counts are approximate: whitespace-separated words, not the embedder's tokenizer.
+        tokens = sum(len(t.split()) for t in texts)
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": data,
+                "model": self.deps.embedder_id,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            }
+        )
+
+    @contextlib.contextmanager
+    def _embedding_slot(self) -> Iterator[None]:
+        if self._embedding_requests >= MAX_EMBED_REQUESTS:
+            raise Overloaded(
+                f"{MAX_EMBED_REQUESTS} embedding requests are already running or waiting; retry later"
+            )
+        self._embedding_requests += 1
+        try:
+            yield
+        finally:
+            self._embedding_requests -= 1
+
+    def _cards(self) -> list[dict[str, Any]]:
+        return [
+            {"id": model, "object": "model", "created": self.started, "owned_by": "zoo-node"}
+            for model in (self.deps.model_id, self.deps.embedder_id)
+        ]
+
+    async def list_models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": self._cards()})
+
+    async def get_model(self, request: Request) -> Response:
+        wanted = request.path_params["model"]
+        for card in self._cards():
+            if card["id"] == wanted:
+                return JSONResponse(card)
+        raise _model_not_found(wanted, [c["id"] for c in self._cards()])
+
+    def _check_model(self, model: str) -> None:
+        if model != self.deps.model_id:
+            raise _model_not_found(model, [self.deps.model_id], "chat ")
+
+
+def _include_usage(body: Generation) -> bool:
+    return bool(body.stream and body.stream_options and body.stream_options.include_usage)
+
+
+def _model_not_found(model: str, served: list[str], kind: str = "") -> ApiError:
+    return ApiError(
+        404,
+        f"the model {model[:200]!r} does not exist on this node; "
+        f"its {kind}model is {', '.join(map(repr, served))}",
+        param="model",
+        code="model_not_found",
+    )
+
+
+async def _events(
+    head: tuple[float, Chunk | InferOutcome],
+    items: AsyncGenerator[tuple[float, Chunk | InferOutcome], None],
+    answer: Answer,
+) -> AsyncGenerator[bytes, None]:
+    """SSE events of one answer; an error after the stream started is one `error` event, then the end."""
+    try:
+        for event in answer.opening():
+            yield sse(event)
+        queue_ms, item = head
+        while not isinstance(item, InferOutcome):
+            yield sse(answer.delta(item.delta))
+            queue_ms, item = await anext(items)
+        for event in answer.closing(item, queue_ms):
+            yield sse(event)
+        yield SSE_DONE
+    except Exception as e:
+        yield sse(api_error_for(e).body())
+    finally:
+        await items.aclose()
+
+
+class EventStream(StreamingResponse):
+    """An SSE response that closes its event generator however the response ends (a client that hangs
+    up cancels the send; closing the generator then stops generation and frees the admission slot)."""
+
+    def __init__(self, events: AsyncGenerator[bytes, None]) -> None:
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        super().__init__(events, media_type="text/event-stream", headers=headers)
+        self._events = events
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if not self._events.ag_running:
+                await self._events.aclose()
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it if the client hangs up first (a cancelled generation stops)."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.add_done_callback(_retrieve)
+        task.cancel()
+        raise
+    finally:
+        watch.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.wait({task})  # let it unwind: the generation stops and its slot is freed
+        _retrieve(task)
+        raise ApiError(499, "the client closed the request", code="client_closed_request")
+    return task.result()
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Consume a cancelled task's outcome, so an error raised while it stopped is not reported as lost."""
+    if not task.cancelled():
+        task.exception()
+
+
+async def _disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

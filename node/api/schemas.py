@@ -1,0 +1,259 @@
+"""Request bodies of the HTTP API and the parsing of their fields into what the engine takes: chat
+messages, the completion prompt, response_format, embedding inputs, the OpenAI parameters this node
+refuses, and the body itself, read within its size limit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Literal
+
+from fastapi import Request
+from pydantic import BaseModel, ConfigDict
+
+from zoo.inference.backend import ResponseFormat
+from zoo.inference.structured import parse_response_format
+from zoo.node.api.errors import ApiError, api_error_for, invalid, unsupported
+from zoo.node.inference_service import FieldNames
+from zoo.registry.errors import ValidationError
+
+MAX_EMBED_INPUTS = 256
+MAX_EMBED_CHARS = 32_768
+DRAIN_FACTOR = 4  # an oversized body is read (and dropped) up to this many times the limit, then cut off
+
+CHAT_FIELDS = FieldNames(
+    messages="messages",
+    prompt="prompt",
+    k="zoo.k",
+    max_tokens="max_tokens",
+    temperature="temperature",
+    top_p="top_p",
+    seed="seed",
+    stop="stop",
+    domain="zoo.domain",
+    library_root="zoo.library_root",
+)
+COMPLETION_FIELDS = dataclasses.replace(CHAT_FIELDS, messages="prompt")
+
+
+def chat_field(field: str) -> str:
+    return "response_format.json_schema.schema" if field == "response_format.json_schema" else field
+
+
+def completion_field(field: str) -> str:
+    return "prompt" if field.startswith("messages") else field
+
+
+# ---------------------------------------------------------------------------------------------- bodies
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # clients send vendor fields; ignore what we do not know
+
+
+class ZooOptions(BaseModel):
+    """The zoo extension of a generation request: what to retrieve and how to use it."""
+
+    model_config = ConfigDict(extra="forbid")
+    domain: str = ""
+    k: int | None = None
+    library_root: str = ""
+    disable_experiences: bool = False
+    use_expert_factors: bool = False
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class Generation(_Body):
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None  # accepted and ignored
+    zoo: ZooOptions | None = None
+
+
+class ChatMessage(_Body):
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+
+class ChatRequest(Generation):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    response_format: dict[str, Any] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+
+
+class CompletionRequest(Generation):
+    prompt: Any = None  # a string, or a list of exactly one string
+    echo: bool | None = None
+    best_of: int | None = None
+    logprobs: int | None = None
+    suffix: str | None = None
+
+
+class EmbeddingRequest(_Body):
+    model: str
+    input: Any = None  # a string or a list of strings
+    encoding_format: Literal["float", "base64"] | None = None
+    dimensions: int | None = None
+    user: str | None = None
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+
+
+def chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """Plain {"role", "content"} turns; text parts are joined, "developer" is the system role."""
+    if not messages:
+        raise invalid("messages", "must contain at least one message")
+    out = []
+    for i, m in enumerate(messages):
+        role = "system" if m.role == "developer" else m.role
+        out.append({"role": role, "content": _text_of(m.content, f"messages[{i}].content")})
+    return out
+
+
+def _text_of(content: str | list[dict[str, Any]] | None, field: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for j, part in enumerate(content):
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise invalid(
+                f"{field}[{j}]",
+                f"only text parts are supported (got type {str(part.get('type'))[:40]!r})",
+                code="unsupported_content",
+            )
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def completion_prompt(prompt: Any) -> str:
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise invalid("prompt", "must be a string (or a list of exactly one string)")
+    if not prompt:
+        raise invalid("prompt", "must not be empty")
+    return prompt
+
+
+def response_format(rf: dict[str, Any] | None) -> ResponseFormat | None:
+    """OpenAI's response_format, checked by the same rules as gRPC's (`parse_response_format`)."""
+    if rf is None:
+        return None
+    kind = rf.get("type")
+    if not isinstance(kind, str):
+        raise invalid("response_format.type", "must be one of 'text', 'json_object', 'json_schema'")
+    schema = ""
+    if kind == "json_schema":
+        spec = rf.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+            raise invalid("response_format.json_schema.schema", "must be a JSON Schema object")
+        schema = json.dumps(spec["schema"])
+    try:
+        return parse_response_format(kind, schema)
+    except ValidationError as e:  # gRPC's json_schema is the schema text; here it sits in json_schema.schema
+        raise api_error_for(e, chat_field) from None
+
+
+def _check_generation(body: Generation) -> None:
+    """Refuse the OpenAI parameters this node cannot honour instead of silently ignoring them."""
+    if body.n not in (None, 1):
+        raise invalid("n", "only n = 1 is supported", code="unsupported_value")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(body, name) not in (None, 0):
+            raise unsupported(name, "is not supported by this node (only 0)")
+    if body.logit_bias:
+        raise unsupported("logit_bias")
+
+
+def check_chat(body: ChatRequest) -> None:
+    _check_generation(body)
+    if body.logprobs or body.top_logprobs:
+        raise unsupported("logprobs" if body.logprobs else "top_logprobs")
+    for name in ("tools", "functions"):
+        if getattr(body, name):
+            raise unsupported(name, "tool calling is not supported by this node")
+    for name in ("tool_choice", "function_call"):
+        if getattr(body, name) not in (None, "none"):
+            raise unsupported(name, "tool calling is not supported by this node")
+
+
+def check_completion(body: CompletionRequest) -> None:
+    _check_generation(body)
+    if body.echo:
+        raise unsupported("echo")
+    if body.best_of not in (None, 1):
+        raise unsupported("best_of", "only best_of = 1 is supported")
+    if body.logprobs is not None:
+        raise unsupported("logprobs")
+    if body.suffix:
+        raise unsupported("suffix")
+
+
+def embedding_inputs(value: Any) -> list[str]:
+    texts = [value] if isinstance(value, str) else value
+    if not isinstance(texts, list) or not texts:
+        raise invalid("input", "must be a non-empty string or a non-empty list of strings")
+    if len(texts) > MAX_EMBED_INPUTS:
+        raise invalid("input", f"at most {MAX_EMBED_INPUTS} inputs per request")
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise invalid(f"input[{i}]", "must be a string (token-id arrays are not supported)")
+        if not 0 < len(t) <= MAX_EMBED_CHARS:
+            raise invalid(f"input[{i}]", f"must have 1 to {MAX_EMBED_CHARS} characters")
+    return texts
+
+
+def _read_limit(content_length: str | None, limit: int) -> None:
+    if content_length and content_length.isdigit() and int(content_length) > limit * DRAIN_FACTOR:
+        raise _too_large(limit)
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(
+        413,
+        f"the request body is larger than {limit} bytes (http.max_body_bytes)",
+        code="request_too_large",
+    )
+
+
+async def read_json(request: Request, limit: int) -> dict[str, Any]:
+    """The body as a JSON object: 413 beyond `limit` bytes, 400 when it is not a JSON object."""
+    _read_limit(request.headers.get("content-length"), limit)
+    body = bytearray()
+    size = 0
+    async for piece in request.stream():
+        size += len(piece)
+        if size > limit * DRAIN_FACTOR:
+            raise _too_large(limit)
+        if size <= limit:
+            body += piece
+    if size > limit:  # read to the end, so the client gets the answer instead of a reset connection
+        raise _too_large(limit)
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    return data
