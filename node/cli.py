@@ -138,6 +138,13 @@ def status(
         if lib.root
         else "library   none active yet"
     )
+    out.print(f"openai    {st.http_address or 'off'}")
+    sv = st.serving
+    out.print(
+        f"serving   {sv.running}/{sv.max_batch_size} running, {sv.waiting}/{sv.max_queued} waiting, "
+        f"last batch {sv.last_batch_size}, mean wait {sv.mean_wait_ms:.0f} ms, "
+        f"refused {sv.refused_queue_full} (queue full) + {sv.refused_wait_timeout} (wait too long)"
+    )
     table = Table("component", "state", "detail")
     colours = {
         "SERVING": "green",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -97,10 +98,24 @@ class _Server(BaseHTTPRequestHandler):
 
     requests: ClassVar[list[dict]] = []
     fail_with: int | None = None
+    delay_s: float = 0.0
+    in_flight: ClassVar[list[int]] = [0, 0]  # now, most seen
+    lock = threading.Lock()
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).requests.append({"path": self.path, "auth": self.headers.get("Authorization"), **body})
+        with self.lock:
+            self.in_flight[0] += 1
+            self.in_flight[1] = max(self.in_flight[1], self.in_flight[0])
+        try:
+            time.sleep(type(self).delay_s)
+            self._answer()
+        finally:
+            with self.lock:
+                self.in_flight[0] -= 1
+
+    def _answer(self) -> None:
         if type(self).fail_with:
             self.send_response(type(self).fail_with)
             self.end_headers()
@@ -124,6 +139,8 @@ class _Server(BaseHTTPRequestHandler):
 def openai_server() -> Iterator[str]:
     _Server.requests = []
     _Server.fail_with = None
+    _Server.delay_s = 0.0
+    _Server.in_flight[:] = [0, 0]
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Server)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -152,3 +169,30 @@ def test_openai_errors_are_clear(openai_server: str, tmp_path: Path) -> None:
     closed = OpenAIBackend("http://127.0.0.1:9", "m")
     with pytest.raises(BackendUnavailable, match="unreachable"):
         asyncio.run(generate(closed, GenerationRequest(MSGS)))
+
+
+def test_openai_backend_bounds_requests_in_flight(openai_server: str) -> None:
+    _Server.delay_s = 0.2
+    b = OpenAIBackend(openai_server, "m", max_concurrency=2)
+
+    async def run() -> list:
+        return await asyncio.gather(*(generate(b, GenerationRequest(MSGS)) for _ in range(6)))
+
+    results = asyncio.run(run())
+    assert all(r.text == "The area is 6." for r in results)
+    assert _Server.in_flight[1] == 2 and len(_Server.requests) == 6
+
+
+def test_openai_backend_forwards_the_response_format(openai_server: str) -> None:
+    from zoo.inference.backend import ResponseFormat
+
+    b = OpenAIBackend(openai_server, "m")
+    schema = '{"type":"object","properties":{"a":{"type":"integer"}}}'
+    asyncio.run(generate(b, GenerationRequest(MSGS, response_format=ResponseFormat("json_schema", schema))))
+    asyncio.run(generate(b, GenerationRequest(MSGS, response_format=ResponseFormat("json_object"))))
+    sent = [r["response_format"] for r in _Server.requests]
+    assert sent[0] == {
+        "type": "json_schema",
+        "json_schema": {"name": "response", "schema": json.loads(schema)},
+    }
+    assert sent[1] == {"type": "json_object"}

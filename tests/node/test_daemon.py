@@ -159,6 +159,8 @@ def test_status_cli(node: NodeProcess) -> None:
     assert node.address in out.stdout
     assert re.search(r"model\s+│\s+serving", out.stdout)
     assert re.search(r"chain\s+│\s+disabled", out.stdout)
+    assert f"openai    {node.info['http']}/v1" in out.stdout
+    assert re.search(r"serving   0/\d+ running, 0/\d+ waiting", out.stdout)
 
 
 def test_second_daemon_on_same_data_dir_is_refused(node: NodeProcess, tmp_path: Path) -> None:
