@@ -59,10 +59,10 @@ async def _staggered(backend: TransformersBackend, requests: list[GenerationRequ
 
 
 def test_greedy_output_is_identical_alone_and_inside_a_batch(backend: TransformersBackend) -> None:
-    alone = [asyncio.run(generate(backend, GenerationRequest(msgs(p), max_tokens=40))) for p in PROMPTS]
+    alone = [asyncio.run(generate(backend, GenerationRequest(msgs(p), max_tokens=32))) for p in PROMPTS]
     steps_before = backend.batcher.stats.steps
     together = asyncio.run(
-        _staggered(backend, [GenerationRequest(msgs(p), max_tokens=40) for p in PROMPTS], 0.05)
+        _staggered(backend, [GenerationRequest(msgs(p), max_tokens=32) for p in PROMPTS], 0.05)
     )
     for a, b in zip(alone, together, strict=True):
         assert (b.text, b.completion_tokens, b.finish_reason) == (
