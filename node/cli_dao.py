@@ -165,7 +165,7 @@ def proposals(
         params = dao.registry.params()
         now = int(dao.w3.eth.get_block("latest")["timestamp"])
         rows = [(e, dao.registry.state(e.root), dao.registry.tallies(e.root)) for e in reversed(events)]
-    table = Table("root", "state", "for", "against", "quorum", "time left", "cid")
+    table = Table("root", "state", "for", "against", "for/quorum", "time left", "cid")
     for e, state, t in rows:
         left = e.vote_end - now
         table.add_row(
@@ -173,7 +173,7 @@ def proposals(
             state.name.lower(),
             f"{t.for_weight:,}",
             f"{t.against_weight:,}",
-            f"{t.cast:,}/{params.quorum:,}",
+            f"{t.for_weight:,}/{params.quorum:,}",
             f"{left} s" if left > 0 else "closed",
             e.cid[:20] + ("…" if len(e.cid) > 20 else ""),
         )
@@ -203,7 +203,7 @@ def show(
     table.add_row("snapshot", f"{p.snapshot} ({_when(p.snapshot)})")
     table.add_row("voting", f"{_when(p.vote_start)} → {_when(p.vote_end)}")
     table.add_row("for / against", f"{p.for_weight:,} / {p.against_weight:,} (passes if for > 2 x against)")
-    table.add_row("quorum", f"{p.for_weight + p.against_weight:,} of {params.quorum:,} cast")
+    table.add_row("quorum", f"{p.for_weight:,} of {params.quorum:,} for (against votes do not count)")
     table.add_row("executed", str(p.executed))
     out.print(table)
 

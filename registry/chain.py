@@ -97,7 +97,8 @@ _ERROR_MESSAGES: dict[str, str] = {
     ),
     "ExecutionTooEarly": "proposal {root} cannot be executed before {executableAt}",
     "ProposalAlreadyExecuted": "proposal {root} was already executed",
-    "QuorumNotReached": "proposal {root} did not reach quorum: {cast} weight cast, {quorum} needed",
+    "QuorumNotReached": "proposal {root} did not reach quorum: {support} weight for, {quorum} needed "
+    "(against votes do not count toward quorum)",
     "ProposalDefeated": (
         "proposal {root} was defeated: {forWeight} for and {againstWeight} against is not a two-thirds "
         "majority"
@@ -221,8 +222,12 @@ class Tallies:
 
     @property
     def cast(self) -> int:
-        """Total weight cast (what the quorum counts)."""
+        """Total weight cast, for and against."""
         return self.for_weight + self.against_weight
+
+    def quorum_reached(self, quorum: int) -> bool:
+        """Whether the support meets `quorum` (only `for` weight counts, as in the registry)."""
+        return self.for_weight >= quorum
 
     @property
     def supermajority(self) -> bool:

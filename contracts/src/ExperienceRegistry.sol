@@ -24,8 +24,9 @@ import {RFC9162} from "./RFC9162.sol";
  *   `voteStart <= block.timestamp < voteEnd`.
  * - A vote weighs `floor(sqrt(votes at snapshot))`; each address votes once per proposal.
  * - Execution is possible from `voteEnd + executionDelay` on, once. It requires a strict two-thirds
- *   supermajority of weight (`forWeight > 2 * againstWeight`), participation of at least `quorum` weight
- *   (for and against both count), and that the proposal's parent is still the current root: of several
+ *   supermajority of weight (`forWeight > 2 * againstWeight`), support of at least `quorum` weight (only
+ *   `for` weight counts toward quorum, as in OpenZeppelin's GovernorCountingSimple: an opponent's vote can
+ *   never lift a proposal over quorum), and that the proposal's parent is still the current root: of several
  *   competing proposals on the same parent, the first executed wins and the others become Stale.
  *
  * SECURITY: square-root voting is NOT Sybil-resistant on its own. Whoever splits a balance over k addresses
@@ -275,12 +276,12 @@ contract ExperienceRegistry {
     error ProposalAlreadyExecuted(bytes32 root);
 
     /**
-     * @notice Fewer than {quorum} weight units were cast on the proposal.
+     * @notice Fewer than {quorum} weight units were cast for the proposal (against votes do not count).
      * @param root The proposal.
-     * @param cast Weight cast (for plus against).
+     * @param support Weight cast for.
      * @param quorum The weight required.
      */
-    error QuorumNotReached(bytes32 root, uint256 cast, uint256 quorum);
+    error QuorumNotReached(bytes32 root, uint256 support, uint256 quorum);
 
     /**
      * @notice The proposal lacks a strict two-thirds supermajority (`forWeight > 2 * againstWeight`).
@@ -303,7 +304,7 @@ contract ExperienceRegistry {
      * @param votingPeriod_ Length of the voting window, in seconds (non-zero).
      * @param executionDelay_ Seconds between the end of voting and the earliest execution.
      * @param proposalThreshold_ Token votes a proposer needs at the snapshot.
-     * @param quorum_ Minimum for + against quadratic weight for a proposal to pass.
+     * @param quorum_ Minimum `for` quadratic weight for a proposal to pass (against votes never count toward it).
      * @param voterRegistry_ Registry of allowed voters, or the zero address to let every token holder vote.
      */
     constructor(
@@ -445,9 +446,8 @@ contract ExperienceRegistry {
         if (p.parentRoot != currentRoot) {
             revert ProposalStale(root, p.parentRoot, currentRoot);
         }
-        uint256 cast = p.forWeight + p.againstWeight;
-        if (cast < quorum) {
-            revert QuorumNotReached(root, cast, quorum);
+        if (p.forWeight < quorum) {
+            revert QuorumNotReached(root, p.forWeight, quorum);
         }
         if (!_supermajority(p)) {
             revert ProposalDefeated(root, p.forWeight, p.againstWeight);
@@ -494,7 +494,7 @@ contract ExperienceRegistry {
         if (block.timestamp < p.voteEnd) {
             return ProposalState.Active;
         }
-        if (p.forWeight + p.againstWeight < quorum || !_supermajority(p)) {
+        if (p.forWeight < quorum || !_supermajority(p)) {
             return ProposalState.Defeated;
         }
         if (block.timestamp < uint256(p.voteEnd) + executionDelay) {

@@ -284,7 +284,7 @@ def test_quorum_is_inclusive(world: World, extra_voter: int, passes: bool) -> No
         assert reg.current_root() == proposal.root
     else:
         assert reg.state(proposal.root) is ProposalState.DEFEATED
-        with refused("QuorumNotReached", f"{cast} weight cast, {QUORUM} needed"):
+        with refused("QuorumNotReached", f"{cast} weight for, {QUORUM} needed"):
             reg.execute(proposal.root)
         assert reg.current_root() == ZERO and reg.current_version() == 0
 
@@ -299,14 +299,18 @@ def test_below_quorum_with_only_one_voter(world: World) -> None:
 
 @pytest.mark.parametrize(("for_voter", "passes"), [(1, False), (3, True)])
 def test_two_thirds_supermajority_is_strict(world: World, for_voter: int, passes: bool) -> None:
-    # Against: dev2 with 100 W. For: dev1 with exactly 200 W (= 2 x against, fails) or dev3 with 201 W.
+    # Against: dev0 and dev7, 150 W. For: dev2 (100 W) and dev1 (200 W): exactly 2 x against, fails; or
+    # dev2 and dev3 (201 W): 301 W passes. Both reach the quorum of 250 W with for votes alone.
     reg = world.registry()
     proposal = open_proposal(world, f"majority-{for_voter}")
-    world.registry(for_voter).vote(proposal.root, True)
-    world.registry(2).vote(proposal.root, False)
+    for voter in (for_voter, 2):
+        world.registry(voter).vote(proposal.root, True)
+    for voter in (0, 7):
+        world.registry(voter).vote(proposal.root, False)
     tallies = reg.tallies(proposal.root)
-    assert tallies.against_weight == 100 * W and tallies.for_weight == WEIGHTS[for_voter] * W
-    assert tallies.supermajority is passes
+    for_weight = (WEIGHTS[for_voter] + 100) * W
+    assert tallies.against_weight == 150 * W and tallies.for_weight == for_weight
+    assert tallies.supermajority is passes and tallies.quorum_reached(QUORUM)
     to_executable(world, proposal)
     if passes:
         assert reg.state(proposal.root) is ProposalState.SUCCEEDED
@@ -314,9 +318,26 @@ def test_two_thirds_supermajority_is_strict(world: World, for_voter: int, passes
         assert reg.current_root() == proposal.root and reg.current_version() == 1
     else:
         assert reg.state(proposal.root) is ProposalState.DEFEATED
-        with refused("ProposalDefeated", f"{200 * W} for and {100 * W} against"):
+        with refused("ProposalDefeated", f"{300 * W} for and {150 * W} against"):
             reg.execute(proposal.root)
         assert reg.current_root() == ZERO and reg.current_version() == 0
+
+
+def test_against_votes_never_count_toward_quorum(world: World) -> None:
+    """Issue 15, item 4: 249 W for and 20 W against used to make 269 W "cast", over the 250 W quorum, so an
+    opponent's vote lifted the proposal over quorum and it executed. Only support counts now."""
+    reg = world.registry()
+    proposal = open_proposal(world, "against-lifts-quorum")
+    for voter in (1, 9):  # 200 + 49 = 249 W for
+        world.registry(voter).vote(proposal.root, True)
+    world.registry(6).vote(proposal.root, False)  # 20 W against
+    tallies = reg.tallies(proposal.root)
+    assert tallies.cast >= QUORUM and tallies.supermajority and not tallies.quorum_reached(QUORUM)
+    to_executable(world, proposal)
+    assert reg.state(proposal.root) is ProposalState.DEFEATED
+    with refused("QuorumNotReached", f"{249 * W} weight for, {QUORUM} needed"):
+        reg.execute(proposal.root)
+    assert reg.current_root() == ZERO and reg.current_version() == 0
 
 
 def test_proposal_refusals(world: World) -> None:
