@@ -159,6 +159,7 @@ def proposals(
     limit: int = typer.Option(20, "--limit", min=1, help="Most recent proposals to show."),
 ) -> None:
     """List proposals: state, for/against weight, quorum, time left."""
+    from zoo.registry import chain
     dao = connect(config, data_dir, None, need_key=False)
     with reverts():
         events = dao.registry.proposal_created_events()[-limit:]
@@ -175,7 +176,7 @@ def proposals(
             f"{t.against_weight:,}",
             f"{t.for_weight:,}/{params.quorum:,}",
             f"{left} s" if left > 0 else "closed",
-            e.cid[:20] + ("…" if len(e.cid) > 20 else ""),
+            chain.shown_cid(e.cid, 20),
         )
     out.print(table if rows else "no proposals yet")
 
@@ -185,6 +186,7 @@ def show(
     root: str = typer.Argument(...), config: Path | None = ConfigOpt, data_dir: Path | None = DataDirOpt
 ) -> None:
     """Show one proposal in full."""
+    from zoo.registry import chain
     r = parse_root(root)
     dao = connect(config, data_dir, None, need_key=False)
     with reverts():
@@ -199,7 +201,7 @@ def show(
     table.add_row("state", state.name.lower())
     table.add_row("proposer", p.proposer)
     table.add_row("parent root", "0x" + p.parent_root.hex())
-    table.add_row("cid", p.cid)
+    table.add_row("cid", chain.shown_cid(p.cid))
     table.add_row("snapshot", f"{p.snapshot} ({_when(p.snapshot)})")
     table.add_row("voting", f"{_when(p.vote_start)} → {_when(p.vote_end)}")
     table.add_row("for / against", f"{p.for_weight:,} / {p.against_weight:,} (passes if for > 2 x against)")

@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import datetime
 import enum
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Protocol
 
 from eth_abi import decode as abi_decode
+from eth_abi.codec import ABICodec
+from eth_abi.decoding import StringDecoder
+from eth_abi.encoding import TextStringEncoder
 from eth_abi.exceptions import DecodingError
+from eth_abi.registry import registry as default_registry
 from eth_account.datastructures import SignedTransaction
 from eth_typing import ChecksumAddress
 from eth_utils import abi_to_signature, function_signature_to_4byte_selector, get_abi_input_types
@@ -43,11 +48,13 @@ __all__ = [
     "TokenClient",
     "TransactionSigner",
     "TxResult",
+    "cid_problem",
     "deploy_allowlist",
     "deploy_contract",
     "deploy_registry",
     "deploy_token",
     "describe_revert",
+    "shown_cid",
 ]
 
 # Gas limit = estimate * 5/4 + 50k. The estimate is exact only for the block it ran in; the included block
@@ -80,6 +87,7 @@ _ERROR_MESSAGES: dict[str, str] = {
     "ZeroRoot": "the library root must not be zero",
     "EmptyCID": "the CID must not be empty",
     "CIDTooLong": "the CID is {length} bytes long, more than the {maxLength} allowed",
+    "InvalidCID": "the CID is not a CIDv0 or a multibase CIDv1 string (character {position} breaks the rule)",
     "ProposalAlreadyExists": "a proposal for root {root} already exists (a root can be proposed only once)",
     "WrongParent": "wrong parent: {parentRoot} is not the current library root {currentRoot}",
     "InsufficientProposerVotes": (
@@ -578,6 +586,46 @@ def deploy_allowlist(
 # ---------------------------------------------------------------------------------------------- clients
 
 
+# What the registry accepts as a CID (ExperienceRegistry._checkCID): CIDv0, or a multibase prefix and
+# characters of the multibase alphabets IPFS uses.
+_CID_V0 = re.compile(r"Qm[1-9A-HJ-NP-Za-km-z]{44}")
+_CID_V1 = re.compile(r"[bBzkKfFu][0-9A-Za-z_-]+")
+
+
+def cid_problem(cid: str) -> str | None:
+    """Why `cid` is not a CID the registry would accept, or None when it is one."""
+    if not cid:
+        return "empty"
+    if not cid.isascii() or not cid.isprintable():
+        return f"not printable ASCII: {cid[:40]!r}"
+    if len(cid) > 256:
+        return f"{len(cid)} characters, more than 256"
+    if cid.startswith("Q"):
+        return None if _CID_V0.fullmatch(cid) else "not a CIDv0 ('Qm' and 44 base58btc characters)"
+    return None if _CID_V1.fullmatch(cid) else "not a multibase CIDv1 string"
+
+
+def shown_cid(cid: str, width: int = 0) -> str:
+    """A CID for display: as it is when valid, else marked invalid with its characters escaped."""
+    problem = cid_problem(cid)
+    text = cid if problem is None else f"<invalid CID {ascii(cid)[1:-1]}>"
+    return text[:width] + "…" if width and len(text) > width else text
+
+
+def _tolerant_codec() -> ABICodec:
+    """Web3's ABI codec, except that strings that are not UTF-8 decode (surrogate-escaped) instead of
+    raising: one hostile event in a registry's history must not break every listing of it for good."""
+    tolerant = default_registry.copy()
+    tolerant.unregister("string")
+    tolerant.register(
+        "string", TextStringEncoder, StringDecoder(handle_string_errors="surrogateescape"), label="string"
+    )
+    return ABICodec(tolerant)
+
+
+_TOLERANT_CODEC = _tolerant_codec()
+
+
 class _ContractClient:
     _artifact_name = ""
 
@@ -589,6 +637,7 @@ class _ContractClient:
         *,
         artifacts: Artifacts | None = None,
     ) -> None:
+        w3.codec = _TOLERANT_CODEC  # decodes every valid value exactly as web3's own codec does
         self.w3 = w3
         self.address = Web3.to_checksum_address(address)
         self.account = account

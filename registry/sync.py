@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from zoo.registry.canonical import decode_library
+from zoo.registry.chain import cid_problem, shown_cid
 from zoo.registry.errors import ContentTooLarge, IntegrityError, ValidationError
 from zoo.registry.fsutil import write_atomic
 from zoo.registry.store import LibraryStore, StoredVersion, root_hex
@@ -96,7 +97,8 @@ class LibrarySyncer:
             if self.on_refused:
                 self.on_refused(onchain.version, root, reason)
             raise Refused(
-                f"library version {onchain.version} (root {root}, cid {onchain.cid}) refused: {reason}",
+                f"library version {onchain.version} (root {root}, cid {shown_cid(onchain.cid)}) refused: "
+                f"{reason}",
                 kind=type(e).__name__,
                 version=onchain.version,
                 root=root,
@@ -110,6 +112,9 @@ class LibrarySyncer:
             return self.store.get(version=onchain.version, root=root)  # verified when it was stored
         except LookupError:
             pass
+        problem = cid_problem(onchain.cid)
+        if problem is not None:  # an old registry's history may hold any bytes: never hand them to IPFS
+            raise ValidationError("cid", f"the chain's CID for this version is unusable: {problem}")
         data = self.ipfs.fetch_verified(onchain.cid, timeout=self.fetch_timeout_s, max_size=self.max_bytes)
         library = decode_library(data, max_size=self.max_bytes)
         if library.version != onchain.version:

@@ -194,6 +194,13 @@ contract ExperienceRegistry {
     error CIDTooLong(uint256 length, uint256 maxLength);
 
     /**
+     * @notice The proposed CID is not a CIDv0 (`Qm` + 44 base58btc characters) or a multibase CIDv1 string
+     * (a prefix `b` `B` `z` `k` `K` `f` `F` or `u`, then characters of `[0-9A-Za-z_-]`).
+     * @param position Zero-based index of the first byte that breaks the rule.
+     */
+    error InvalidCID(uint256 position);
+
+    /**
      * @notice A proposal for this root already exists (roots can be proposed only once).
      * @param root The root.
      */
@@ -345,7 +352,7 @@ contract ExperienceRegistry {
      * root; voters must check that the CID's content hashes to the root and vote such a proposal down, and the
      * honest proposer must publish a different root (any change to the library's records changes it).
      * @param root Merkle root of the proposed library (non-zero, never proposed before).
-     * @param cid IPFS CID of the proposed library's content (1 to {MAX_CID_LENGTH} bytes).
+     * @param cid IPFS CID of the proposed library's content (1 to {MAX_CID_LENGTH} bytes, see {InvalidCID}).
      * @param parentRoot The root it builds on; must equal {currentRoot}.
      * @return voteEnd First second after the voting window.
      */
@@ -360,6 +367,7 @@ contract ExperienceRegistry {
         if (cidLength > MAX_CID_LENGTH) {
             revert CIDTooLong(cidLength, MAX_CID_LENGTH);
         }
+        _checkCID(bytes(cid));
         Proposal storage p = _proposals[root];
         if (p.voteStart != 0) {
             revert ProposalAlreadyExists(root);
@@ -618,6 +626,52 @@ contract ExperienceRegistry {
         }
         bytes32 root = _versions[version].root;
         return root != bytes32(0) && RFC9162.verify(leafHash, index, treeSize, proof, root);
+    }
+
+    /**
+     * @dev Every client decodes CIDs from events and storage as text and hands them to IPFS: a CID of
+     * arbitrary bytes (non-UTF-8, control characters, spaces) once stayed in the event history and broke
+     * every listing for good. Only the characters of the multibase alphabets IPFS uses are accepted.
+     */
+    function _checkCID(bytes calldata cid) private pure {
+        bytes1 first = cid[0];
+        if (first == "Q") {
+            // CIDv0: base58btc multihash, always "Qm" and 46 characters.
+            if (cid.length != 46) {
+                revert InvalidCID(cid.length < 46 ? cid.length : 46);
+            }
+            if (cid[1] != "m") {
+                revert InvalidCID(1);
+            }
+            for (uint256 i = 2; i < 46; ++i) {
+                if (!_isBase58(cid[i])) {
+                    revert InvalidCID(i);
+                }
+            }
+            return;
+        }
+        if (
+            first != "b" && first != "B" && first != "z" && first != "k" && first != "K" && first != "f"
+                && first != "F" && first != "u"
+        ) {
+            revert InvalidCID(0);
+        }
+        if (cid.length < 2) {
+            revert InvalidCID(1);
+        }
+        for (uint256 i = 1; i < cid.length; ++i) {
+            bytes1 c = cid[i];
+            bool ok = (c >= "0" && c <= "9") || (c >= "A" && c <= "Z") || (c >= "a" && c <= "z") || c == "-"
+                || c == "_";
+            if (!ok) {
+                revert InvalidCID(i);
+            }
+        }
+    }
+
+    function _isBase58(bytes1 c) private pure returns (bool) {
+        return ((c >= "1" && c <= "9") || (c >= "A" && c <= "Z") || (c >= "a" && c <= "z")) && c != "I"
+            && c != "O" && c != "l";
     }
 
     function _supermajority(Proposal storage p) private view returns (bool) {

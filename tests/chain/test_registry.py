@@ -657,3 +657,87 @@ def test_describe_revert_in_words() -> None:
     assert describe_revert("0x")[0] == "the transaction reverted without a reason"
     # A known selector with undecodable arguments falls back to hex instead of raising.
     assert "unknown error 0x" + selector.hex() in describe_revert(selector + b"\x01")[0]
+
+
+# ---- issue 15, item 5: hostile CIDs ----------------------------------------------------------------
+
+PROPOSE_SELECTOR = Web3.keccak(text="propose(bytes32,string,bytes32)")[:4]
+
+
+@pytest.mark.parametrize(
+    ("cid", "accepted"),
+    [
+        (CID, True),
+        ("QmYwAPJzv5CZsnA625s3Xf2nemtYgPpHdWEz79ojWnPbdG", True),  # CIDv0
+        ("zdj7WWeQ43G6JJvLWQWZpyHuAMq6uYWRjkBXFad11vE2LHhQ7", True),  # base58btc CIDv1
+        ("uAXASIAfH5aTAbPJWnO8_tR-hN2-GKAN8l3Dr", True),  # base64url CIDv1
+        ("Qm123", False),  # CIDv0 of the wrong length
+        ("QmYwAPJzv5CZsnA625s3Xf2nemtYgPpHdWEz79ojWnPbd0", False),  # 0 is not base58
+        ("xafybeigdyrzt5sfp7udm7hu76uh7y26nf3efuylqab", False),  # no such multibase prefix
+        ("bafy beig", False),
+        ("bafy\nbeig", False),
+        ("bafyé", False),  # UTF-8, but not a multibase character
+        ("b", False),
+    ],
+)
+def test_cids_the_registry_accepts_are_exactly_what_the_client_calls_valid(
+    world: World, cid: str, accepted: bool
+) -> None:
+    from zoo.registry.chain import cid_problem
+
+    assert (cid_problem(cid) is None) is accepted
+    reg = world.registry(0)
+    root = root_of(f"cid-{cid}")
+    if accepted:
+        reg.propose(root, cid, ZERO)
+        assert reg.proposal(root).cid == cid
+    else:
+        with refused("InvalidCID", "not a CIDv0 or a multibase CIDv1 string"):
+            reg.propose(root, cid, ZERO)
+
+
+def test_a_cid_that_is_not_utf8_is_refused_on_chain(world: World) -> None:
+    """Bytes that are not UTF-8 made every client's listing raise, for good (the event stays)."""
+    reg = world.registry(0)
+    calldata = PROPOSE_SELECTOR + abi_encode(
+        ["bytes32", "bytes", "bytes32"], [root_of("raw"), b"b\xff\xfe", ZERO]
+    )
+    with refused("InvalidCID", "character 1 breaks the rule"):
+        reg._sender.send(reg.address, calldata)
+    assert reg.proposal(root_of("raw")) is None
+
+
+def _log_emitter(topics: list[bytes], data: bytes) -> bytes:
+    """Runtime bytecode that emits one LOG3 of `data` with `topics` on any call, then stops."""
+    size = len(data).to_bytes(2, "big")
+    body = b"".join(b"\x7f" + t for t in reversed(topics))  # PUSH32 topic2, topic1, topic0
+    prefix_len = 3 + 3 + 2 + 1 + len(body) + 3 + 2 + 1 + 1
+    code = (
+        b"\x61" + size + b"\x61" + prefix_len.to_bytes(2, "big") + b"\x60\x00" + b"\x39"  # CODECOPY to 0
+        + body + b"\x61" + size + b"\x60\x00" + b"\xa3" + b"\x00"  # LOG3(0, size, t0, t1, t2); STOP
+    )  # fmt: skip
+    assert len(code) == prefix_len
+    return code + data
+
+
+def test_a_crafted_event_with_a_non_utf8_cid_does_not_break_the_client(world: World) -> None:
+    """An old deployment's history may hold such an event: listings show it as invalid instead of raising,
+    and nothing would hand its CID to IPFS."""
+    from zoo.registry.chain import cid_problem, shown_cid
+
+    topic0 = Web3.keccak(text="ProposalCreated(bytes32,address,bytes32,string,uint48,uint48,uint48)")
+    proposer = bytes(12) + bytes.fromhex(world.address(1)[2:])
+    data = abi_encode(["bytes32", "bytes", "uint48", "uint48", "uint48"], [ZERO, b"Qm\xff\xfe", 1, 2, 3])
+    emitter = Web3.to_checksum_address("0x" + "ee" * 20)
+    world.rpc(
+        "anvil_setCode", emitter, "0x" + _log_emitter([topic0, root_of("crafted"), proposer], data).hex()
+    )
+    tx = world.w3.eth.send_transaction({"from": world.address(0), "to": emitter, "gas": 200_000})
+    assert world.w3.eth.wait_for_transaction_receipt(tx)["status"] == 1
+    events = RegistryClient(world.w3, emitter).proposal_created_events(world.deploy_block)
+    assert len(events) == 1
+    event = events[0]
+    assert event.root == root_of("crafted") and event.proposer == world.address(1)
+    assert (event.snapshot, event.vote_start, event.vote_end) == (1, 2, 3)
+    assert cid_problem(event.cid) is not None
+    assert shown_cid(event.cid) == "<invalid CID Qm\\udcff\\udcfe>"

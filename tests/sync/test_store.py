@@ -350,3 +350,30 @@ def test_sigkill_at_random_moments_leaves_a_consistent_store(tmp_path: Path) -> 
 
 if __name__ == "__main__":
     _worker(Path(sys.argv[1]))
+
+
+def test_a_version_whose_cid_is_not_a_cid_is_refused_without_touching_ipfs(tmp_path: Path) -> None:
+    """An old deployment's history may hold any bytes as a CID (decoded surrogate-escaped): the syncer
+    refuses the version with the reason and never hands those bytes to IPFS; nothing is stored."""
+    from dataclasses import dataclass
+
+    from zoo.registry.sync import LibrarySyncer, Refused
+
+    @dataclass
+    class Hostile:
+        version: int = 1
+        root: bytes = b"\x11" * 32
+        cid: str = "Qm\udcff\udcfe"
+
+    class NoIpfs:
+        def fetch_verified(self, cid: str, **kwargs: object) -> bytes:
+            raise AssertionError(f"IPFS was asked for {cid!r}")
+
+    store = LibraryStore(tmp_path)
+    refusals: list[tuple[int, str, str]] = []
+    syncer = LibrarySyncer(None, NoIpfs(), store, on_refused=lambda *a: refusals.append(a))  # type: ignore[arg-type]
+    with pytest.raises(Refused) as e:
+        syncer.apply(Hostile())
+    assert "cid: the chain's CID for this version is unusable" in str(e.value)
+    assert "<invalid CID Qm\\udcff\\udcfe>" in str(e.value)
+    assert refusals and store.current() is None and store.list() == []
