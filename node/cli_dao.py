@@ -160,6 +160,7 @@ def proposals(
 ) -> None:
     """List proposals: state, for/against weight, quorum, time left."""
     from zoo.registry import chain
+
     dao = connect(config, data_dir, None, need_key=False)
     with reverts():
         events = dao.registry.proposal_created_events()[-limit:]
@@ -187,6 +188,7 @@ def show(
 ) -> None:
     """Show one proposal in full."""
     from zoo.registry import chain
+
     r = parse_root(root)
     dao = connect(config, data_dir, None, need_key=False)
     with reverts():
