@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -131,6 +132,25 @@ def launch(config_file: Path, data_dir: Path, *args: str, env: dict[str, str] | 
         start_new_session=True,
     )
     return NodeProcess(proc, data_dir, config_file, log_file)
+
+
+@contextlib.contextmanager
+def devnet_serving_node(tmp: Path) -> Iterator[NodeProcess]:
+    """A node on its own devnet (genesis library approved) with model, library and retrieval serving;
+    a batch of 4, a queue of 24 and 12-token answers by default. Stopped on exit."""
+    data_dir = tmp / "data"
+    extra = {
+        "chain": {"mode": "devnet", "poll_interval_s": 0.3},
+        "inference": {"max_batch_size": 4, "max_queued": 24, "default_max_tokens": 12},
+    }
+    n = launch(write_config(tmp / "node.toml", base_config(data_dir, extra)), data_dir)
+    try:
+        n.wait_listening(timeout_s=120)
+        for component in ("model", "library", "retrieval"):
+            n.wait_component(component, "SERVING", timeout_s=180)
+        yield n
+    finally:
+        n.stop()
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import grpc
 import httpx
 import pytest
 
-from tests.conftest import NodeProcess, base_config, launch, write_config
+from tests.conftest import NodeProcess, devnet_serving_node
 from tests.node.approve import approve, next_version
 from zoo.devnet.genesis import genesis_library
 from zoo.node.client import NodeClient
@@ -24,18 +24,8 @@ GEOMETRY = "How do I find the area of a triangle with base 6 and height 4?"
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory):
-    tmp = tmp_path_factory.mktemp("inference-node")
-    data_dir = tmp / "data"
-    extra = {
-        "chain": {"mode": "devnet", "poll_interval_s": 0.3},
-        "inference": {"max_batch_size": 4, "max_queued": 24, "default_max_tokens": 12},
-    }
-    n = launch(write_config(tmp / "node.toml", base_config(data_dir, extra)), data_dir)
-    n.wait_listening(timeout_s=120)
-    for component in ("model", "library", "retrieval"):
-        n.wait_component(component, "SERVING", timeout_s=180)
-    yield n
-    n.stop()
+    with devnet_serving_node(tmp_path_factory.mktemp("inference-node")) as n:
+        yield n
 
 
 def infer(client: NodeClient, **kw) -> pb.InferResponse:
