@@ -2,7 +2,8 @@
 
 cold          fresh data dir and a fresh contract cache: solcjs compile + IPFS repo init + deploy + genesis
 warm          fresh data dir, compiled artifacts cached: IPFS repo init + deploy + genesis
-warm-restart  the same data dir after `down`: the IPFS repo exists, contracts and genesis are redone
+warm-restart  the same data dir after `down`: the saved chain state and IPFS repo are resumed (no deploy, no
+              genesis); this is the devnet restart time with state
 reuse         the devnet is already running: `up` only checks the recorded processes and both endpoints
 
 Each figure is the median of --runs runs; the ratios divide by the reuse median measured in the same run.
@@ -78,8 +79,8 @@ def timed_up(data_dir: Path, expect_reuse: bool, phases: Phases | None = None) -
 
 def down(data_dir: Path) -> None:
     stopped = Devnet(data_dir).down()
-    if sorted(stopped) != ["anvil", "ipfs"]:
-        raise SystemExit(f"down() in {data_dir} stopped {stopped}, expected anvil and ipfs")
+    if sorted(stopped) != ["anvil", "chain-state", "ipfs"]:
+        raise SystemExit(f"down() in {data_dir} stopped {stopped}, expected anvil, chain-state and ipfs")
 
 
 def dao_round(info: DevnetInfo, n: int) -> float:
@@ -89,12 +90,12 @@ def dao_round(info: DevnetInfo, n: int) -> float:
     period = info.settings["voting_period_s"] + info.settings["execution_delay_s"]
     root = os.urandom(32)
     t0 = time.perf_counter()
-    proposer.propose(root, f"bafy-bench-round-{n}")
+    proposed = proposer.propose(root, f"bafy-bench-round-{n}", tree_size=1)
     warp(w3, 1)  # voting opens one second after the proposal
     for voter in voters:
-        voter.vote(root, True)
+        voter.vote(proposed.proposal_id, True)
     warp(w3, period + 1)
-    proposer.execute(root)
+    proposer.execute(proposed.proposal_id)
     took = time.perf_counter() - t0
     if proposer.current_root() != root:
         raise SystemExit(f"DAO round {n} did not make its root current")
@@ -167,7 +168,7 @@ def main() -> None:
         spread = ", ".join(f"{s * 1000:.0f}" for s in results[name])
         print(f"  {name:<13} {ms:>9.1f} ms   x{ms / base:>7.1f}   [runs: {spread} ms]")
     print("phases of up(), median ms (as reported through its progress callback):")
-    steps = list(phases["cold"].samples)
+    steps = list(dict.fromkeys(step for p in phases.values() for step in p.samples))
     print(f"  {'step':<48} " + " ".join(f"{n:>13}" for n in phases))
     for step in steps:
         cells = " ".join(

@@ -3,7 +3,8 @@
 A round is propose -> 3 votes -> execute on a fresh anvil, each version built on the previous one, with the
 two time jumps (into the voting window, past voting + execution delay) a test chain needs. The baseline is
 a round of the same number of plain ERC20 transfers (5) sent through the same client code in the same run,
-so the ratio shows what governance costs over the transaction plumbing itself.
+so the ratio shows what governance costs over the transaction plumbing itself. A second registry gated by
+the checkpointed AllowlistVoterRegistry shows what reading membership at the snapshot adds to a vote.
 
 Run: .venv/bin/python benchmarks/governance.py [--rounds N]
 """
@@ -20,7 +21,7 @@ from web3 import Web3
 
 from zoo.contracts.build import build
 from zoo.devnet.anvil import AnvilProcess
-from zoo.registry.chain import RegistryClient, TokenClient, deploy_registry, deploy_token
+from zoo.registry.chain import RegistryClient, TokenClient, deploy_allowlist, deploy_registry, deploy_token
 from zoo.registry.keys import dev_account
 
 VOTING_PERIOD = 7 * 24 * 3600
@@ -57,6 +58,19 @@ def main() -> None:
             artifacts=artifacts,
         )
         clients = [RegistryClient(w3, registry, a, artifacts=artifacts) for a in accounts[:4]]
+        allowlist = deploy_allowlist(w3, accounts[0], [a.address for a in accounts[:4]], artifacts=artifacts)
+        gated = deploy_registry(
+            w3,
+            accounts[0],
+            token,
+            voting_period=VOTING_PERIOD,
+            execution_delay=EXECUTION_DELAY,
+            proposal_threshold=10**18,
+            quorum=250 * 10**9,
+            voter_registry=allowlist,
+            artifacts=artifacts,
+        )
+        gated_clients = [RegistryClient(w3, gated, a, artifacts=artifacts) for a in accounts[:4]]
         token_client = TokenClient(w3, token, accounts[0], artifacts=artifacts)
 
         def travel(seconds: int) -> None:
@@ -69,12 +83,27 @@ def main() -> None:
 
         def governance_round(n: int) -> None:
             root = hashlib.sha256(f"library-{n}".encode()).digest()
-            gas["propose"].append(clients[0].propose(root, f"bafy-round-{n}").gas_used)
+            proposed = clients[0].propose(root, f"bafy-round-{n}", tree_size=100 + n)
+            gas["propose"].append(proposed.gas_used)
             travel(1)
             for i, voter in enumerate(clients[1:4]):
-                gas["vote (1st)" if i == 0 else "vote (2nd+)"].append(voter.vote(root, True).gas_used)
+                cast = voter.vote(proposed.proposal_id, True)
+                gas["vote (1st)" if i == 0 else "vote (2nd+)"].append(cast.gas_used)
             travel(VOTING_PERIOD + EXECUTION_DELAY + 1)
-            gas["execute"].append(clients[0].execute(root).gas_used)
+            gas["execute"].append(clients[0].execute(proposed.proposal_id).gas_used)
+
+        gated_gas: dict[str, list[int]] = {"vote, registry (1st)": [], "vote, registry (2nd+)": []}
+
+        def gated_round(n: int) -> None:
+            proposed = gated_clients[0].propose(
+                hashlib.sha256(f"gated-{n}".encode()).digest(), "bafyg", tree_size=7
+            )
+            travel(1)
+            for i, voter in enumerate(gated_clients[1:4]):
+                cast = voter.vote(proposed.proposal_id, True)
+                gated_gas["vote, registry (1st)" if i == 0 else "vote, registry (2nd+)"].append(cast.gas_used)
+            travel(VOTING_PERIOD + EXECUTION_DELAY + 1)
+            gated_clients[0].execute(proposed.proposal_id)
 
         transfer_gas: list[int] = []
 
@@ -105,14 +134,18 @@ def main() -> None:
             gov_samples += timed(governance_round, 1, n)
             base_samples += timed(transfer_round, 1, n)
         version = clients[0].current_version()
+        for n in range(3):
+            gated_round(n)
 
     gov_ms, base_ms = _median_ms(gov_samples), _median_ms(base_samples)
     print(f"solc build (cache {'hit' if artifacts.from_cache else 'miss'}): {build_s * 1000:.0f} ms")
     print(f"rounds: {args.rounds} timed (+1 warm-up); library reached version {version}")
     print("gas used, median of timed rounds [warm-up round: version 0 -> 1 writes zero slots, costs differ]:")
     for name, values in gas.items():
-        print(f"  {name:<12} {statistics.median(values):>8.0f}   [{first[name]}]")
-    print(f"  {'transfer':<12} {statistics.median(transfer_gas):>8.0f}")
+        print(f"  {name:<22} {statistics.median(values):>8.0f}   [{first[name]}]")
+    for name, values in gated_gas.items():
+        print(f"  {name:<22} {statistics.median(values):>8.0f}")
+    print(f"  {'transfer':<22} {statistics.median(transfer_gas):>8.0f}")
     print(f"governance round (propose, 3 votes, execute + 2 time jumps): median {gov_ms:.1f} ms")
     print(f"baseline round ({TX_PER_ROUND} ERC20 transfers, same client):            median {base_ms:.1f} ms")
     print(f"ratio governance / baseline: {gov_ms / base_ms:.2f}")

@@ -119,16 +119,17 @@ class Dao:
         self.voters = [RegistryClient(self.w3, registry, dev_account(i)) for i in range(3)]
         self.wait_s = settings["voting_period_s"] + settings["execution_delay_s"] + 1
 
-    def propose_and_pass(self, root: bytes, cid: str) -> None:
-        """Everything up to (not including) execute."""
-        self.voters[0].propose(root, cid, self.voters[0].current_root())
+    def propose_and_pass(self, root: bytes, cid: str, tree_size: int) -> int:
+        """Everything up to (not including) execute; returns the proposal id."""
+        proposal = self.voters[0].propose(root, cid, tree_size=tree_size).proposal_id
         warp(self.w3, 1)
         for voter in self.voters:
-            voter.vote(root, True)
+            voter.vote(proposal, True)
         warp(self.w3, self.wait_s)
+        return proposal
 
-    def execute(self, root: bytes) -> None:
-        self.voters[0].execute(root)
+    def execute(self, proposal: int) -> None:
+        self.voters[0].execute(proposal)
 
 
 def bench_size(
@@ -226,8 +227,8 @@ def bench_size(
         samples = []
         for variant, cid in zip(libs, cids, strict=True):
             variant_root = library_root(variant)
-            dao.propose_and_pass(variant_root, cid)
-            dao.execute(variant_root)  # returns once the receipt (with the LibraryUpdated log) is back
+            proposal = dao.propose_and_pass(variant_root, cid, len(variant.experiences))
+            dao.execute(proposal)  # returns once the receipt (with the LibraryUpdated log) is back
             t0 = time.perf_counter()
             result = syncer.sync_once()
             samples.append(time.perf_counter() - t0)

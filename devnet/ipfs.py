@@ -8,7 +8,6 @@ started, and with `die_with_parent` the kernel stops it when the Python process 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import shutil
@@ -23,8 +22,8 @@ from types import TracebackType
 import httpx
 
 from zoo.contracts.jstools import jsipfs_cli, node_binary
+from zoo.devnet.process import pdeathsig
 
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 _LOG_NAME = "zoo-daemon.log"
 # js-ipfs prints these when it cannot bind its API but keeps running without one instead of exiting.
 _FATAL_MARKERS = ("EADDRINUSE", "EACCES", "EADDRNOTAVAIL")
@@ -32,19 +31,6 @@ _FATAL_MARKERS = ("EADDRINUSE", "EACCES", "EADDRNOTAVAIL")
 
 class IpfsDaemonError(RuntimeError):
     """The IPFS daemon could not be initialised or did not come up."""
-
-
-def _pdeathsig(sig: int) -> Callable[[], None]:
-    # Resolved here in the parent: loading a library between fork and exec can deadlock on the loader lock.
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-
-    def set_signal() -> None:
-        # Runs in the child between fork and exec. The kernel sends `sig` when the thread that forked
-        # the child exits, so start the daemon from a long-lived thread (normally the main one).
-        if prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-
-    return set_signal
 
 
 class IpfsDaemon:
@@ -91,7 +77,7 @@ class IpfsDaemon:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_pdeathsig(signal.SIGTERM) if self.die_with_parent else None,
+                preexec_fn=pdeathsig(signal.SIGTERM) if self.die_with_parent else None,
             )
         if on_spawn is not None:
             on_spawn(self._proc.pid)

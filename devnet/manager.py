@@ -13,6 +13,10 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -21,7 +25,8 @@ from typing import Any
 
 import httpx
 
-from zoo.devnet.process import ProcessRecord
+from zoo.devnet.chain_state import dump_state, restore_clock
+from zoo.devnet.process import ProcessRecord, pdeathsig
 from zoo.registry.fsutil import write_atomic
 
 TOKEN = 10**18
@@ -42,8 +47,10 @@ class DevnetSettings:
 
     voting_period_s: int = 300
     execution_delay_s: int = 0
+    grace_period_s: int = 14 * 24 * 3600
     proposal_threshold: int = 1_000 * TOKEN
     quorum: int = 2 * 10**12  # quadratic weight: two full dev accounts
+    voter_registry: str = "none"  # "allowlist": only the (checkpointed) allowlisted dev accounts vote
     chain_id: int = 31337
     anvil_port: int = 0
     ipfs_api_port: int = 0
@@ -60,6 +67,7 @@ class DevnetInfo:
     processes: list[ProcessRecord]
     settings: dict[str, int]
     genesis: dict[str, Any] = field(default_factory=dict)
+    voter_registry_address: str = ""
     deploy_block: int = 0
     started_at: float = 0.0
     ready: bool = False
@@ -136,11 +144,35 @@ class Devnet:
             return self._start(say, die_with_parent), False
 
     def down(self) -> list[str]:
-        """Stop exactly the processes this devnet started, even if devnet.json is corrupt; returns names."""
+        """Stop exactly the processes this devnet started, even if devnet.json is corrupt; returns names.
+
+        The chain (its saved state and deployment) and the IPFS repository stay: the next `up` resumes
+        them. `reset` is what wipes them."""
         with self._locked():
             stopped = self._stop_recorded()
-            self.state_file.unlink(missing_ok=True)
+            with contextlib.suppress(DevnetError):
+                info = self.info()
+                if info is not None:
+                    info.processes, info.ready = [], False
+                    self._record(info)
+                    return stopped
+            self.state_file.unlink(missing_ok=True)  # corrupt: nothing in it can be resumed
             return stopped
+
+    def reset(self) -> list[str]:
+        """Stop the devnet and delete its chain, deployment record and IPFS repository: the next `up`
+        deploys a new chain from scratch. Returns the names of the processes stopped."""
+        with self._locked():
+            stopped = self._stop_recorded()
+            for path in (self.state_file, self.chain_state_file, self.dir / "anvil.log"):
+                path.unlink(missing_ok=True)
+            shutil.rmtree(self.dir / "ipfs", ignore_errors=True)
+            return stopped
+
+    @property
+    def chain_state_file(self) -> Path:
+        """The anvil state the chain resumes from (kept current by the chain-state keeper)."""
+        return self.dir / "chain-state.json"
 
     def _stop_recorded(self) -> list[str]:
         records: dict[int, ProcessRecord] = {}
@@ -155,7 +187,9 @@ class Devnet:
             info = self.info()
             if info is not None:
                 records.update({p.pid: p for p in info.processes})
-        stopped = [p.name for p in records.values() if p.stop()]
+        # The keeper first: on SIGTERM it writes a last dump, which needs anvil still up.
+        ordered = sorted(records.values(), key=lambda p: p.name != "chain-state")
+        stopped = [p.name for p in ordered if p.stop()]
         self.spawn_log.unlink(missing_ok=True)
         return stopped
 
@@ -173,39 +207,64 @@ class Devnet:
     def _record(self, info: DevnetInfo) -> None:
         write_atomic(self.state_file, info.to_json())
 
+    def _saved(self) -> DevnetInfo | None:
+        """The deployment a previous `up` completed, when its chain state was saved too (else None)."""
+        try:
+            info = self.info()
+        except DevnetError:
+            return None
+        if (
+            info is None
+            or not info.registry_address
+            or not info.genesis
+            or not self.chain_state_file.exists()
+        ):
+            return None
+        return info
+
     def _start(self, say: Progress, die_with_parent: bool) -> DevnetInfo:
         from web3 import Web3
 
-        from zoo.contracts.build import build
         from zoo.devnet.anvil import AnvilProcess
         from zoo.devnet.ipfs import IpfsDaemon
         from zoo.registry.keys import dev_account
 
         started = time.time()
         s = self.settings
-        accounts = [{"name": f"dev{i}", "address": dev_account(i).address} for i in range(DEV_ACCOUNTS)]
-        info = DevnetInfo(
-            rpc_url="",
-            chain_id=s.chain_id,
-            token_address="",
-            registry_address="",
-            ipfs_api="",
-            accounts=accounts,
-            processes=[],
-            settings=dict(s.__dict__),
-            started_at=started,
-        )
+        saved = self._saved()
+        if saved is not None:
+            info = saved
+            info.processes, info.ready, info.started_at = [], False, started
+        else:
+            accounts = [{"name": f"dev{i}", "address": dev_account(i).address} for i in range(DEV_ACCOUNTS)]
+            info = DevnetInfo(
+                rpc_url="",
+                chain_id=s.chain_id,
+                token_address="",
+                registry_address="",
+                ipfs_api="",
+                accounts=accounts,
+                processes=[],
+                settings=dict(s.__dict__),
+                started_at=started,
+            )
         try:
-            say("starting anvil")
-            anvil = AnvilProcess(die_with_parent=die_with_parent, log_path=self.dir / "anvil.log")
+            say("resuming the saved chain" if saved else "starting anvil")
+            load = ("--load-state", str(self.chain_state_file)) if saved else ()
+            anvil = AnvilProcess(
+                die_with_parent=die_with_parent, log_path=self.dir / "anvil.log", extra_args=load
+            )
             anvil.start(
                 port=s.anvil_port,
-                chain_id=s.chain_id,
+                chain_id=info.chain_id,
                 accounts=DEV_ACCOUNTS,
                 on_spawn=self._spawned("anvil", info),
             )
             info.rpc_url = anvil.rpc_url
             self._record(info)
+            w3 = Web3(Web3.HTTPProvider(info.rpc_url, request_kwargs={"timeout": 30}))
+            if saved:
+                self._check_resumed(w3, info, say)
 
             say("starting IPFS")
             ipfs = IpfsDaemon(self.dir / "ipfs", s.ipfs_api_port, die_with_parent=die_with_parent)
@@ -213,43 +272,108 @@ class Devnet:
             info.ipfs_api = ipfs.api_url
             self._record(info)
 
-            say("compiling contracts")
-            artifacts = build(cache_dir=self.cache_dir / "contracts" if self.cache_dir else None)
-            w3 = Web3(Web3.HTTPProvider(info.rpc_url, request_kwargs={"timeout": 30}))
-            say("deploying KeeperToken and ExperienceRegistry")
-            self._deploy(w3, info, artifacts)
-            self._record(info)
+            if not saved:
+                from zoo.contracts.build import build
 
-            say("publishing and approving the genesis library")
-            self._genesis(w3, info, artifacts)
+                say("compiling contracts")
+                artifacts = build(cache_dir=self.cache_dir / "contracts" if self.cache_dir else None)
+                say("deploying KeeperToken and ExperienceRegistry")
+                self._deploy(w3, info, artifacts)
+                self._record(info)
+
+                say("publishing and approving the genesis library")
+                self._genesis(w3, info, artifacts)
+                self._record(info)
+
+            say("saving the chain state")
+            dump_state(info.rpc_url, self.chain_state_file)
+            self._start_keeper(info, anvil.pid, die_with_parent)
             info.ready = True
             self._record(info)
             return info
         except BaseException:
             # Leave nothing half-up: stop what was started, keep the state file for the post-mortem.
-            for p in info.processes:
+            for p in sorted(info.processes, key=lambda p: p.name != "chain-state"):
                 p.stop()
             info.processes = []
             self._record(info)
             self.spawn_log.unlink(missing_ok=True)
             raise
 
+    def _check_resumed(self, w3: Any, info: DevnetInfo, say: Progress) -> None:
+        """The loaded chain must hold the recorded deployment; its clock continues from its last block."""
+        for name, address in (
+            ("KeeperToken", info.token_address),
+            ("ExperienceRegistry", info.registry_address),
+        ):
+            if len(w3.eth.get_code(address)) == 0:
+                raise DevnetError(
+                    f"the saved chain state {self.chain_state_file} holds no {name} at {address}; "
+                    "run `zoo-node devnet reset` to start a new devnet"
+                )
+        restore_clock(w3)
+        wanted = dict(self.settings.__dict__)
+        deployed_with = (
+            "voting_period_s",
+            "execution_delay_s",
+            "grace_period_s",
+            "quorum",
+            "proposal_threshold",
+        )
+        changed = [k for k in (*deployed_with, "voter_registry") if info.settings.get(k) != wanted[k]]
+        if changed:
+            say(
+                f"keeping the saved chain, deployed with other settings ({', '.join(changed)}); "
+                "`zoo-node devnet reset` deploys a new one with the configured settings"
+            )
+
+    def _start_keeper(self, info: DevnetInfo, anvil_pid: int, die_with_parent: bool) -> None:
+        """Start the process that keeps chain-state.json current (see zoo.devnet.chain_state)."""
+        ready = self.dir / "chain-state.ready"
+        ready.unlink(missing_ok=True)
+        args = [sys.executable, "-m", "zoo.devnet.chain_state", "--rpc", info.rpc_url,
+                "--out", str(self.chain_state_file), "--anvil-pid", str(anvil_pid),
+                "--ready-file", str(ready)]  # fmt: skip
+        with open(self.dir / "chain-state.log", "ab") as log:
+            proc = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=pdeathsig(signal.SIGTERM) if die_with_parent else None,
+            )
+        self._spawned("chain-state", info)(proc.pid)
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log_tail = (self.dir / "chain-state.log").read_text(errors="replace")[-2000:]
+                raise DevnetError(f"the chain-state keeper did not start (exit {proc.poll()}):\n{log_tail}")
+            time.sleep(0.02)
+
     def _deploy(self, w3: Any, info: DevnetInfo, artifacts: Any) -> None:
-        from zoo.registry.chain import deploy_registry, deploy_token
+        from zoo.registry.chain import deploy_allowlist, deploy_registry, deploy_token
         from zoo.registry.keys import dev_account
 
         s = self.settings
         deployer = dev_account(0)
         holders = [(a["address"], DEV_BALANCE) for a in info.accounts]
         info.token_address = deploy_token(w3, deployer, holders, artifacts=artifacts)
+        if s.voter_registry == "allowlist":
+            voters = [a["address"] for a in info.accounts]
+            info.voter_registry_address = deploy_allowlist(w3, deployer, voters, artifacts=artifacts)
+        elif s.voter_registry != "none":
+            raise DevnetError(f"unknown voter registry {s.voter_registry!r} (none or allowlist)")
         info.registry_address = deploy_registry(
             w3,
             deployer,
             info.token_address,
             voting_period=s.voting_period_s,
             execution_delay=s.execution_delay_s,
+            grace_period=s.grace_period_s,
             proposal_threshold=s.proposal_threshold,
             quorum=s.quorum,
+            voter_registry=info.voter_registry_address or None,
             artifacts=artifacts,
         )
         info.deploy_block = int(w3.eth.block_number)
@@ -269,15 +393,19 @@ class Devnet:
         # Snapshots are taken strictly before the proposal, so the holders' votes must be at least a
         # second old: anvil stamps each automined block with the wall clock.
         warp(w3, 1)
-        RegistryClient(w3, info.registry_address, dev_account(0), artifacts=artifacts).propose(
-            root, cid, b"\0" * 32
+        proposed = RegistryClient(w3, info.registry_address, dev_account(0), artifacts=artifacts).propose(
+            root, cid, tree_size=len(library.experiences), parent_version=0
         )
         warp(w3, 1)
         for i in GENESIS_VOTERS:
-            RegistryClient(w3, info.registry_address, dev_account(i), artifacts=artifacts).vote(root, True)
+            RegistryClient(w3, info.registry_address, dev_account(i), artifacts=artifacts).vote(
+                proposed.proposal_id, True
+            )
         s = self.settings
         warp(w3, s.voting_period_s + s.execution_delay_s + 1)
-        result = RegistryClient(w3, info.registry_address, dev_account(0), artifacts=artifacts).execute(root)
+        result = RegistryClient(w3, info.registry_address, dev_account(0), artifacts=artifacts).execute(
+            proposed.proposal_id
+        )
         info.genesis = {"version": 1, "root": "0x" + root.hex(), "cid": cid, "block": result.block_number}
 
 

@@ -4,9 +4,11 @@ that happens to reuse a pid later (the recorded kernel start time must match too
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 
@@ -20,6 +22,22 @@ def _start_ticks(pid: int) -> int | None:
     # The command name (field 2) may hold spaces and parentheses: split after its closing parenthesis.
     fields = stat[stat.rindex(")") + 2 :].split()
     return int(fields[19])
+
+
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def pdeathsig(sig: int) -> Callable[[], None]:
+    # Resolved here in the parent: loading a library between fork and exec can deadlock on the loader lock.
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def set_signal() -> None:
+        # Runs in the child between fork and exec. The kernel sends `sig` when the thread that forked
+        # the child exits, so start the daemon from a long-lived thread (normally the main one).
+        if prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+
+    return set_signal
 
 
 @dataclass(frozen=True)

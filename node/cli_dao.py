@@ -35,6 +35,8 @@ class Dao:
     w3: Any
     registry: Any
     devnet: bool
+    ipfs_api: str | None
+    cfg: Any
 
 
 def connect(config: Path | None, data_dir: Path | None, key: str | None, need_key: bool) -> Dao:
@@ -64,7 +66,7 @@ def connect(config: Path | None, data_dir: Path | None, key: str | None, need_ke
             raise typer.Exit(2) from None
         err.print(f"signing as {signer.address}")
     w3 = Web3(Web3.HTTPProvider(ep.rpc_url, request_kwargs={"timeout": 30}))
-    return Dao(w3, RegistryClient(w3, ep.registry_address, signer), ep.devnet)
+    return Dao(w3, RegistryClient(w3, ep.registry_address, signer), ep.devnet, ep.ipfs_api, cfg)
 
 
 @contextmanager
@@ -90,61 +92,218 @@ def parse_root(value: str, what: str = "root") -> bytes:
     return bytes.fromhex(text)
 
 
+def resolve(dao: Dao, proposal: str) -> int:
+    """The proposal id an argument names (a full id or an unambiguous prefix); exits 2 when it names none."""
+    try:
+        return int(dao.registry.resolve_proposal(proposal, from_block=dao.cfg.chain.from_block))
+    except ValueError as e:
+        err.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from None
+
+
 def keeper(units: int) -> str:
     return f"{units / TOKEN:,.4f} KEEPER"
 
 
+def check_content(dao: Dao, proposal: Any, timeout_s: float | None = None) -> Any:
+    """Fetch the proposal's content from IPFS and check it against its root, size and parent version."""
+    from zoo.registry.ipfs import IpfsClient
+    from zoo.registry.review import Review, review_proposal
+
+    if not dao.ipfs_api:
+        return Review(False, "no IPFS API configured (set ipfs.api_url)", available=False)
+    from zoo.registry.chain import ContractRevert
+
+    timeout = timeout_s or dao.cfg.ipfs.timeout_s
+    try:
+        parent_root = dao.registry.version_at(proposal.parent_version).root
+    except ContractRevert:
+        parent_root = None  # a version that does not exist (yet): the review says so
+    with IpfsClient(dao.ipfs_api, timeout=timeout) as ipfs:
+        parent = None
+        if parent_root is not None:
+            parent = _library_of_version(dao, ipfs, proposal.parent_version, parent_root, timeout)
+        return review_proposal(
+            proposal,
+            ipfs,
+            parent_root=parent_root,
+            parent=parent,
+            timeout_s=timeout,
+            max_bytes=dao.cfg.ipfs.max_library_bytes,
+        )
+
+
+def _library_of_version(dao: Dao, ipfs: Any, version: int, root: bytes, timeout: float) -> Any:
+    """Library version `version` (to diff against): from the local store, else from IPFS if it matches the
+    chain's root; None for version 0 or when it cannot be had."""
+    from zoo.registry.canonical import decode_library
+    from zoo.registry.errors import ZooError
+    from zoo.registry.merkle import library_root
+    from zoo.registry.store import LibraryStore
+
+    if version == 0:
+        return None
+    try:
+        return LibraryStore(dao.cfg.data_dir).get(version=version, root="0x" + root.hex()).library
+    except ZooError:
+        pass
+    try:
+        cid = dao.registry.version_at(version).cid
+        library = decode_library(
+            ipfs.fetch_verified(cid, timeout=timeout), max_size=dao.cfg.ipfs.max_library_bytes
+        )
+    except ZooError:
+        return None
+    return library if library_root(library) == root else None
+
+
+def _print_review(result: Any) -> None:
+    from rich.markup import escape
+
+    if result.verified:
+        out.print("[green]content verified[/green]: it hashes to the CID and rebuilds the proposed root")
+    else:
+        out.print(f"[red]content NOT verified[/red]: {escape(result.problem)}", highlight=False)
+    if result.diff is not None:
+        out.print(f"changes against the parent version: {result.diff.summary}")
+        print_diff(result.diff)
+
+
+def print_diff(diff: Any) -> None:
+    """Added (+), removed (-) and modified (~) experiences of a LibraryDiff, one line each."""
+    from rich.markup import escape
+
+    def line(e: Any) -> str:
+        return f"{e.id} {escape(f'[{e.domain}]')} {escape(e.text)}"
+
+    for e in diff.added:
+        out.print(f"[green]+ {line(e)}[/green]", highlight=False)
+    for e in diff.removed:
+        out.print(f"[red]- {line(e)}[/red]", highlight=False)
+    for old, new in diff.modified:
+        changed = [f for f in ("confidence", "examples", "factors", "provenance") if getattr(old, f, None)
+                   != getattr(new, f, None)]  # fmt: skip
+        out.print(
+            f"[yellow]~ {line(new)} ({', '.join(changed) or 'record'} changed; confidence "
+            f"{old.confidence:.2f} -> {new.confidence:.2f})[/yellow]",
+            highlight=False,
+        )
+
+
 @app.command()
 def propose(
-    root: str = typer.Option(..., "--root", help="Merkle root of the library version (0x + 64 hex)."),
     cid: str = typer.Option(..., "--cid", help="IPFS CID of the library's canonical bytes."),
-    parent: str | None = typer.Option(None, "--parent", help="Root it replaces (default: the current root)."),
+    root: str | None = typer.Option(
+        None, "--root", help="Merkle root of the library (0x + 64 hex; default: computed from the content)."
+    ),
+    size: int | None = typer.Option(
+        None, "--size", min=1, help="Number of experiences (default: counted in the content)."
+    ),
+    parent_version: int | None = typer.Option(
+        None, "--parent-version", min=0, help="Version it replaces (default: the current version)."
+    ),
+    salt: str | None = typer.Option(None, "--salt", help="0x + 64 hex making the proposal id unique."),
+    force: bool = typer.Option(False, "--force", help="Propose even if the content cannot be verified."),
     key: str | None = KeyOpt,
     config: Path | None = ConfigOpt,
     data_dir: Path | None = DataDirOpt,
 ) -> None:
-    """Propose a library version (its root and CID) to replace the current one."""
-    r = parse_root(root)
-    p = parse_root(parent, "--parent") if parent else None
+    """Propose a library version (its CID, root and size) to replace the current one.
+
+    The content is fetched and checked first (it must rebuild the root, hold `size` experiences and name
+    the parent version); a proposal nobody can verify only wastes the voters' time, so it is refused unless
+    --force.
+    """
+    from types import SimpleNamespace
+
+    from zoo.registry.chain import format_proposal_id
+    from zoo.registry.merkle import library_root
+
+    r = parse_root(root, "--root") if root else None
+    salt_bytes = parse_root(salt, "--salt") if salt else None
     dao = connect(config, data_dir, key, need_key=True)
     with reverts():
-        tx = dao.registry.propose(r, cid, p)
-        prop = dao.registry.proposal(r)
-    out.print(f"proposed {root} (tx {tx.tx_hash}, gas {tx.gas_used})")
+        parent = dao.registry.current_version() if parent_version is None else parent_version
+
+        def check() -> Any:
+            claimed = SimpleNamespace(
+                root=r or bytes(32), tree_size=size or 0, cid=cid, parent_version=parent
+            )
+            return check_content(dao, claimed)
+
+        content = check()
+        if content.library is not None and (r is None or size is None):
+            # What was left out is taken from the content, then everything is checked together.
+            r = r or library_root(content.library)
+            size = size or len(content.library.experiences)
+            content = check()
+        if not content.verified and not force:
+            err.print(f"[red]refused: the content of {cid} is not verified: {content.problem}[/red]")
+            err.print("(pass --force to propose it anyway)")
+            raise typer.Exit(1)
+        if r is None or size is None:
+            err.print("[red]--root and --size are needed when the content cannot be read[/red]")
+            raise typer.Exit(2)
+        tx = dao.registry.propose(r, cid, tree_size=size, parent_version=parent, salt=salt_bytes)
+        prop = dao.registry.proposal(tx.proposal_id)
+    pid = format_proposal_id(tx.proposal_id)
+    out.print(f"proposed {pid} (root 0x{r.hex()}, {size} experiences, tx {tx.tx_hash}, gas {tx.gas_used})")
     if prop:
         out.print(f"voting from {_when(prop.vote_start)} to {_when(prop.vote_end)}")
+        out.print(f"vote with `zoo-node dao vote {pid[:18]} --for`")
 
 
 @app.command()
 def vote(
-    root: str = typer.Argument(..., help="Root of the proposal."),
+    proposal: str = typer.Argument(..., help="Proposal id, or an unambiguous prefix of one (0x…)."),
     support: bool = typer.Option(..., "--for/--against", help="Vote for or against."),
+    force: bool = typer.Option(
+        False, "--force", help="Vote for even though the content is missing or does not match the root."
+    ),
     key: str | None = KeyOpt,
     config: Path | None = ConfigOpt,
     data_dir: Path | None = DataDirOpt,
 ) -> None:
-    """Vote on a proposal with quadratic weight sqrt(votes at its snapshot)."""
-    r = parse_root(root)
+    """Vote on a proposal with quadratic weight sqrt(votes at its snapshot).
+
+    Before a vote *for*, the proposal's content is fetched and verified against its root: a version whose
+    content does not match would pass and then be refused by every node.
+    """
     dao = connect(config, data_dir, key, need_key=True)
+    pid = resolve(dao, proposal)
     with reverts():
-        tx = dao.registry.vote(r, support)
-        t = dao.registry.tallies(r)
+        if support:
+            prop = dao.registry.proposal(pid)
+            if prop is None:
+                err.print(f"[red]there is no proposal {proposal}[/red]")
+                raise typer.Exit(1)
+            content = check_content(dao, prop)
+            if not content.verified:
+                if not force:
+                    err.print(
+                        f"[red]refused: the proposal's content is not verified: {content.problem}[/red]"
+                    )
+                    err.print("(review it with `zoo-node dao review`; pass --force to vote for it anyway)")
+                    raise typer.Exit(1)
+                err.print(f"[yellow]voting for unverified content (--force): {content.problem}[/yellow]")
+        tx = dao.registry.vote(pid, support)
+        t = dao.registry.tallies(pid)
     out.print(f"voted {'for' if support else 'against'} (tx {tx.tx_hash}, gas {tx.gas_used})")
     out.print(f"tally: for {t.for_weight:,} against {t.against_weight:,}")
 
 
 @app.command()
 def execute(
-    root: str = typer.Argument(..., help="Root of the proposal."),
+    proposal: str = typer.Argument(..., help="Proposal id, or an unambiguous prefix of one (0x…)."),
     key: str | None = KeyOpt,
     config: Path | None = ConfigOpt,
     data_dir: Path | None = DataDirOpt,
 ) -> None:
     """Execute a passed proposal after its voting window: it becomes the current library version."""
-    r = parse_root(root)
     dao = connect(config, data_dir, key, need_key=True)
+    pid = resolve(dao, proposal)
     with reverts():
-        tx = dao.registry.execute(r)
+        tx = dao.registry.execute(pid)
         cur = dao.registry.current()
     out.print(
         f"executed (tx {tx.tx_hash}, gas {tx.gas_used}): "
@@ -152,30 +311,74 @@ def execute(
     )
 
 
+@app.command("review")
+def review_cmd(
+    proposal: str = typer.Argument(..., help="Proposal id, or an unambiguous prefix of one (0x…)."),
+    config: Path | None = ConfigOpt,
+    data_dir: Path | None = DataDirOpt,
+) -> None:
+    """Fetch a proposal's content from IPFS, verify it against the proposed root and size, and show what it
+    changes (added, removed, modified experiences). Exits 1 when the content is missing or does not match."""
+    from zoo.registry.chain import format_proposal_id, shown_cid
+
+    dao = connect(config, data_dir, None, need_key=False)
+    pid = resolve(dao, proposal)
+    with reverts():
+        prop = dao.registry.proposal(pid)
+        if prop is None:
+            err.print(f"[red]there is no proposal {proposal}[/red]")
+            raise typer.Exit(1)
+        state = dao.registry.state(pid)
+        result = check_content(dao, prop)
+    out.print(f"proposal {format_proposal_id(pid)} ({state.name.lower()}) by {prop.proposer}")
+    out.print(f"version {prop.parent_version + 1}: root 0x{prop.root.hex()}, {prop.tree_size} experiences, "
+              f"cid {shown_cid(prop.cid)}")  # fmt: skip
+    _print_review(result)
+    if not result.verified:
+        raise typer.Exit(1)
+
+
 @app.command()
 def proposals(
     config: Path | None = ConfigOpt,
     data_dir: Path | None = DataDirOpt,
     limit: int = typer.Option(20, "--limit", min=1, help="Most recent proposals to show."),
+    verify: bool = typer.Option(
+        True, "--verify/--no-verify", help="Fetch each open proposal's content and check it (slower)."
+    ),
 ) -> None:
-    """List proposals: state, for/against weight, quorum, time left."""
+    """List proposals: id, state, content check, for/against weight, quorum, time left."""
     from zoo.registry import chain
 
+    open_states = {chain.ProposalState.PENDING, chain.ProposalState.ACTIVE, chain.ProposalState.QUEUED,
+                   chain.ProposalState.SUCCEEDED}  # fmt: skip
     dao = connect(config, data_dir, None, need_key=False)
     with reverts():
-        events = dao.registry.proposal_created_events()[-limit:]
+        events = dao.registry.proposal_created_events(dao.cfg.chain.from_block)[-limit:]
         params = dao.registry.params()
         now = int(dao.w3.eth.get_block("latest")["timestamp"])
-        rows = [(e, dao.registry.state(e.root), dao.registry.tallies(e.root)) for e in reversed(events)]
-    table = Table("root", "state", "for", "against", "for/quorum", "time left", "cid")
-    for e, state, t in rows:
+        rows = []
+        for e in reversed(events):
+            state, prop = dao.registry.state(e.proposal_id), dao.registry.proposal(e.proposal_id)
+            if not verify:
+                content = "-"
+            elif state in open_states and prop is not None:
+                content = check_content(dao, prop, timeout_s=min(5.0, dao.cfg.ipfs.timeout_s)).label
+            else:
+                content = "(closed)"
+            rows.append((e, state, prop, content))
+    table = Table("id", "state", "content", "version", "for", "against", "for/quorum", "time left", "cid")
+    for e, state, prop, content in rows:
         left = e.vote_end - now
+        color = {"verified": "green", "MISMATCH": "red", "unavailable": "yellow"}.get(content)
         table.add_row(
-            "0x" + e.root.hex()[:12] + "…",
+            chain.format_proposal_id(e.proposal_id)[:14] + "…",
             state.name.lower(),
-            f"{t.for_weight:,}",
-            f"{t.against_weight:,}",
-            f"{t.for_weight:,}/{params.quorum:,}",
+            f"[{color}]{content}[/{color}]" if color else content,
+            str(e.parent_version + 1),
+            f"{prop.for_weight:,}" if prop else "-",
+            f"{prop.against_weight:,}" if prop else "-",
+            f"{prop.for_weight if prop else 0:,}/{params.quorum:,}",
             f"{left} s" if left > 0 else "closed",
             chain.shown_cid(e.cid, 20),
         )
@@ -184,28 +387,36 @@ def proposals(
 
 @app.command()
 def show(
-    root: str = typer.Argument(...), config: Path | None = ConfigOpt, data_dir: Path | None = DataDirOpt
+    proposal: str = typer.Argument(..., help="Proposal id, or an unambiguous prefix of one (0x…)."),
+    config: Path | None = ConfigOpt,
+    data_dir: Path | None = DataDirOpt,
 ) -> None:
     """Show one proposal in full."""
     from zoo.registry import chain
 
-    r = parse_root(root)
     dao = connect(config, data_dir, None, need_key=False)
+    pid = resolve(dao, proposal)
     with reverts():
-        p = dao.registry.proposal(r)
+        p = dao.registry.proposal(pid)
         if p is None:
-            err.print(f"[red]no proposal with root {root}[/red]")
+            err.print(f"[red]there is no proposal {proposal}[/red]")
             raise typer.Exit(1)
-        state = dao.registry.state(r)
+        state = dao.registry.state(pid)
         params = dao.registry.params()
+    executable_at = p.vote_end + params.execution_delay
     table = Table(show_header=False, box=None)
-    table.add_row("root", "0x" + p.root.hex())
+    table.add_row("id", chain.format_proposal_id(p.id))
     table.add_row("state", state.name.lower())
     table.add_row("proposer", p.proposer)
-    table.add_row("parent root", "0x" + p.parent_root.hex())
+    table.add_row("root", "0x" + p.root.hex())
+    table.add_row("experiences", str(p.tree_size))
+    table.add_row("version", f"{p.parent_version + 1} (on top of version {p.parent_version})")
     table.add_row("cid", chain.shown_cid(p.cid))
     table.add_row("snapshot", f"{p.snapshot} ({_when(p.snapshot)})")
     table.add_row("voting", f"{_when(p.vote_start)} → {_when(p.vote_end)}")
+    table.add_row(
+        "execution", f"{_when(executable_at)} → {_when(executable_at + params.grace_period)} (then expired)"
+    )
     table.add_row("for / against", f"{p.for_weight:,} / {p.against_weight:,} (passes if for > 2 x against)")
     table.add_row("quorum", f"{p.for_weight:,} of {params.quorum:,} for (against votes do not count)")
     table.add_row("executed", str(p.executed))

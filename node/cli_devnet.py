@@ -1,4 +1,4 @@
-"""`zoo-node devnet up|down|status|warp`: the local chain + IPFS + contracts for running and testing."""
+"""`zoo-node devnet up|down|reset|status|warp`: the local chain + IPFS + contracts for running and testing."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from rich.console import Console
 from rich.table import Table
 
 app = typer.Typer(
-    help="Local devnet: anvil chain, IPFS daemon, deployed contracts, dev accounts.", no_args_is_help=True
+    help="Local devnet: anvil chain, IPFS daemon, deployed contracts, dev accounts. Its chain and IPFS "
+    "repository are kept across stops and crashes; `reset` deletes them.",
+    no_args_is_help=True,
 )
 out = Console()
 err = Console(stderr=True)
@@ -48,9 +50,29 @@ def up(config: Path | None = ConfigOpt, data_dir: Path | None = DataDirOpt) -> N
 
 @app.command()
 def down(config: Path | None = ConfigOpt, data_dir: Path | None = DataDirOpt) -> None:
-    """Stop exactly the processes this data dir's devnet started."""
+    """Stop exactly the processes this data dir's devnet started; its chain is kept for the next `up`."""
     stopped = _devnet(config, data_dir).down()
     err.print(f"stopped {', '.join(stopped)}" if stopped else "no devnet process was running")
+
+
+@app.command()
+def reset(
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    config: Path | None = ConfigOpt,
+    data_dir: Path | None = DataDirOpt,
+) -> None:
+    """Stop the devnet and delete its chain and IPFS repository; the next start deploys a new one."""
+    devnet = _devnet(config, data_dir)
+    if not yes and not typer.confirm(
+        f"Delete the devnet in {devnet.dir} (every proposal, vote and library version on its chain)?"
+    ):
+        err.print("nothing deleted")
+        raise typer.Exit(1)
+    stopped = devnet.reset()
+    err.print(
+        (f"stopped {', '.join(stopped)}; " if stopped else "")
+        + f"deleted the devnet chain and IPFS repository in {devnet.dir}"
+    )
 
 
 @app.command()
@@ -103,4 +125,5 @@ def _print(info, state_file: Path) -> None:
         table.add_row("genesis library", f"version {g['version']} root {g['root']} cid {g['cid']}")
     table.add_row("accounts", ", ".join(f"{a['name']}={a['address']}" for a in info.accounts[:3]) + ", …")
     table.add_row("state", str(state_file))
+    table.add_row("chain state", str(state_file.parent / "chain-state.json") + " (kept across restarts)")
     out.print(table)

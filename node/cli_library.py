@@ -328,17 +328,12 @@ def diff(
         la, lb = _select(store, a), _select(store, b)
     except _domain_errors() as e:
         raise _fail(str(e)) from None
-    ea, eb = {e.id: e for e in la.experiences}, {e.id: e for e in lb.experiences}
-    added = [eb[i] for i in sorted(eb.keys() - ea.keys())]
-    removed = [ea[i] for i in sorted(ea.keys() - eb.keys())]
-    modified = [(ea[i], eb[i]) for i in sorted(ea.keys() & eb.keys()) if ea[i] != eb[i]]
-    for e in added:
-        out.print(f"[green]+ {e.id} {escape(f'[{e.domain}]')} {escape(e.text)}[/green]", highlight=False)
-    for e in removed:
-        out.print(f"[red]- {e.id} {escape(f'[{e.domain}]')} {escape(e.text)}[/red]", highlight=False)
-    for old, new in modified:
-        out.print(f"[yellow]~ {new.id} confidence {old.confidence:.2f} -> {new.confidence:.2f}[/yellow]")
-    out.print(f"{len(added)} added, {len(removed)} removed, {len(modified)} modified")
+    from zoo.node.cli_dao import print_diff
+    from zoo.registry.review import LibraryDiff
+
+    changes = LibraryDiff.between(la, lb)
+    print_diff(changes)
+    out.print(changes.summary)
 
 
 def _job_library(cfg: Any, store: Any, job_id: str) -> Any:
@@ -409,6 +404,7 @@ def propose(
 ) -> None:
     """Publish the draft (or a job's learned library) and propose it on chain in one step."""
     from zoo.node.cli_dao import connect, reverts
+    from zoo.registry.chain import format_proposal_id
 
     cfg = _cfg(config, data_dir)
     store = _store(cfg)
@@ -418,14 +414,16 @@ def propose(
     except _domain_errors() as e:
         raise _fail(f"publish failed: {e}") from None
     dao = connect(config, data_dir, key, need_key=True)
-    parent = bytes.fromhex(draft.parent_root[2:]) if draft.parent_root else b"\0" * 32
     with reverts():
-        tx = dao.registry.propose(root, cid, parent)
-        prop = dao.registry.proposal(root)
-    out.print(f"proposed version {draft.version}: root 0x{root.hex()} cid {cid} (tx {tx.tx_hash})")
+        tx = dao.registry.propose(
+            root, cid, tree_size=len(draft.experiences), parent_version=draft.version - 1
+        )
+        prop = dao.registry.proposal(tx.proposal_id)
+    pid = format_proposal_id(tx.proposal_id)
+    out.print(f"proposed version {draft.version} as {pid}: root 0x{root.hex()} cid {cid} (tx {tx.tx_hash})")
     if prop is not None:
         out.print(
-            f"voting ends at chain time {prop.vote_end}; vote with `zoo-node dao vote 0x{root.hex()} --for`"
+            f"voting ends at chain time {prop.vote_end}; vote with `zoo-node dao vote {pid[:18]} --for`"
         )
 
 
@@ -455,7 +453,7 @@ def verify(
     dao = connect(config, data_dir, None, need_key=False)
     with reverts():
         onchain_ok = dao.registry.verify_inclusion_in_version(
-            stored.version, leaf_hash(leaf), proof.leaf_index, proof.tree_size, proof.path
+            stored.version, leaf, proof.leaf_index, proof.path
         )
     out.print(f"local check: {'valid' if local_ok else 'INVALID'}; on-chain check against version "
               f"{stored.version}: {'valid' if onchain_ok else 'INVALID'}")  # fmt: skip

@@ -167,6 +167,11 @@ class DevnetConfig(_Section):
     """Voting window of the devnet registry (`zoo-node devnet warp` moves the chain clock)."""
     execution_delay_s: int = Field(0, ge=0, le=365 * 24 * 3600)
     """Delay between the end of voting and execution on the devnet."""
+    grace_period_s: int = Field(14 * 24 * 3600, ge=1, le=365 * 24 * 3600)
+    """How long a passed proposal stays executable on the devnet before it expires."""
+    voter_registry: Literal["none", "allowlist"] = "none"
+    """`allowlist`: deploy the checkpointed AllowlistVoterRegistry (dev0 owns it, every dev account is
+    registered) so only registered addresses vote; `none`: every KEEPER holder votes."""
     anvil_port: int = Field(0, ge=0, le=65535)
     """Port of the devnet chain's JSON-RPC (0 = any free port)."""
     ipfs_api_port: int = Field(0, ge=0, le=65535)

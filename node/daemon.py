@@ -84,6 +84,8 @@ def devnet_settings(cfg: NodeConfig) -> Any:
     return DevnetSettings(
         voting_period_s=d.voting_period_s,
         execution_delay_s=d.execution_delay_s,
+        grace_period_s=d.grace_period_s,
+        voter_registry=d.voter_registry,
         anvil_port=d.anvil_port,
         ipfs_api_port=d.ipfs_api_port,
     )

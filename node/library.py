@@ -55,6 +55,7 @@ class LibraryComponent(Component):
         self.active: StoredVersion | None = None
         self.last_error = ""
         self.last_refusal = ""
+        self.refused_version = 0  # the newest on-chain version this node refused (0: none since the last)
         self.last_sync = 0.0
         self.on_change: Callable[[], None] | None = None
 
@@ -87,6 +88,8 @@ class LibraryComponent(Component):
 
     def _activate(self, stored: StoredVersion) -> None:
         self.active = stored
+        if stored.version >= self.refused_version:
+            self.last_refusal, self.refused_version = "", 0
         log.info(
             "library active",
             version=stored.version,
@@ -112,6 +115,7 @@ class LibraryComponent(Component):
                     self._activate(result.activated)
             except Refused as e:
                 self.last_refusal = str(e)
+                self.refused_version = max(self.refused_version, int(e.values.get("version", 0) or 0))
                 log.warning("library version refused", reason=str(e))
                 if self.on_refused:
                     self.on_refused(e.kind)
@@ -133,7 +137,11 @@ class LibraryComponent(Component):
                     "no verified library and no chain to sync from; answering without experiences",
                 )
             return State.DEGRADED, "no verified library version is active yet; answering without experiences"
-        detail = serving
-        if self.last_refusal:
-            detail += f" (refused a newer version: {self.last_refusal[:200]})"
-        return State.SERVING, detail
+        if self.refused_version > self.version:
+            # The chain's current library is not what this node serves: clients must not take it for current.
+            return (
+                State.DEGRADED,
+                f"serving {serving}, older than the chain's version {self.refused_version}, which this node "
+                f"refused: {self.last_refusal[:300]}",
+            )
+        return State.SERVING, serving

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from zoo.node.components import Status
+from zoo.node.components import State, Status
 
 
 class NodeMetrics:
@@ -44,6 +44,12 @@ class NodeMetrics:
             "zoo_component_up",
             "1 when the component is serving or degraded, else 0",
             ["component"],
+            registry=r,
+        )
+        self.component_state = Gauge(
+            "zoo_component_state",
+            "1 for the component's current state (starting, serving, degraded, failed, disabled), else 0",
+            ["component", "state"],
             registry=r,
         )
         self.library_version = Gauge(
@@ -100,6 +106,8 @@ class NodeMetrics:
 
     def component_changed(self, status: Status) -> None:
         self.component_up.labels(status.name).set(1 if status.state.usable else 0)
+        for state in State:
+            self.component_state.labels(status.name, state.value).set(1 if state is status.state else 0)
 
     def watch_serving(self, stats: Callable[[], Any]) -> None:
         """Export the generation load read from `stats()` (a ServingStats proto) at each scrape."""

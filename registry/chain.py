@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import datetime
 import enum
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
 from typing import Any, Protocol
 
 from eth_abi import decode as abi_decode
+from eth_abi import encode as abi_encode
 from eth_abi.codec import ABICodec
 from eth_abi.decoding import StringDecoder
 from eth_abi.encoding import TextStringEncoder
@@ -42,6 +44,7 @@ __all__ = [
     "Proposal",
     "ProposalCreatedEvent",
     "ProposalState",
+    "ProposalTx",
     "RegistryClient",
     "RegistryParams",
     "Tallies",
@@ -54,6 +57,9 @@ __all__ = [
     "deploy_registry",
     "deploy_token",
     "describe_revert",
+    "format_proposal_id",
+    "parse_proposal_id",
+    "proposal_id",
     "shown_cid",
 ]
 
@@ -88,36 +94,49 @@ _ERROR_MESSAGES: dict[str, str] = {
     "EmptyCID": "the CID must not be empty",
     "CIDTooLong": "the CID is {length} bytes long, more than the {maxLength} allowed",
     "InvalidCID": "the CID is not a CIDv0 or a multibase CIDv1 string (character {position} breaks the rule)",
-    "ProposalAlreadyExists": "a proposal for root {root} already exists (a root can be proposed only once)",
-    "WrongParent": "wrong parent: {parentRoot} is not the current library root {currentRoot}",
+    "EmptyTree": "the tree size must not be zero (a library version holds at least one experience)",
+    "ProposalAlreadyExists": (
+        "proposal {proposalId} already exists (the same proposer, content, parent and salt; pick a new salt)"
+    ),
+    "WrongParent": (
+        "wrong parent: version {parentVersion} is not the current library version {currentVersion}"
+    ),
     "InsufficientProposerVotes": (
         "proposer {proposer} had {votes} votes at the snapshot, below the proposal threshold of {threshold}"
     ),
-    "ProposalNotFound": "there is no proposal for root {root}",
-    "VotingNotStarted": "voting on proposal {root} has not started yet (it opens at {voteStart})",
-    "VotingClosed": "voting on proposal {root} is closed (it closed at {voteEnd})",
+    "ProposalNotFound": "there is no proposal {proposalId}",
+    "VotingNotStarted": "voting on proposal {proposalId} has not started yet (it opens at {voteStart})",
+    "VotingClosed": "voting on proposal {proposalId} is closed (it closed at {voteEnd})",
     "AlreadyVoted": "already voted on this proposal (voter {voter})",
     "NoVotingPower": "no voting power on this proposal: voter {voter} had no votes at its snapshot",
-    "VoterNotRegistered": "voter {voter} is not in the voter registry",
+    "VoterNotRegistered": "voter {voter} was not in the voter registry at the proposal's snapshot {snapshot}",
     "ProposalStale": (
-        "proposal {root} is stale: its parent {parentRoot} is no longer the current library root "
-        "{currentRoot}"
+        "proposal {proposalId} is stale: its parent version {parentVersion} is no longer the current library "
+        "version {currentVersion}"
     ),
-    "ExecutionTooEarly": "proposal {root} cannot be executed before {executableAt}",
-    "ProposalAlreadyExecuted": "proposal {root} was already executed",
-    "QuorumNotReached": "proposal {root} did not reach quorum: {support} weight for, {quorum} needed "
+    "ExecutionTooEarly": "proposal {proposalId} cannot be executed before {executableAt}",
+    "ProposalExpired": "proposal {proposalId} passed but expired unexecuted at {expiredAt}",
+    "ProposalAlreadyExecuted": "proposal {proposalId} was already executed",
+    "QuorumNotReached": "proposal {proposalId} did not reach quorum: {support} weight for, {quorum} needed "
     "(against votes do not count toward quorum)",
     "ProposalDefeated": (
-        "proposal {root} was defeated: {forWeight} for and {againstWeight} against is not a two-thirds "
+        "proposal {proposalId} was defeated: {forWeight} for and {againstWeight} against is not a two-thirds "
         "majority"
     ),
     "UnknownVersion": "library version {version} does not exist (the current version is {currentVersion})",
     "InvalidToken": "the token address {token} is not a contract",
     "InvalidTokenClock": "the token {token} does not use a timestamp clock (its clock reads {clock})",
     "InvalidVotingPeriod": "the voting period must not be zero",
-    "InvalidVoterRegistry": "the voter registry address {voterRegistry} is not a contract",
+    "InvalidGracePeriod": "the grace period must not be zero",
+    "InvalidQuorum": "the quorum must not be zero",
+    "InvalidVoterRegistry": (
+        "the voter registry {voterRegistry} is not a contract with a timestamp clock (IVoterRegistry)"
+    ),
     # KeeperToken / AllowlistVoterRegistry
     "KeeperTokenLengthMismatch": "{holders} holders but {amounts} amounts",
+    "RegistryFutureLookup": (
+        "cannot read registrations at {timepoint}: the registry's clock is only at {clock}"
+    ),
     # OpenZeppelin
     "ERC20InsufficientBalance": "{sender} has a balance of {balance}, less than the {needed} needed",
     "ERC20InsufficientAllowance": "{spender} may spend {allowance}, less than the {needed} needed",
@@ -140,7 +159,8 @@ _ERROR_MESSAGES: dict[str, str] = {
     "ECDSAInvalidSignatureS": "invalid signature (s value {s})",
 }
 
-_TIME_FIELDS = {"voteStart", "voteEnd", "executableAt", "expiry", "deadline", "timepoint", "clock"}
+_TIME_FIELDS = {"voteStart", "voteEnd", "executableAt", "expiredAt", "expiry", "deadline", "timepoint"}
+_TIME_FIELDS |= {"clock", "snapshot"}
 _REVERT_SOURCES = ("ExperienceRegistry", "KeeperToken", "AllowlistVoterRegistry")
 
 
@@ -192,6 +212,7 @@ class ProposalState(enum.IntEnum):
     SUCCEEDED = 5
     EXECUTED = 6
     STALE = 7
+    EXPIRED = 8
 
 
 @dataclass(frozen=True)
@@ -206,12 +227,21 @@ class TxResult:
 
 
 @dataclass(frozen=True)
+class ProposalTx(TxResult):
+    """A mined propose transaction and the id of the proposal it created."""
+
+    proposal_id: int = 0
+
+
+@dataclass(frozen=True)
 class Proposal:
     """A proposal as stored by the registry."""
 
+    id: int
     root: bytes
+    tree_size: int
     proposer: ChecksumAddress
-    parent_root: bytes
+    parent_version: int
     cid: str
     snapshot: int
     vote_start: int
@@ -249,6 +279,7 @@ class LibraryVersion:
 
     version: int
     root: bytes
+    tree_size: int
     cid: str
     timestamp: int
 
@@ -259,6 +290,7 @@ class LibraryUpdate:
 
     version: int
     root: bytes
+    tree_size: int
     cid: str
     block_number: int
     tx_hash: str
@@ -269,10 +301,13 @@ class LibraryUpdate:
 class ProposalCreatedEvent:
     """A ProposalCreated event."""
 
+    proposal_id: int
     root: bytes
     proposer: ChecksumAddress
-    parent_root: bytes
+    tree_size: int
     cid: str
+    parent_version: int
+    salt: bytes
     snapshot: int
     vote_start: int
     vote_end: int
@@ -287,6 +322,7 @@ class RegistryParams:
     token: ChecksumAddress
     voting_period: int
     execution_delay: int
+    grace_period: int
     proposal_threshold: int
     quorum: int
     voter_registry: ChecksumAddress | None
@@ -330,6 +366,8 @@ def _default_error_table() -> dict[bytes, _ErrorAbi]:
 
 
 def _format_value(name: str, value: Any) -> str:
+    if name == "proposalId" and isinstance(value, int):
+        return format_proposal_id(value)
     if isinstance(value, bytes):
         return "0x" + value.hex()
     if isinstance(value, int) and not isinstance(value, bool) and name in _TIME_FIELDS and 0 < value < 2**40:
@@ -532,6 +570,52 @@ def deploy_token(
     return deploy_contract(w3, account, "KeeperToken", addresses, amounts, artifacts=artifacts)
 
 
+# A passed proposal can be executed for two weeks (Compound's timelock grace period); the default quorum is
+# the support of 10,000 whole tokens held by one address, or 100 whole tokens each from 10 addresses.
+DEFAULT_GRACE_PERIOD = 14 * 24 * 3600
+DEFAULT_QUORUM = 100 * 10**9
+
+
+def proposal_id(
+    root: bytes | str, tree_size: int, cid: str, parent_version: int, proposer: str, salt: bytes | str
+) -> int:
+    """ExperienceRegistry.hashProposal, computed locally: the id a proposal with these fields gets."""
+    encoded = abi_encode(
+        ["bytes32", "uint256", "bytes32", "uint256", "address", "bytes32"],
+        [
+            _to_bytes32(root),
+            int(tree_size),
+            Web3.keccak(text=cid),
+            int(parent_version),
+            Web3.to_checksum_address(proposer),
+            _to_bytes32(salt),
+        ],
+    )
+    return int.from_bytes(Web3.keccak(encoded), "big")
+
+
+def format_proposal_id(value: int) -> str:
+    """A proposal id as 0x and 64 hex digits (how the CLI shows and accepts it)."""
+    return f"0x{value:064x}"
+
+
+def parse_proposal_id(value: int | str) -> int:
+    """A proposal id from an int or 0x-hex text (how ids are shown); ValueError when it is neither."""
+    if isinstance(value, int):
+        number = value
+    else:
+        digits = value.strip().lower()
+        if not digits.startswith("0x") or not 2 < len(digits) <= 66:
+            raise ValueError(f"not a proposal id: {value!r} (0x and up to 64 hex digits)")
+        try:
+            number = int(digits, 16)
+        except ValueError:
+            raise ValueError(f"not a proposal id: {value!r} (0x and up to 64 hex digits)") from None
+    if not 0 <= number < 2**256:
+        raise ValueError(f"not a proposal id: {value!r} (out of the uint256 range)")
+    return number
+
+
 def deploy_registry(
     w3: Web3,
     account: TransactionSigner,
@@ -539,15 +623,16 @@ def deploy_registry(
     *,
     voting_period: int = 7 * 24 * 3600,
     execution_delay: int = 24 * 3600,
+    grace_period: int = DEFAULT_GRACE_PERIOD,
     proposal_threshold: int = 10**18,
-    quorum: int = 0,
+    quorum: int = DEFAULT_QUORUM,
     voter_registry: str | None = None,
     artifacts: Artifacts | None = None,
 ) -> ChecksumAddress:
     """Deploy an ExperienceRegistry governed by `token`; returns its address.
 
     Periods are in seconds; `proposal_threshold` is in token votes (smallest unit); `quorum` is in quadratic
-    weight units (sqrt of the smallest unit: 1 whole 18-decimal token weighs 10**9).
+    weight units (sqrt of the smallest unit: 1 whole 18-decimal token weighs 10**9) and must not be zero.
     """
     registry_address = Web3.to_checksum_address(voter_registry) if voter_registry else "0x" + "00" * 20
     return deploy_contract(
@@ -557,6 +642,7 @@ def deploy_registry(
         Web3.to_checksum_address(token),
         voting_period,
         execution_delay,
+        grace_period,
         proposal_threshold,
         quorum,
         registry_address,
@@ -707,18 +793,33 @@ class RegistryClient(_ContractClient):
 
     # ---- transactions
 
-    def propose(self, root: bytes | str, cid: str, parent_root: bytes | str | None = None) -> TxResult:
-        """Propose library `root` at `cid` on top of `parent_root` (default: the current root)."""
-        parent = self.current_root() if parent_root is None else _to_bytes32(parent_root)
-        return self._transact("propose", _to_bytes32(root), cid, parent)
+    def propose(
+        self,
+        root: bytes | str,
+        cid: str,
+        *,
+        tree_size: int,
+        parent_version: int | None = None,
+        salt: bytes | str | None = None,
+    ) -> ProposalTx:
+        """Propose library `root` over `tree_size` records at `cid` as the version after `parent_version`
+        (default: the current version). `salt` (32 bytes, default random) tells apart proposals of the same
+        content by the same proposer; the returned result carries the new proposal's id."""
+        account = self._require_account()
+        parent = self.current_version() if parent_version is None else int(parent_version)
+        salt_bytes = os.urandom(32) if salt is None else _to_bytes32(salt)
+        key = _to_bytes32(root)
+        result = self._transact("propose", key, int(tree_size), cid, parent, salt_bytes)
+        pid = proposal_id(key, tree_size, cid, parent, account.address, salt_bytes)
+        return ProposalTx(**{f.name: getattr(result, f.name) for f in fields(TxResult)}, proposal_id=pid)
 
-    def vote(self, root: bytes | str, support: bool) -> TxResult:
-        """Vote for (`support` True) or against the proposal of `root`."""
-        return self._transact("vote", _to_bytes32(root), bool(support))
+    def vote(self, proposal: int | str, support: bool) -> TxResult:
+        """Vote for (`support` True) or against the proposal."""
+        return self._transact("vote", parse_proposal_id(proposal), bool(support))
 
-    def execute(self, root: bytes | str) -> TxResult:
-        """Execute the passed proposal of `root`, making it the next library version."""
-        return self._transact("execute", _to_bytes32(root))
+    def execute(self, proposal: int | str) -> TxResult:
+        """Execute the passed proposal, making it the next library version."""
+        return self._transact("execute", parse_proposal_id(proposal))
 
     # ---- views
 
@@ -729,6 +830,7 @@ class RegistryClient(_ContractClient):
             token=Web3.to_checksum_address(self._call("token")),
             voting_period=int(self._call("votingPeriod")),
             execution_delay=int(self._call("executionDelay")),
+            grace_period=int(self._call("gracePeriod")),
             proposal_threshold=int(self._call("proposalThreshold")),
             quorum=int(self._call("quorum")),
             voter_registry=None if int(registry, 16) == 0 else Web3.to_checksum_address(registry),
@@ -741,8 +843,8 @@ class RegistryClient(_ContractClient):
 
     def current(self) -> LibraryVersion:
         """The current library version (version 0, root zero, before the first execution)."""
-        version, root, cid, timestamp = self._call("currentLibrary")
-        return LibraryVersion(version=int(version), root=bytes(root), cid=cid, timestamp=int(timestamp))
+        version, root, size, cid, timestamp = self._call("currentLibrary")
+        return LibraryVersion(int(version), bytes(root), int(size), cid, int(timestamp))
 
     def current_root(self) -> bytes:
         """Merkle root of the current library (32 zero bytes before the first execution)."""
@@ -758,8 +860,8 @@ class RegistryClient(_ContractClient):
 
     def version_at(self, version: int) -> LibraryVersion:
         """Library version `version` of the history."""
-        root, cid, timestamp = self._call("versionAt", version)
-        return LibraryVersion(version=version, root=bytes(root), cid=cid, timestamp=int(timestamp))
+        root, size, cid, timestamp = self._call("versionAt", version)
+        return LibraryVersion(version, bytes(root), int(size), cid, int(timestamp))
 
     def history(self, *, include_genesis: bool = False) -> list[LibraryVersion]:
         """All library versions, oldest first (version 1 on, or 0 on with include_genesis)."""
@@ -767,47 +869,95 @@ class RegistryClient(_ContractClient):
         first = 0 if include_genesis else 1
         return [self.version_at(v) for v in range(first, latest + 1)]
 
-    def proposal(self, root: bytes | str) -> Proposal | None:
-        """The proposal of `root`, or None when there is none."""
-        key = _to_bytes32(root)
-        p = self._call("proposal", key)
-        # Struct order: proposer, snapshot, voteStart, voteEnd, executed, parentRoot, for, against, cid.
-        proposer, snapshot, vote_start, vote_end, executed, parent, for_w, against_w, cid = p
-        if vote_start == 0:
+    def hash_proposal(
+        self,
+        root: bytes | str,
+        tree_size: int,
+        cid: str,
+        parent_version: int,
+        proposer: str,
+        salt: bytes | str,
+    ) -> int:
+        """The contract's own proposal id for these fields (see `proposal_id` for the local computation)."""
+        return int(
+            self._call(
+                "hashProposal",
+                _to_bytes32(root),
+                int(tree_size),
+                cid,
+                int(parent_version),
+                Web3.to_checksum_address(proposer),
+                _to_bytes32(salt),
+            )
+        )
+
+    def proposal(self, proposal: int | str) -> Proposal | None:
+        """The proposal with this id, or None when there is none."""
+        pid = parse_proposal_id(proposal)
+        # Struct order: proposer, snapshot, voteStart, voteEnd, executed, parentVersion, treeSize, root,
+        # forWeight, againstWeight, cid.
+        proposer, snapshot, start, end, executed, parent, size, root, for_w, against_w, cid = self._call(
+            "proposal", pid
+        )
+        if start == 0:
             return None
         return Proposal(
-            root=key,
+            id=pid,
+            root=bytes(root),
+            tree_size=int(size),
             proposer=Web3.to_checksum_address(proposer),
-            parent_root=bytes(parent),
+            parent_version=int(parent),
             cid=cid,
             snapshot=int(snapshot),
-            vote_start=int(vote_start),
-            vote_end=int(vote_end),
+            vote_start=int(start),
+            vote_end=int(end),
             executed=bool(executed),
             for_weight=int(for_w),
             against_weight=int(against_w),
         )
 
-    def state(self, root: bytes | str) -> ProposalState:
-        """Lifecycle state of the proposal of `root`."""
-        return ProposalState(int(self._call("state", _to_bytes32(root))))
+    def state(self, proposal: int | str) -> ProposalState:
+        """Lifecycle state of the proposal."""
+        return ProposalState(int(self._call("state", parse_proposal_id(proposal))))
 
-    def tallies(self, root: bytes | str) -> Tallies:
-        """Weight cast for and against the proposal of `root` (zeros when there is none)."""
-        p = self.proposal(root)
+    def tallies(self, proposal: int | str) -> Tallies:
+        """Weight cast for and against the proposal (zeros when there is none)."""
+        p = self.proposal(proposal)
         return Tallies(0, 0) if p is None else Tallies(p.for_weight, p.against_weight)
 
-    def has_voted(self, root: bytes | str, voter: str) -> bool:
-        """Whether `voter` voted on the proposal of `root`."""
-        return bool(self._call("hasVoted", _to_bytes32(root), Web3.to_checksum_address(voter)))
+    def has_voted(self, proposal: int | str, voter: str) -> bool:
+        """Whether `voter` voted on the proposal."""
+        return bool(self._call("hasVoted", parse_proposal_id(proposal), Web3.to_checksum_address(voter)))
 
-    def voting_weight(self, root: bytes | str, voter: str) -> int:
-        """The quadratic weight `voter` has on the proposal of `root` (its snapshot votes' square root)."""
-        return int(self._call("votingWeight", _to_bytes32(root), Web3.to_checksum_address(voter)))
+    def voting_weight(self, proposal: int | str, voter: str) -> int:
+        """The quadratic weight `voter` has on the proposal (its snapshot votes' square root)."""
+        return int(self._call("votingWeight", parse_proposal_id(proposal), Web3.to_checksum_address(voter)))
 
     def quadratic_weight(self, votes: int) -> int:
         """The contract's integer square root of `votes` (floor)."""
         return int(self._call("quadraticWeight", int(votes)))
+
+    def resolve_proposal(self, text: str, from_block: BlockIdentifier = 0) -> int:
+        """The id of the proposal that `text` names: a full id, or an unambiguous prefix of one (0x and at
+        least 4 hex digits) among the registry's ProposalCreated events. ValueError says why not."""
+        raw = text.strip().lower()
+        digits = raw.removeprefix("0x")
+        if not digits or any(c not in "0123456789abcdef" for c in digits) or len(digits) > 64:
+            raise ValueError(f"not a proposal id or id prefix: {text!r} (0x and hex digits)")
+        if len(digits) == 64:
+            return int(digits, 16)
+        if len(digits) < 4:
+            raise ValueError(f"proposal id prefix {text!r} is too short: give at least 4 hex digits")
+        matches = sorted(
+            {e.proposal_id for e in self.proposal_created_events(from_block)
+             if format_proposal_id(e.proposal_id)[2:].startswith(digits)}
+        )  # fmt: skip
+        if not matches:
+            raise ValueError(f"no proposal id starts with 0x{digits}")
+        if len(matches) > 1:
+            shown = ", ".join(format_proposal_id(m)[:18] + "…" for m in matches[:5])
+            raise ValueError(f"0x{digits} is ambiguous: {len(matches)} proposals match ({shown})")
+        return matches[0]
 
     def verify_inclusion(
         self, leaf_hash: bytes, index: int, tree_size: int, proof: Sequence[bytes], root: bytes | str
@@ -825,17 +975,13 @@ class RegistryClient(_ContractClient):
         )
 
     def verify_inclusion_in_version(
-        self, version: int, leaf_hash: bytes, index: int, tree_size: int, proof: Sequence[bytes]
+        self, version: int, leaf: bytes, index: int, proof: Sequence[bytes]
     ) -> bool:
-        """On-chain RFC 9162 inclusion check against the root of library version `version`."""
+        """On-chain check that record `leaf` (its canonical bytes, hashed by the contract) is leaf `index` of
+        library version `version`, whose tree size the contract stored."""
         return bool(
             self._call(
-                "verifyInclusionInVersion",
-                version,
-                _to_bytes32(leaf_hash),
-                index,
-                tree_size,
-                [_to_bytes32(p) for p in proof],
+                "verifyInclusionInVersion", version, bytes(leaf), index, [_to_bytes32(p) for p in proof]
             )
         )
 
@@ -856,6 +1002,7 @@ class RegistryClient(_ContractClient):
             LibraryUpdate(
                 version=int(e["args"]["version"]),
                 root=bytes(e["args"]["root"]),
+                tree_size=int(e["args"]["treeSize"]),
                 cid=e["args"]["cid"],
                 block_number=int(e["blockNumber"]),
                 tx_hash="0x" + bytes(e["transactionHash"]).hex(),
@@ -870,10 +1017,13 @@ class RegistryClient(_ContractClient):
         """ProposalCreated events in the block range, oldest first."""
         return [
             ProposalCreatedEvent(
+                proposal_id=int(e["args"]["proposalId"]),
                 root=bytes(e["args"]["root"]),
                 proposer=Web3.to_checksum_address(e["args"]["proposer"]),
-                parent_root=bytes(e["args"]["parentRoot"]),
+                tree_size=int(e["args"]["treeSize"]),
                 cid=e["args"]["cid"],
+                parent_version=int(e["args"]["parentVersion"]),
+                salt=bytes(e["args"]["salt"]),
                 snapshot=int(e["args"]["snapshot"]),
                 vote_start=int(e["args"]["voteStart"]),
                 vote_end=int(e["args"]["voteEnd"]),
@@ -890,8 +1040,12 @@ class AllowlistClient(_ContractClient):
     _artifact_name = "AllowlistVoterRegistry"
 
     def is_registered(self, voter: str) -> bool:
-        """Whether `voter` may vote on registries using this allowlist."""
+        """Whether `voter` is registered now."""
         return bool(self._call("isRegistered", Web3.to_checksum_address(voter)))
+
+    def is_registered_at(self, voter: str, timepoint: int) -> bool:
+        """Whether `voter` was registered at the end of second `timepoint` (which must be in the past)."""
+        return bool(self._call("isRegisteredAt", Web3.to_checksum_address(voter), int(timepoint)))
 
     def owner(self) -> ChecksumAddress:
         """The account allowed to change the allowlist."""

@@ -27,6 +27,7 @@ DEFAULT_MAX_LIBRARY_BYTES = 64 * 1024 * 1024
 class OnChainVersion(Protocol):
     version: int
     root: bytes
+    tree_size: int
     cid: str
 
 
@@ -84,7 +85,9 @@ class LibrarySyncer:
         if onchain.version == 0:
             return SyncResult(None, current, 0)
         root = "0x" + bytes(onchain.root).hex()
-        if current is not None and current.root == root:
+        # Roots may recur (a rollback re-approves an earlier version's experiences as a new version), so
+        # the version number, not the root alone, says whether the store is already there.
+        if current is not None and current.root == root and current.version == onchain.version:
             return SyncResult(None, current, onchain.version)
         key = (onchain.version, root)
         if key in self.refused:
@@ -119,6 +122,11 @@ class LibrarySyncer:
         library = decode_library(data, max_size=self.max_bytes)
         if library.version != onchain.version:
             raise IntegrityError(f"content says version {library.version}, the chain says {onchain.version}")
+        if len(library.experiences) != onchain.tree_size:
+            raise IntegrityError(
+                f"content holds {len(library.experiences)} experiences, the chain's tree size is "
+                f"{onchain.tree_size}"
+            )
         if onchain.version > 1:
             parent = self.registry.version_at(onchain.version - 1)
             parent_root = "0x" + bytes(parent.root).hex()

@@ -4,6 +4,7 @@ pragma solidity ^0.8.24;
 import {IVotes} from "@openzeppelin/contracts/governance/utils/IVotes.sol";
 import {IERC6372} from "@openzeppelin/contracts/interfaces/IERC6372.sol";
 import {Math} from "@openzeppelin/contracts/utils/math/Math.sol";
+import {SafeCast} from "@openzeppelin/contracts/utils/math/SafeCast.sol";
 import {Time} from "@openzeppelin/contracts/utils/types/Time.sol";
 import {IVoterRegistry} from "./IVoterRegistry.sol";
 import {RFC9162} from "./RFC9162.sol";
@@ -11,36 +12,48 @@ import {RFC9162} from "./RFC9162.sol";
 /**
  * @title ExperienceRegistry
  * @notice The on-chain head of the Zoo experience library. A library version is the RFC 9162 Merkle root of
- * its canonical experience records plus the IPFS CID of its content. Holders of the governance token (an
- * ERC20Votes token on a timestamp clock, such as {KeeperToken}) propose a new root whose parent is the current
- * root, vote on it with quadratic weight, and anyone executes it once the vote has passed, which appends a
- * version to the history.
+ * its canonical experience records, the number of records (the tree size) and the IPFS CID of its content.
+ * Holders of the governance token (an ERC20Votes token on a timestamp clock, such as {KeeperToken}) propose a
+ * new version on top of the current version number, vote on it with quadratic weight, and anyone executes it
+ * once the vote has passed, which appends a version to the history.
  *
  * Rules:
- * - A proposal's snapshot is the second before the block that created it; proposer threshold and vote weights
- *   are read at the snapshot, so tokens acquired (bought, borrowed, flash-loaned, received from someone who
- *   already voted) after the proposal was made never count.
+ * - A proposal is identified by {hashProposal}: the hash of its root, tree size, CID, parent version,
+ *   proposer and a proposer-chosen salt (as OpenZeppelin's Governor hashes a description). Nobody can take
+ *   another account's proposal id, so front-running a proposal with the same root and a wrong CID only
+ *   creates a second, competing proposal; the honest one still goes through. Roots may recur: a root whose
+ *   vote failed can be proposed again (with a new salt), and an earlier version's root can be proposed again
+ *   to roll back to it.
+ * - A proposal's snapshot is the second before the block that created it; proposer threshold, vote weights
+ *   and voter-registry membership are read at the snapshot, so tokens acquired (bought, borrowed,
+ *   flash-loaned, received from someone who already voted) and registrations changed after the proposal was
+ *   made never count.
  * - Voting opens the second after the proposal and lasts `votingPeriod` seconds: open while
  *   `voteStart <= block.timestamp < voteEnd`.
  * - A vote weighs `floor(sqrt(votes at snapshot))`; each address votes once per proposal.
- * - Execution is possible from `voteEnd + executionDelay` on, once. It requires a strict two-thirds
- *   supermajority of weight (`forWeight > 2 * againstWeight`), support of at least `quorum` weight (only
- *   `for` weight counts toward quorum, as in OpenZeppelin's GovernorCountingSimple: an opponent's vote can
- *   never lift a proposal over quorum), and that the proposal's parent is still the current root: of several
- *   competing proposals on the same parent, the first executed wins and the others become Stale.
+ * - Quorum counts support only: a proposal needs at least `quorum` weight *for* it (as OpenZeppelin's
+ *   GovernorCountingSimple, against votes never count toward quorum, so an opponent's vote can never lift a
+ *   proposal over it) and a strict two-thirds supermajority of the weight cast (`forWeight > 2 * againstWeight`).
+ * - Execution is possible from `voteEnd + executionDelay` on, once, until `gracePeriod` seconds later; a
+ *   passed proposal not executed by then is Expired for good.
+ * - A proposal builds on a parent version *number*, which must still be current when it is voted on and
+ *   executed: of several competing proposals on the same parent, the first executed wins and the others
+ *   become Stale. Version numbers only grow, so a stale proposal never revives, even when a later version
+ *   happens to have its parent's root.
  *
  * SECURITY: square-root voting is NOT Sybil-resistant on its own. Whoever splits a balance over k addresses
  * (each delegating to itself) multiplies their weight by sqrt(k): one holder of 100 tokens has weight 10, the
  * same 100 tokens over 100 addresses have weight 100. The quadratic damping only holds when every voter is a
  * distinct person, which the chain cannot tell. The mitigation is the optional voter registry
- * ({IVoterRegistry}, fixed at deployment): when set, only addresses it reports as registered may vote, so the
- * registry (an allowlist of verified people, a proof-of-personhood attestation) carries the Sybil resistance.
- * Without a registry, treat the weights as no better than "sqrt per address".
+ * ({IVoterRegistry}, fixed at deployment): when set, only addresses it reports as registered at the
+ * proposal's snapshot may vote, so the registry (an allowlist of verified people, a proof-of-personhood
+ * attestation) carries the Sybil resistance. Without a registry, treat the weights as no better than "sqrt
+ * per address".
  */
 contract ExperienceRegistry {
     /// @notice Lifecycle of a proposal, as reported by {state}.
     enum ProposalState {
-        // No proposal with this root exists.
+        // No proposal with this id exists.
         Unknown,
         // Created in the current second; voting opens the next second.
         Pending,
@@ -54,15 +67,18 @@ contract ExperienceRegistry {
         Succeeded,
         // The proposal was executed and its root became a library version.
         Executed,
-        // The current root is no longer the proposal's parent (another proposal was executed): it can never pass.
-        Stale
+        // The current version is no longer the proposal's parent (another proposal was executed): it can
+        // never pass.
+        Stale,
+        // The vote passed but nobody executed it within the grace period: it can never be executed.
+        Expired
     }
 
-    /// @notice A proposal, keyed by the root it proposes.
+    /// @notice A proposal, keyed by its id ({hashProposal}).
     struct Proposal {
         // The account that created it.
         address proposer;
-        // Timestamp at which token votes are read (the second before creation).
+        // Timestamp at which token votes and registry membership are read (the second before creation).
         uint48 snapshot;
         // First second in which votes are accepted.
         uint48 voteStart;
@@ -70,12 +86,16 @@ contract ExperienceRegistry {
         uint48 voteEnd;
         // Whether it was executed.
         bool executed;
-        // The library root it builds on; it must still be current when executed.
-        bytes32 parentRoot;
+        // The library version number it builds on; it must still be current when executed.
+        uint64 parentVersion;
+        // Number of experience records (Merkle leaves) of the proposed library.
+        uint64 treeSize;
+        // Merkle root of the proposed library.
+        bytes32 root;
         // Sum of the quadratic weights voting for.
-        uint256 forWeight;
+        uint128 forWeight;
         // Sum of the quadratic weights voting against.
-        uint256 againstWeight;
+        uint128 againstWeight;
         // IPFS CID of the proposed library's content.
         string cid;
     }
@@ -86,6 +106,8 @@ contract ExperienceRegistry {
         bytes32 root;
         // Block timestamp at which the version became current.
         uint48 timestamp;
+        // Number of experience records (Merkle leaves); zero for version 0.
+        uint64 treeSize;
         // IPFS CID of the library's content (empty for version 0).
         string cid;
     }
@@ -99,9 +121,11 @@ contract ExperienceRegistry {
     uint32 public immutable votingPeriod;
     /// @notice Seconds between the end of voting and the earliest execution.
     uint32 public immutable executionDelay;
+    /// @notice Seconds, from the earliest execution on, during which a passed proposal can be executed.
+    uint32 public immutable gracePeriod;
     /// @notice Token votes (not quadratic weight) the proposer needs at the snapshot.
     uint256 public immutable proposalThreshold;
-    /// @notice Minimum total quadratic weight (for + against) a proposal needs to pass.
+    /// @notice Minimum quadratic weight voting *for* a proposal for it to pass (against votes never count).
     uint256 public immutable quorum;
     /// @notice Registry of addresses allowed to vote; the zero address means everyone may vote.
     IVoterRegistry public immutable voterRegistry;
@@ -111,25 +135,31 @@ contract ExperienceRegistry {
     /// @notice Number of the current library version (zero before the first execution); only ever increases.
     uint256 public currentVersion;
 
-    mapping(bytes32 root => Proposal) private _proposals;
-    mapping(bytes32 root => mapping(address voter => bool)) private _hasVoted;
+    mapping(uint256 proposalId => Proposal) private _proposals;
+    mapping(uint256 proposalId => mapping(address voter => bool)) private _hasVoted;
     mapping(uint256 version => LibraryVersion) private _versions;
 
     /**
      * @notice A proposal was created.
+     * @param proposalId The proposal's id ({hashProposal}).
      * @param root The proposed library root.
      * @param proposer The account that created it.
-     * @param parentRoot The library root it builds on.
+     * @param treeSize Number of experience records of the proposed library.
      * @param cid IPFS CID of the proposed library's content.
+     * @param parentVersion The library version number it builds on.
+     * @param salt The proposer's salt.
      * @param snapshot Timestamp at which votes are read.
      * @param voteStart First second of voting.
      * @param voteEnd First second after voting.
      */
     event ProposalCreated(
+        uint256 indexed proposalId,
         bytes32 indexed root,
         address indexed proposer,
-        bytes32 parentRoot,
+        uint256 treeSize,
         string cid,
+        uint256 parentVersion,
+        bytes32 salt,
         uint48 snapshot,
         uint48 voteStart,
         uint48 voteEnd
@@ -137,26 +167,28 @@ contract ExperienceRegistry {
 
     /**
      * @notice A vote was cast.
-     * @param root The proposal voted on.
+     * @param proposalId The proposal voted on.
      * @param voter The voting account.
      * @param support True for, false against.
      * @param weight The vote's quadratic weight.
      */
-    event VoteCast(bytes32 indexed root, address indexed voter, bool support, uint256 weight);
+    event VoteCast(uint256 indexed proposalId, address indexed voter, bool support, uint256 weight);
 
     /**
      * @notice A proposal was executed.
-     * @param root The executed proposal's root.
+     * @param proposalId The executed proposal.
+     * @param version The library version it became.
      */
-    event ProposalExecuted(bytes32 indexed root);
+    event ProposalExecuted(uint256 indexed proposalId, uint256 indexed version);
 
     /**
      * @notice The current library changed.
      * @param version The new version number.
      * @param root The new library root.
+     * @param treeSize Number of experience records of the new library.
      * @param cid IPFS CID of the new library's content.
      */
-    event LibraryUpdated(uint256 indexed version, bytes32 indexed root, string cid);
+    event LibraryUpdated(uint256 indexed version, bytes32 indexed root, uint256 treeSize, string cid);
 
     /**
      * @notice The token address has no code.
@@ -174,14 +206,23 @@ contract ExperienceRegistry {
     /// @notice The voting period is zero.
     error InvalidVotingPeriod();
 
+    /// @notice The grace period is zero (every passed proposal would expire at once).
+    error InvalidGracePeriod();
+
+    /// @notice The quorum is zero (a single vote of any weight could pass a proposal).
+    error InvalidQuorum();
+
     /**
-     * @notice The voter registry address has no code.
+     * @notice The voter registry address has no code, or its ERC-6372 clock is not the block timestamp.
      * @param voterRegistry The address given.
      */
     error InvalidVoterRegistry(address voterRegistry);
 
     /// @notice The proposed root is zero (reserved for the empty genesis).
     error ZeroRoot();
+
+    /// @notice The proposed tree size is zero (a library version holds at least one record).
+    error EmptyTree();
 
     /// @notice The proposed CID is empty.
     error EmptyCID();
@@ -201,17 +242,18 @@ contract ExperienceRegistry {
     error InvalidCID(uint256 position);
 
     /**
-     * @notice A proposal for this root already exists (roots can be proposed only once).
-     * @param root The root.
+     * @notice This proposer already made this exact proposal (same root, size, CID, parent and salt); a new
+     * salt makes a new proposal.
+     * @param proposalId The proposal.
      */
-    error ProposalAlreadyExists(bytes32 root);
+    error ProposalAlreadyExists(uint256 proposalId);
 
     /**
-     * @notice The proposal's parent is not the current root.
-     * @param parentRoot The parent given.
-     * @param currentRoot The current root.
+     * @notice The proposal's parent version is not the current version.
+     * @param parentVersion The parent given.
+     * @param currentVersion The current version.
      */
-    error WrongParent(bytes32 parentRoot, bytes32 currentRoot);
+    error WrongParent(uint256 parentVersion, uint256 currentVersion);
 
     /**
      * @notice The proposer's votes at the snapshot are below {proposalThreshold}.
@@ -222,81 +264,89 @@ contract ExperienceRegistry {
     error InsufficientProposerVotes(address proposer, uint256 votes, uint256 threshold);
 
     /**
-     * @notice No proposal with this root exists.
-     * @param root The root.
+     * @notice No proposal with this id exists.
+     * @param proposalId The id.
      */
-    error ProposalNotFound(bytes32 root);
+    error ProposalNotFound(uint256 proposalId);
 
     /**
      * @notice Voting on the proposal has not opened yet.
-     * @param root The proposal.
+     * @param proposalId The proposal.
      * @param voteStart First second of voting.
      */
-    error VotingNotStarted(bytes32 root, uint48 voteStart);
+    error VotingNotStarted(uint256 proposalId, uint48 voteStart);
 
     /**
      * @notice Voting on the proposal has closed.
-     * @param root The proposal.
+     * @param proposalId The proposal.
      * @param voteEnd First second after voting.
      */
-    error VotingClosed(bytes32 root, uint48 voteEnd);
+    error VotingClosed(uint256 proposalId, uint48 voteEnd);
 
     /**
      * @notice The voter already voted on the proposal.
-     * @param root The proposal.
+     * @param proposalId The proposal.
      * @param voter The voter.
      */
-    error AlreadyVoted(bytes32 root, address voter);
+    error AlreadyVoted(uint256 proposalId, address voter);
 
     /**
      * @notice The voter had no votes at the proposal's snapshot.
-     * @param root The proposal.
+     * @param proposalId The proposal.
      * @param voter The voter.
      */
-    error NoVotingPower(bytes32 root, address voter);
+    error NoVotingPower(uint256 proposalId, address voter);
 
     /**
-     * @notice The voter is not in the voter registry.
+     * @notice The voter was not in the voter registry at the proposal's snapshot.
      * @param voter The voter.
+     * @param snapshot The proposal's snapshot.
      */
-    error VoterNotRegistered(address voter);
+    error VoterNotRegistered(address voter, uint48 snapshot);
 
     /**
-     * @notice The proposal's parent is no longer the current root, so it can never be executed.
-     * @param root The proposal.
-     * @param parentRoot Its parent.
-     * @param currentRoot The current root.
+     * @notice The proposal's parent version is no longer the current version, so it can never be executed.
+     * @param proposalId The proposal.
+     * @param parentVersion Its parent.
+     * @param currentVersion The current version.
      */
-    error ProposalStale(bytes32 root, bytes32 parentRoot, bytes32 currentRoot);
+    error ProposalStale(uint256 proposalId, uint256 parentVersion, uint256 currentVersion);
 
     /**
      * @notice The proposal cannot be executed before `executableAt`.
-     * @param root The proposal.
+     * @param proposalId The proposal.
      * @param executableAt First second of execution (end of voting plus the execution delay).
      */
-    error ExecutionTooEarly(bytes32 root, uint256 executableAt);
+    error ExecutionTooEarly(uint256 proposalId, uint256 executableAt);
+
+    /**
+     * @notice The proposal passed but its execution window closed at `expiredAt`.
+     * @param proposalId The proposal.
+     * @param expiredAt First second in which it could no longer be executed.
+     */
+    error ProposalExpired(uint256 proposalId, uint256 expiredAt);
 
     /**
      * @notice The proposal was already executed.
-     * @param root The proposal.
+     * @param proposalId The proposal.
      */
-    error ProposalAlreadyExecuted(bytes32 root);
+    error ProposalAlreadyExecuted(uint256 proposalId);
 
     /**
      * @notice Fewer than {quorum} weight units were cast for the proposal (against votes do not count).
-     * @param root The proposal.
+     * @param proposalId The proposal.
      * @param support Weight cast for.
      * @param quorum The weight required.
      */
-    error QuorumNotReached(bytes32 root, uint256 support, uint256 quorum);
+    error QuorumNotReached(uint256 proposalId, uint256 support, uint256 quorum);
 
     /**
      * @notice The proposal lacks a strict two-thirds supermajority (`forWeight > 2 * againstWeight`).
-     * @param root The proposal.
+     * @param proposalId The proposal.
      * @param forWeight Weight for.
      * @param againstWeight Weight against.
      */
-    error ProposalDefeated(bytes32 root, uint256 forWeight, uint256 againstWeight);
+    error ProposalDefeated(uint256 proposalId, uint256 forWeight, uint256 againstWeight);
 
     /**
      * @notice The library version does not exist yet.
@@ -310,14 +360,17 @@ contract ExperienceRegistry {
      * @param token_ The ERC-5805 voting token; its ERC-6372 clock must be the block timestamp.
      * @param votingPeriod_ Length of the voting window, in seconds (non-zero).
      * @param executionDelay_ Seconds between the end of voting and the earliest execution.
+     * @param gracePeriod_ Seconds during which a passed proposal can be executed (non-zero).
      * @param proposalThreshold_ Token votes a proposer needs at the snapshot.
-     * @param quorum_ Minimum `for` quadratic weight for a proposal to pass (against votes never count toward it).
-     * @param voterRegistry_ Registry of allowed voters, or the zero address to let every token holder vote.
+     * @param quorum_ Minimum `for` quadratic weight for a proposal to pass (non-zero; against votes never count).
+     * @param voterRegistry_ Registry of allowed voters (timestamp clock), or the zero address to let every token
+     * holder vote.
      */
     constructor(
         IVotes token_,
         uint32 votingPeriod_,
         uint32 executionDelay_,
+        uint32 gracePeriod_,
         uint256 proposalThreshold_,
         uint256 quorum_,
         IVoterRegistry voterRegistry_
@@ -333,12 +386,19 @@ contract ExperienceRegistry {
         if (votingPeriod_ == 0) {
             revert InvalidVotingPeriod();
         }
-        if (address(voterRegistry_) != address(0) && address(voterRegistry_).code.length == 0) {
+        if (gracePeriod_ == 0) {
+            revert InvalidGracePeriod();
+        }
+        if (quorum_ == 0) {
+            revert InvalidQuorum();
+        }
+        if (address(voterRegistry_) != address(0) && !_isVoterRegistry(voterRegistry_)) {
             revert InvalidVoterRegistry(address(voterRegistry_));
         }
         token = token_;
         votingPeriod = votingPeriod_;
         executionDelay = executionDelay_;
+        gracePeriod = gracePeriod_;
         proposalThreshold = proposalThreshold_;
         quorum = quorum_;
         voterRegistry = voterRegistry_;
@@ -346,19 +406,45 @@ contract ExperienceRegistry {
     }
 
     /**
-     * @notice Proposes `root` (content at `cid`) as the next library version after `parentRoot`.
-     * @dev A root can be proposed only once, ever, and the first proposal of a root fixes its CID. A holder
-     * above the threshold who front-runs a proposal with the same root and a wrong CID therefore blocks that
-     * root; voters must check that the CID's content hashes to the root and vote such a proposal down, and the
-     * honest proposer must publish a different root (any change to the library's records changes it).
-     * @param root Merkle root of the proposed library (non-zero, never proposed before).
-     * @param cid IPFS CID of the proposed library's content (1 to {MAX_CID_LENGTH} bytes, see {InvalidCID}).
-     * @param parentRoot The root it builds on; must equal {currentRoot}.
-     * @return voteEnd First second after the voting window.
+     * @notice The id of the proposal `proposer` makes with these arguments and `salt`.
+     * @param root Merkle root of the proposed library.
+     * @param treeSize Number of experience records.
+     * @param cid IPFS CID of its content.
+     * @param parentVersion The version number it builds on.
+     * @param proposer The proposing account.
+     * @param salt Any value the proposer picks; a new salt makes a new proposal of the same content.
+     * @return The proposal id.
      */
-    function propose(bytes32 root, string calldata cid, bytes32 parentRoot) external returns (uint48 voteEnd) {
+    function hashProposal(
+        bytes32 root,
+        uint256 treeSize,
+        string calldata cid,
+        uint256 parentVersion,
+        address proposer,
+        bytes32 salt
+    ) public pure returns (uint256) {
+        return uint256(keccak256(abi.encode(root, treeSize, keccak256(bytes(cid)), parentVersion, proposer, salt)));
+    }
+
+    /**
+     * @notice Proposes the library with Merkle root `root` over `treeSize` records (content at `cid`) as the
+     * version after `parentVersion`.
+     * @param root Merkle root of the proposed library (non-zero; it may equal an earlier version's root).
+     * @param treeSize Number of experience records (Merkle leaves) of the proposed library (non-zero).
+     * @param cid IPFS CID of the proposed library's content (1 to {MAX_CID_LENGTH} bytes, see {InvalidCID}).
+     * @param parentVersion The version number it builds on; must equal {currentVersion}.
+     * @param salt Any value; this proposer's proposals of the same content need distinct salts.
+     * @return proposalId The new proposal's id ({hashProposal} with `msg.sender` as proposer).
+     */
+    function propose(bytes32 root, uint256 treeSize, string calldata cid, uint256 parentVersion, bytes32 salt)
+        external
+        returns (uint256 proposalId)
+    {
         if (root == bytes32(0)) {
             revert ZeroRoot();
+        }
+        if (treeSize == 0) {
+            revert EmptyTree();
         }
         uint256 cidLength = bytes(cid).length;
         if (cidLength == 0) {
@@ -368,12 +454,13 @@ contract ExperienceRegistry {
             revert CIDTooLong(cidLength, MAX_CID_LENGTH);
         }
         _checkCID(bytes(cid));
-        Proposal storage p = _proposals[root];
-        if (p.voteStart != 0) {
-            revert ProposalAlreadyExists(root);
+        if (parentVersion != currentVersion) {
+            revert WrongParent(parentVersion, currentVersion);
         }
-        if (parentRoot != currentRoot) {
-            revert WrongParent(parentRoot, currentRoot);
+        proposalId = hashProposal(root, treeSize, cid, parentVersion, msg.sender, salt);
+        Proposal storage p = _proposals[proposalId];
+        if (p.voteStart != 0) {
+            revert ProposalAlreadyExists(proposalId);
         }
         uint48 nowTs = Time.timestamp();
         // Strictly before this block: nothing moved in the proposal's own second (or later) can count.
@@ -383,117 +470,127 @@ contract ExperienceRegistry {
             revert InsufficientProposerVotes(msg.sender, votes, proposalThreshold);
         }
         uint48 voteStart = nowTs + 1;
-        voteEnd = voteStart + votingPeriod;
+        uint48 voteEnd = voteStart + votingPeriod;
         p.proposer = msg.sender;
         p.snapshot = snapshot;
         p.voteStart = voteStart;
         p.voteEnd = voteEnd;
-        p.parentRoot = parentRoot;
+        // Both fit: the version grows by one per execution, and a tree of 2**64 leaves cannot be built.
+        p.parentVersion = uint64(parentVersion);
+        p.treeSize = SafeCast.toUint64(treeSize);
+        p.root = root;
         p.cid = cid;
-        emit ProposalCreated(root, msg.sender, parentRoot, cid, snapshot, voteStart, voteEnd);
+        _emitCreated(proposalId, p, salt);
     }
 
     /**
-     * @notice Votes on the proposal of `root` with weight `floor(sqrt(votes at its snapshot))`.
+     * @notice Votes on proposal `proposalId` with weight `floor(sqrt(votes at its snapshot))`.
      * @dev The token and registry are read with static calls, so neither can re-enter.
-     * @param root The proposal.
+     * @param proposalId The proposal.
      * @param support True to vote for, false to vote against.
      * @return weight The weight counted.
      */
-    function vote(bytes32 root, bool support) external returns (uint256 weight) {
-        Proposal storage p = _proposals[root];
+    function vote(uint256 proposalId, bool support) external returns (uint256 weight) {
+        Proposal storage p = _proposals[proposalId];
         if (p.voteStart == 0) {
-            revert ProposalNotFound(root);
+            revert ProposalNotFound(proposalId);
         }
         uint48 nowTs = Time.timestamp();
         if (nowTs < p.voteStart) {
-            revert VotingNotStarted(root, p.voteStart);
+            revert VotingNotStarted(proposalId, p.voteStart);
         }
         if (nowTs >= p.voteEnd) {
-            revert VotingClosed(root, p.voteEnd);
+            revert VotingClosed(proposalId, p.voteEnd);
         }
-        if (p.parentRoot != currentRoot) {
-            revert ProposalStale(root, p.parentRoot, currentRoot);
+        if (p.parentVersion != currentVersion) {
+            revert ProposalStale(proposalId, p.parentVersion, currentVersion);
         }
-        if (_hasVoted[root][msg.sender]) {
-            revert AlreadyVoted(root, msg.sender);
+        if (_hasVoted[proposalId][msg.sender]) {
+            revert AlreadyVoted(proposalId, msg.sender);
         }
-        if (address(voterRegistry) != address(0) && !voterRegistry.isRegistered(msg.sender)) {
-            revert VoterNotRegistered(msg.sender);
+        if (address(voterRegistry) != address(0) && !voterRegistry.isRegisteredAt(msg.sender, p.snapshot)) {
+            revert VoterNotRegistered(msg.sender, p.snapshot);
         }
         weight = Math.sqrt(token.getPastVotes(msg.sender, p.snapshot));
         if (weight == 0) {
-            revert NoVotingPower(root, msg.sender);
+            revert NoVotingPower(proposalId, msg.sender);
         }
-        _hasVoted[root][msg.sender] = true;
+        _hasVoted[proposalId][msg.sender] = true;
+        // sqrt of a uint256 is below 2**128, and ERC20Votes caps votes at 2**208, so weights are below 2**104:
+        // the checked uint128 sums cannot overflow in practice.
         if (support) {
-            p.forWeight += weight;
+            p.forWeight += uint128(weight);
         } else {
-            p.againstWeight += weight;
+            p.againstWeight += uint128(weight);
         }
-        emit VoteCast(root, msg.sender, support, weight);
+        emit VoteCast(proposalId, msg.sender, support, weight);
     }
 
     /**
      * @notice Makes a passed proposal the current library version. Anyone may call it.
-     * @param root The proposal.
+     * @param proposalId The proposal.
      * @return version The new version number.
      */
-    function execute(bytes32 root) external returns (uint256 version) {
-        Proposal storage p = _proposals[root];
+    function execute(uint256 proposalId) external returns (uint256 version) {
+        Proposal storage p = _proposals[proposalId];
         if (p.voteStart == 0) {
-            revert ProposalNotFound(root);
+            revert ProposalNotFound(proposalId);
         }
         if (p.executed) {
-            revert ProposalAlreadyExecuted(root);
+            revert ProposalAlreadyExecuted(proposalId);
+        }
+        if (p.parentVersion != currentVersion) {
+            revert ProposalStale(proposalId, p.parentVersion, currentVersion);
         }
         uint256 executableAt = uint256(p.voteEnd) + executionDelay;
         if (block.timestamp < executableAt) {
-            revert ExecutionTooEarly(root, executableAt);
-        }
-        if (p.parentRoot != currentRoot) {
-            revert ProposalStale(root, p.parentRoot, currentRoot);
+            revert ExecutionTooEarly(proposalId, executableAt);
         }
         if (p.forWeight < quorum) {
-            revert QuorumNotReached(root, p.forWeight, quorum);
+            revert QuorumNotReached(proposalId, p.forWeight, quorum);
         }
         if (!_supermajority(p)) {
-            revert ProposalDefeated(root, p.forWeight, p.againstWeight);
+            revert ProposalDefeated(proposalId, p.forWeight, p.againstWeight);
+        }
+        if (block.timestamp >= executableAt + gracePeriod) {
+            revert ProposalExpired(proposalId, executableAt + gracePeriod);
         }
         p.executed = true;
+        bytes32 root = p.root;
         currentRoot = root;
         version = ++currentVersion;
         LibraryVersion storage v = _versions[version];
         v.root = root;
         v.timestamp = Time.timestamp();
+        v.treeSize = p.treeSize;
         v.cid = p.cid;
-        emit ProposalExecuted(root);
-        emit LibraryUpdated(version, root, p.cid);
+        emit ProposalExecuted(proposalId, version);
+        emit LibraryUpdated(version, root, p.treeSize, p.cid);
     }
 
     /**
-     * @notice The proposal of `root`; all fields are zero when there is none.
-     * @param root The proposal.
+     * @notice Proposal `proposalId`; all fields are zero when there is none.
+     * @param proposalId The proposal.
      * @return The proposal.
      */
-    function proposal(bytes32 root) external view returns (Proposal memory) {
-        return _proposals[root];
+    function proposal(uint256 proposalId) external view returns (Proposal memory) {
+        return _proposals[proposalId];
     }
 
     /**
-     * @notice The lifecycle state of the proposal of `root`.
-     * @param root The proposal.
+     * @notice The lifecycle state of proposal `proposalId`.
+     * @param proposalId The proposal.
      * @return The state; {execute} succeeds exactly in state Succeeded.
      */
-    function state(bytes32 root) external view returns (ProposalState) {
-        Proposal storage p = _proposals[root];
+    function state(uint256 proposalId) external view returns (ProposalState) {
+        Proposal storage p = _proposals[proposalId];
         if (p.voteStart == 0) {
             return ProposalState.Unknown;
         }
         if (p.executed) {
             return ProposalState.Executed;
         }
-        if (p.parentRoot != currentRoot) {
+        if (p.parentVersion != currentVersion) {
             return ProposalState.Stale;
         }
         if (block.timestamp < p.voteStart) {
@@ -505,33 +602,37 @@ contract ExperienceRegistry {
         if (p.forWeight < quorum || !_supermajority(p)) {
             return ProposalState.Defeated;
         }
-        if (block.timestamp < uint256(p.voteEnd) + executionDelay) {
+        uint256 executableAt = uint256(p.voteEnd) + executionDelay;
+        if (block.timestamp < executableAt) {
             return ProposalState.Queued;
+        }
+        if (block.timestamp >= executableAt + gracePeriod) {
+            return ProposalState.Expired;
         }
         return ProposalState.Succeeded;
     }
 
     /**
-     * @notice Whether `voter` has voted on the proposal of `root`.
-     * @param root The proposal.
+     * @notice Whether `voter` has voted on proposal `proposalId`.
+     * @param proposalId The proposal.
      * @param voter The account.
      * @return True when it has voted.
      */
-    function hasVoted(bytes32 root, address voter) external view returns (bool) {
-        return _hasVoted[root][voter];
+    function hasVoted(uint256 proposalId, address voter) external view returns (bool) {
+        return _hasVoted[proposalId][voter];
     }
 
     /**
-     * @notice The weight `voter` would vote with on the proposal of `root` (ignoring the voter registry and
+     * @notice The weight `voter` would vote with on proposal `proposalId` (ignoring the voter registry and
      * whether it already voted).
-     * @param root The proposal (must exist).
+     * @param proposalId The proposal (must exist).
      * @param voter The account.
      * @return `floor(sqrt(votes of voter at the proposal's snapshot))`.
      */
-    function votingWeight(bytes32 root, address voter) external view returns (uint256) {
-        Proposal storage p = _proposals[root];
+    function votingWeight(uint256 proposalId, address voter) external view returns (uint256) {
+        Proposal storage p = _proposals[proposalId];
         if (p.voteStart == 0) {
-            revert ProposalNotFound(root);
+            revert ProposalNotFound(proposalId);
         }
         return Math.sqrt(token.getPastVotes(voter, p.snapshot));
     }
@@ -548,32 +649,38 @@ contract ExperienceRegistry {
      * @notice The current library version in one read.
      * @return version The version number.
      * @return root Its Merkle root.
+     * @return treeSize Its number of experience records.
      * @return cid Its IPFS CID.
      * @return timestamp When it became current.
      */
     function currentLibrary()
         external
         view
-        returns (uint256 version, bytes32 root, string memory cid, uint48 timestamp)
+        returns (uint256 version, bytes32 root, uint256 treeSize, string memory cid, uint48 timestamp)
     {
         version = currentVersion;
         LibraryVersion storage v = _versions[version];
-        return (version, v.root, v.cid, v.timestamp);
+        return (version, v.root, v.treeSize, v.cid, v.timestamp);
     }
 
     /**
      * @notice Library version `version` of the history (version 0 is the empty genesis).
      * @param version The version number, at most {currentVersion}.
      * @return root Its Merkle root.
+     * @return treeSize Its number of experience records.
      * @return cid Its IPFS CID.
      * @return timestamp When it became current.
      */
-    function versionAt(uint256 version) external view returns (bytes32 root, string memory cid, uint48 timestamp) {
+    function versionAt(uint256 version)
+        external
+        view
+        returns (bytes32 root, uint256 treeSize, string memory cid, uint48 timestamp)
+    {
         if (version > currentVersion) {
             revert UnknownVersion(version, currentVersion);
         }
         LibraryVersion storage v = _versions[version];
-        return (v.root, v.cid, v.timestamp);
+        return (v.root, v.treeSize, v.cid, v.timestamp);
     }
 
     /**
@@ -606,26 +713,26 @@ contract ExperienceRegistry {
     }
 
     /**
-     * @notice Verifies an RFC 9162 inclusion proof against the root of library version `version`.
+     * @notice Verifies that the record `leaf` is the `index`-th leaf of library version `version`.
+     * @dev The leaf's bytes are hashed here (SHA-256(0x00 || leaf)) and the tree size is the one stored with
+     * the version, so neither an interior node passed off as a leaf nor a real leaf at a wrong index or tree
+     * size can verify.
      * @param version A version number, at most {currentVersion}; version 0 (the empty library) holds nothing.
-     * @param leafHash The leaf's hash, SHA-256(0x00 || leaf bytes).
+     * @param leaf The record's canonical bytes.
      * @param index The leaf's zero-based position.
-     * @param treeSize The number of leaves in the tree.
      * @param proof The audit path, sibling hashes from the leaf upwards.
-     * @return True when the leaf is part of that version's library.
+     * @return True when the record is part of that version's library at `index`.
      */
-    function verifyInclusionInVersion(
-        uint256 version,
-        bytes32 leafHash,
-        uint256 index,
-        uint256 treeSize,
-        bytes32[] calldata proof
-    ) external view returns (bool) {
+    function verifyInclusionInVersion(uint256 version, bytes calldata leaf, uint256 index, bytes32[] calldata proof)
+        external
+        view
+        returns (bool)
+    {
         if (version > currentVersion) {
             revert UnknownVersion(version, currentVersion);
         }
-        bytes32 root = _versions[version].root;
-        return root != bytes32(0) && RFC9162.verify(leafHash, index, treeSize, proof, root);
+        LibraryVersion storage v = _versions[version];
+        return v.treeSize != 0 && RFC9162.verify(RFC9162.leafHash(leaf), index, v.treeSize, proof, v.root);
     }
 
     /**
@@ -674,7 +781,34 @@ contract ExperienceRegistry {
             && c != "O" && c != "l";
     }
 
+    /// @dev Whether `registry` answers both IVoterRegistry calls the registry makes, on a timestamp clock (a token
+    /// or another contract passed by mistake would make every vote revert).
+    function _isVoterRegistry(IVoterRegistry registry) private view returns (bool) {
+        if (address(registry).code.length == 0) {
+            return false;
+        }
+        try registry.clock() returns (uint48 registryClock) {
+            if (registryClock != Time.timestamp()) {
+                return false;
+            }
+        } catch {
+            return false;
+        }
+        try registry.isRegisteredAt(address(0), Time.timestamp() - 1) returns (bool) {
+            return true;
+        } catch {
+            return false;
+        }
+    }
+
+    /// @dev Its own frame: ten event fields next to propose's locals exceed the EVM's reachable stack.
+    function _emitCreated(uint256 proposalId, Proposal storage p, bytes32 salt) private {
+        emit ProposalCreated(
+            proposalId, p.root, p.proposer, p.treeSize, p.cid, p.parentVersion, salt, p.snapshot, p.voteStart, p.voteEnd
+        );
+    }
+
     function _supermajority(Proposal storage p) private view returns (bool) {
-        return p.forWeight > 2 * p.againstWeight;
+        return uint256(p.forWeight) > 2 * uint256(p.againstWeight);
     }
 }

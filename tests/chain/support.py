@@ -21,6 +21,7 @@ TOKEN = 10**18
 DAY = 24 * 3600
 VOTING_PERIOD = 7 * DAY
 EXECUTION_DELAY = DAY
+GRACE_PERIOD = 2 * DAY  # how long a passed proposal stays executable
 PROPOSAL_THRESHOLD = TOKEN
 QUORUM = 250 * W
 

@@ -1,12 +1,12 @@
 """`zoo-node dao ...` as an operator runs it: subprocesses against one real devnet for the whole module.
 
-A proposal's parent must be the current root when it is made, so every test proposes a fresh random root on
-top of whatever `current()` is then, and the tests do not depend on each other's order.
+A proposal's parent must be the current version when it is made, so every test publishes a library for the
+version after whatever `current()` is then, and the tests do not depend on each other's order.
 """
 
 from __future__ import annotations
 
-import os
+import itertools
 import re
 import subprocess
 from collections.abc import Iterator
@@ -17,12 +17,16 @@ from web3 import Web3
 
 from tests.devnet import tear_down, zoo
 from zoo.devnet.manager import Devnet, DevnetInfo, warp
+from zoo.registry.canonical import decode_library, encode_library
 from zoo.registry.chain import ProposalState, RegistryClient, TokenClient
+from zoo.registry.experience import Experience, Library
+from zoo.registry.ipfs import IpfsClient
 from zoo.registry.keys import dev_account
+from zoo.registry.merkle import library_root
 
 TOKEN = 10**18
 Run = subprocess.CompletedProcess[str]
-CID = "bafkreif7mj3riqa7oiyf4da5lvx5epsszua32bcnfzccykznwxn75gnaaa"
+_unique = itertools.count()
 
 
 class Chain:
@@ -36,14 +40,53 @@ class Chain:
     def dao(self, *args: str, env: dict[str, str] | None = None):
         return zoo("dao", *args, "--data-dir", str(self.data_dir), env=env)
 
+    def current_library(self) -> Library:
+        """The library of the chain's current version, from IPFS."""
+        cur = self.registry.current()
+        with IpfsClient(self.info.ipfs_api) as ipfs:
+            return decode_library(ipfs.fetch_verified(cur.cid))
+
+    def next_library(self, added: int = 2, drop: int = 0) -> Library:
+        """The next version: the current library minus its first `drop` experiences, plus `added` new ones."""
+        cur = self.current_library()
+        new = [
+            Experience.create(
+                text=f"When the CLI test {next(_unique)} runs, check the proposal before voting for it.",
+                domain="tests.dao",
+                confidence=0.7,
+                author="job:test-dao",
+                base_model=cur.base_model,
+                created_at="2026-03-01T00:00:00Z",
+            )
+            for _ in range(added)
+        ]
+        return Library.create(
+            version=cur.version + 1,
+            parent_root="0x" + library_root(cur).hex(),
+            base_model=cur.base_model,
+            experiences=[*cur.experiences[drop:], *new],
+        )
+
+    def publish(self, library: Library) -> str:
+        with IpfsClient(self.info.ipfs_api) as ipfs:
+            return ipfs.add(encode_library(library))
+
     def propose(self, *extra: str, key: str = "dev0", env: dict[str, str] | None = None) -> tuple[str, Run]:
-        """Propose a fresh random root; on success, step the chain clock into its voting window."""
-        root = "0x" + os.urandom(32).hex()
-        result = self.dao("propose", "--root", root, "--cid", CID, "--key", key, *extra, env=env)
-        if result.returncode == 0:
-            # Voting opens one second after the proposal's block: do not depend on how fast the CLI starts.
-            warp(self.w3, 1)
-        return root, result
+        """Publish the next library and propose it by its CID; on success, returns the new proposal id and
+        steps the chain clock into its voting window."""
+        cid = self.publish(self.next_library())
+        result = self.dao("propose", "--cid", cid, "--key", key, *extra, env=env)
+        if result.returncode != 0:
+            return "", result
+        # Voting opens one second after the proposal's block: do not depend on how fast the CLI starts.
+        warp(self.w3, 1)
+        return proposal_id_in(result.stdout), result
+
+
+def proposal_id_in(text: str) -> str:
+    match = re.search(r"proposed (0x[0-9a-f]{64})", text)
+    assert match, text
+    return match.group(1)
 
 
 @pytest.fixture(scope="module")
@@ -58,41 +101,48 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
         tear_down(data_dir)
 
 
-def row_of(table: str, root: str) -> str:
-    """The line of `dao proposals` for `root` (shown as its first 12 hex digits)."""
-    lines = [line for line in table.splitlines() if root[:14] in line]
+def row_of(table: str, pid: str) -> str:
+    """The line of `dao proposals` for proposal `pid` (shown as its first 12 hex digits)."""
+    lines = [line for line in table.splitlines() if pid[:14] in line]
     assert len(lines) == 1, table
     return lines[0]
 
 
 def test_propose_vote_execute_round(chain: Chain) -> None:
     before = chain.registry.current()
-    root, proposed = chain.propose()
+    library = chain.next_library()
+    cid = chain.publish(library)
+    proposed = chain.dao("propose", "--cid", cid)
     assert proposed.returncode == 0, proposed.stderr
-    assert f"proposed {root}" in proposed.stdout
+    pid = proposal_id_in(proposed.stdout)
+    root = "0x" + library_root(library).hex()
+    assert f"root {root}, {len(library.experiences)} experiences" in proposed.stdout
     assert f"signing as {dev_account(0).address}" in proposed.stderr
-    prop = chain.registry.proposal(root)
-    assert prop is not None and prop.cid == CID and prop.parent_root == before.root
+    warp(chain.w3, 1)
+    prop = chain.registry.proposal(pid)
+    assert prop is not None and prop.cid == cid and prop.parent_version == before.version
+    assert prop.tree_size == len(library.experiences) and "0x" + prop.root.hex() == root
 
     for voter in ("dev0", "dev1"):
-        voted = chain.dao("vote", root, "--for", "--key", voter)
+        voted = chain.dao("vote", pid[:12], "--for", "--key", voter)  # an unambiguous prefix is enough
         assert voted.returncode == 0, voted.stderr
         assert "voted for" in voted.stdout
     assert "tally: for 2,000,000,000,000 against 0" in voted.stdout
 
     listed = chain.dao("proposals")
     assert listed.returncode == 0, listed.stderr
-    row = row_of(listed.stdout, root)
+    row = row_of(listed.stdout, pid)
     assert re.search(r"\bactive\b", row) and "2,000,000,000,000/2,000,000,000,000" in row, row
+    assert re.search(r"\bverified\b", row), row
 
-    tally = chain.registry.tallies(root)
-    again = chain.dao("vote", root, "--for", "--key", "dev1")
+    tally = chain.registry.tallies(pid)
+    again = chain.dao("vote", pid, "--for", "--key", "dev1")
     assert again.returncode == 1
     assert "already voted" in again.stderr
     assert dev_account(1).address in again.stderr
-    assert chain.registry.tallies(root) == tally
+    assert chain.registry.tallies(pid) == tally
 
-    early = chain.dao("execute", root)
+    early = chain.dao("execute", pid)
     assert early.returncode == 1
     assert "refused:" in early.stderr and "cannot be executed before" in early.stderr
     assert "Traceback" not in early.stderr
@@ -101,59 +151,129 @@ def test_propose_vote_execute_round(chain: Chain) -> None:
     warped = zoo("devnet", "warp", "400", "--data-dir", str(chain.data_dir))
     assert warped.returncode == 0, warped.stderr
     assert "chain time is now" in warped.stdout
-    assert chain.registry.state(root) == ProposalState.SUCCEEDED
+    assert chain.registry.state(pid) == ProposalState.SUCCEEDED
 
-    executed = chain.dao("execute", root)
+    executed = chain.dao("execute", pid[:10])
     assert executed.returncode == 0, executed.stderr
     assert f"library version {before.version + 1} is now {root}" in executed.stdout
     now = chain.registry.current()
-    assert (now.version, "0x" + now.root.hex(), now.cid) == (before.version + 1, root, CID)
+    assert (now.version, "0x" + now.root.hex(), now.cid, now.tree_size) == (
+        before.version + 1,
+        root,
+        cid,
+        len(library.experiences),
+    )
 
-    shown = chain.dao("show", root)
+    shown = chain.dao("show", pid)
     assert shown.returncode == 0, shown.stderr
     assert re.search(r"state\s+executed", shown.stdout), shown.stdout
     assert re.search(r"executed\s+True", shown.stdout), shown.stdout
     assert "2,000,000,000,000 / 0" in shown.stdout
-    assert re.search(r"\bexecuted\b", row_of(chain.dao("proposals").stdout, root))
+    assert re.search(r"\bexecuted\b", row_of(chain.dao("proposals").stdout, pid))
+
+
+def test_review_shows_what_a_proposal_changes(chain: Chain) -> None:
+    library = chain.next_library(added=2, drop=1)
+    removed = chain.current_library().experiences[0]
+    added = [e for e in library.experiences if e.domain == "tests.dao" and e.id not in
+             {x.id for x in chain.current_library().experiences}]  # fmt: skip
+    proposed = chain.dao("propose", "--cid", chain.publish(library))
+    assert proposed.returncode == 0, proposed.stderr
+    pid = proposal_id_in(proposed.stdout)
+
+    reviewed = chain.dao("review", pid[:12])
+    assert reviewed.returncode == 0, reviewed.stderr
+    assert "content verified" in reviewed.stdout
+    assert "2 added, 1 removed, 0 modified" in reviewed.stdout
+    assert f"- {removed.id}" in reviewed.stdout
+    for e in added:
+        assert f"+ {e.id}" in reviewed.stdout
+    assert f"version {library.version}: root 0x{library_root(library).hex()}" in reviewed.stdout
+
+
+def test_a_proposal_whose_cid_does_not_match_its_root_cannot_be_voted_for(chain: Chain) -> None:
+    """The attack of a squatter or a careless proposer: the root voters approve is not what the CID holds."""
+    approved = chain.next_library()
+    other_cid = chain.publish(chain.next_library())  # valid content, other experiences
+    root = "0x" + library_root(approved).hex()
+    size = str(len(approved.experiences))
+    plain = chain.dao("propose", "--cid", other_cid, "--root", root, "--size", size)
+    assert plain.returncode == 1
+    assert "not verified" in plain.stderr and "Merkle root" in plain.stderr and "--force" in plain.stderr
+    forced = chain.dao("propose", "--cid", other_cid, "--root", root, "--size", size, "--force")
+    assert forced.returncode == 0, forced.stderr
+    pid = proposal_id_in(forced.stdout)
+    warp(chain.w3, 1)
+
+    reviewed = chain.dao("review", pid)
+    assert reviewed.returncode == 1
+    assert "content NOT verified" in reviewed.stdout and f"not the proposed {root}" in reviewed.stdout
+
+    refused = chain.dao("vote", pid, "--for", "--key", "dev1")
+    assert refused.returncode == 1
+    assert "not verified" in refused.stderr and "dao review" in refused.stderr
+    assert not chain.registry.has_voted(pid, dev_account(1).address)
+    assert re.search(r"\bMISMATCH\b", row_of(chain.dao("proposals").stdout, pid))
+
+    against = chain.dao("vote", pid, "--against", "--key", "dev1")  # voting against needs no check
+    assert against.returncode == 0, against.stderr
+    forced_vote = chain.dao("vote", pid, "--for", "--force", "--key", "dev2")
+    assert forced_vote.returncode == 0, forced_vote.stderr
+    assert "voting for unverified content" in forced_vote.stderr
+    assert chain.registry.tallies(pid).for_weight == 10**12
 
 
 def test_propose_on_a_wrong_parent_is_refused_in_words(chain: Chain) -> None:
-    wrong = "0x" + os.urandom(32).hex()
-    current = "0x" + chain.registry.current_root().hex()
-    root, result = chain.propose("--parent", wrong)
+    current = chain.registry.current_version()
+    events = len(chain.registry.proposal_created_events())
+    cid = chain.publish(chain.next_library())
+    result = chain.dao("propose", "--cid", cid, "--parent-version", str(current + 5), "--force")
     assert result.returncode == 1
-    assert "refused: wrong parent" in result.stderr
-    assert wrong in result.stderr and current in result.stderr
+    assert f"refused: wrong parent: version {current + 5} is not the current library version {current}" in (
+        result.stderr
+    )
     assert "Traceback" not in result.stderr
-    assert chain.registry.proposal(root) is None
+    assert len(chain.registry.proposal_created_events()) == events
 
 
 @pytest.mark.parametrize("bad", ["0x1234", "0x" + "zz" * 32, "0x" + "00" * 33, "not-a-root"])
 def test_propose_with_an_invalid_root_exits_2(chain: Chain, bad: str) -> None:
     events = len(chain.registry.proposal_created_events())
-    result = chain.dao("propose", "--root", bad, "--cid", CID)
+    result = chain.dao(
+        "propose", "--root", bad, "--cid", "bafkreif7mj3riqa7oiyf4da5lvx5epsszua32bcnfzccykznwxn75gnaaa"
+    )
     assert result.returncode == 2, result.stdout + result.stderr
-    assert "root must be 0x followed by 64 hex digits" in result.stderr
+    assert "--root must be 0x followed by 64 hex digits" in result.stderr
     assert len(chain.registry.proposal_created_events()) == events
+
+
+@pytest.mark.parametrize(
+    ("given", "words"),
+    [("0x12", "too short"), ("0xzzzz", "not a proposal id"), ("0x" + "f" * 63, "no proposal id starts with")],
+)
+def test_a_proposal_argument_that_names_no_proposal_exits_2(chain: Chain, given: str, words: str) -> None:
+    result = chain.dao("show", given)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert words in result.stderr and "Traceback" not in result.stderr
 
 
 def test_env_key_signs_as_its_account_and_is_never_printed(chain: Chain) -> None:
     signer = dev_account(5)
     key = signer.account.key.hex()
     bare = key.removeprefix("0x")
-    root, result = chain.propose(key="env:MYKEY", env={"MYKEY": key})
+    pid, result = chain.propose(key="env:MYKEY", env={"MYKEY": key})
     assert result.returncode == 0, result.stderr
     assert f"signing as {signer.address}" in result.stderr
-    prop = chain.registry.proposal(root)
+    prop = chain.registry.proposal(pid)
     assert prop is not None and prop.proposer == signer.address
-    voted = chain.dao("vote", root, "--against", "--key", "env:MYKEY", env={"MYKEY": key})
+    voted = chain.dao("vote", pid, "--against", "--key", "env:MYKEY", env={"MYKEY": key})
     assert voted.returncode == 0, voted.stderr
-    assert chain.registry.has_voted(root, signer.address)
-    assert chain.registry.tallies(root).against_weight == 10**12
+    assert chain.registry.has_voted(pid, signer.address)
+    assert chain.registry.tallies(pid).against_weight == 10**12
 
     # A damaged key is refused without echoing it either.
     damaged = bare[:-1] + ("0" if bare[-1] != "0" else "1") + "f"
-    refused = chain.dao("vote", root, "--for", "--key", "env:MYKEY", env={"MYKEY": damaged})
+    refused = chain.dao("vote", pid, "--for", "--key", "env:MYKEY", env={"MYKEY": damaged})
     assert refused.returncode == 2
     assert "cannot load signing key" in refused.stderr and "MYKEY" in refused.stderr
     for run, secret in ((result, bare), (voted, bare), (refused, damaged)):

@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,14 +21,15 @@ import httpx
 import pytest
 from web3 import Web3
 
-from tests.devnet import describe, holders, running, tear_down, wait_until, zoo, zoo_popen
+from tests.devnet import cli_env, describe, holders, running, tear_down, wait_until, zoo, zoo_popen
 from zoo.devnet.genesis import genesis_library
-from zoo.devnet.manager import Devnet, DevnetInfo
+from zoo.devnet.manager import Devnet, DevnetInfo, warp
 from zoo.devnet.process import ProcessRecord
 from zoo.node.client import NodeClient
 from zoo.registry.canonical import decode_library
 from zoo.registry.chain import RegistryClient
 from zoo.registry.ipfs import IpfsClient
+from zoo.registry.keys import dev_account
 from zoo.registry.merkle import library_root
 from zoo.v1 import node_pb2
 
@@ -95,7 +97,7 @@ def test_up_deploys_and_publishes_the_genesis_library(shared: Shared) -> None:
         assert state[key], f"{key} missing from devnet.json"
     assert Web3.is_checksum_address(state["registry_address"])
     assert Web3.is_checksum_address(state["token_address"])
-    assert {p["name"] for p in state["processes"]} == {"anvil", "ipfs"}
+    assert {p["name"] for p in state["processes"]} == {"anvil", "ipfs", "chain-state"}
     assert state["rpc_url"] in result.stdout and state["registry_address"] in result.stdout
 
     assert chain_id(state["rpc_url"]) == 31337
@@ -147,9 +149,9 @@ def test_down_stops_exactly_its_own_processes(shared: Shared, data_dirs: Callabl
 
     result = zoo("devnet", "down", "--data-dir", str(mine))
     assert result.returncode == 0, result.stderr
-    assert "stopped anvil, ipfs" in result.stderr
+    assert "stopped chain-state, anvil, ipfs" in result.stderr
     assert all_gone(my_recs), f"still running after down: {describe([r.pid for r in my_recs])}"
-    assert not (mine / "devnet" / "devnet.json").exists()
+    assert read_state(mine)["processes"] == [], "down must record that nothing runs any more"
     assert zoo("devnet", "status", "--data-dir", str(mine)).returncode == 1
 
     # The devnet of the other data dir is untouched and still answers.
@@ -337,27 +339,98 @@ def test_node_starts_its_own_devnet_and_stops_it_on_sigterm(start_node, node_dat
     assert st.library.cid == read_state(data_dir)["genesis"]["cid"]
     assert st.library.experience_count == len(genesis_library().experiences)
     recs = records(data_dir)
-    assert {r.name for r in recs} == {"anvil", "ipfs"}
+    assert {r.name for r in recs} == {"anvil", "ipfs", "chain-state"}
 
     assert node.stop(signal.SIGTERM) == 0, node.log()
     assert wait_until(lambda: all_gone(recs), 10), (
         f"devnet outlived its node: {describe([r.pid for r in recs])}"
     )
-    assert not (data_dir / "devnet" / "devnet.json").exists()
+    # The chain is kept for the next start: the deployment record and the saved state stay.
+    saved = read_state(data_dir)
+    assert saved["processes"] == [] and saved["ready"] is False and saved["registry_address"]
+    assert (data_dir / "devnet" / "chain-state.json").stat().st_size > 0
 
 
-def test_node_killed_with_sigkill_takes_its_devnet_along(start_node, node_data) -> None:
+def test_node_killed_with_sigkill_takes_its_devnet_along_and_keeps_its_chain(start_node, node_data) -> None:
     data_dir = node_data("node")
     node = start_node(extra=DEVNET_MODE)
     recs = records(data_dir)
-    assert read_state(data_dir)["ready"] is True
+    before = read_state(data_dir)
+    assert before["ready"] is True
     assert all(running(r.pid, r.start_ticks) for r in recs)
+    # A proposal with a vote, made while the node runs; the keeper saves it within a second.
+    w3 = Web3(Web3.HTTPProvider(before["rpc_url"]))
+    proposed = RegistryClient(w3, before["registry_address"], dev_account(0)).propose(
+        b"\x42" * 32, before["genesis"]["cid"], tree_size=3
+    )
+    warp(w3, 1)
+    RegistryClient(w3, before["registry_address"], dev_account(1)).vote(proposed.proposal_id, True)
+    saved_at = time.time()
+    time.sleep(1.5)
 
     os.kill(node.proc.pid, signal.SIGKILL)  # the node alone, not its process group
     node.proc.wait(10)
     assert wait_until(lambda: all_gone(recs), 15), (
         f"devnet processes orphaned by kill -9 of the node: {describe([r.pid for r in recs])}"
     )
+    assert (data_dir / "devnet" / "chain-state.json").stat().st_mtime >= saved_at - 1
+
+    again = start_node(extra=DEVNET_MODE)
+    wait_status(again.address, synced)
+    after = read_state(data_dir)
+    assert (after["registry_address"], after["genesis"]) == (before["registry_address"], before["genesis"])
+    w3 = Web3(Web3.HTTPProvider(after["rpc_url"]))
+    registry = RegistryClient(w3, after["registry_address"])
+    kept = registry.proposal(proposed.proposal_id)
+    assert kept is not None and kept.for_weight == 10**12, "the proposal and its vote were lost"
+    assert registry.has_voted(proposed.proposal_id, dev_account(1).address)
+    assert "resuming the saved chain" in again.log()
+
+
+def test_devnet_resumes_after_down_and_reset_starts_over(data_dirs: Callable[[str], Path]) -> None:
+    data_dir = data_dirs("resume")
+    devnet = Devnet(data_dir)
+    info, _ = devnet.up(die_with_parent=True)
+    w3 = Web3(Web3.HTTPProvider(info.rpc_url))
+    proposed = RegistryClient(w3, info.registry_address, dev_account(0)).propose(
+        b"\x43" * 32, info.genesis["cid"], tree_size=3
+    )
+    last = warp(w3, 3600)  # the devnet clock runs ahead of the wall clock, as after `devnet warp`
+    assert sorted(devnet.down()) == ["anvil", "chain-state", "ipfs"]
+
+    t0 = time.perf_counter()
+    resumed, reused = devnet.up(die_with_parent=True)
+    took = time.perf_counter() - t0
+    assert not reused and resumed.registry_address == info.registry_address
+    w3 = Web3(Web3.HTTPProvider(resumed.rpc_url))
+    registry = RegistryClient(w3, resumed.registry_address)
+    assert registry.proposal(proposed.proposal_id) is not None
+    assert [e.proposal_id for e in registry.proposal_created_events()][-1] == proposed.proposal_id
+    assert warp(w3, 1) > last, "the resumed chain's clock went back"
+    assert took < 30, f"resuming took {took:.1f} s"
+
+    result = zoo("devnet", "reset", "--yes", "--data-dir", str(data_dir))
+    assert result.returncode == 0, result.stderr
+    assert "deleted the devnet chain" in result.stderr
+    assert not (data_dir / "devnet" / "chain-state.json").exists()
+    assert not (data_dir / "devnet" / "ipfs").exists()
+    fresh, _ = devnet.up(die_with_parent=True)
+    w3 = Web3(Web3.HTTPProvider(fresh.rpc_url))
+    registry = RegistryClient(w3, fresh.registry_address)
+    assert registry.proposal(proposed.proposal_id) is None and registry.current().version == 1
+
+
+def test_reset_asks_before_deleting(data_dirs: Callable[[str], Path]) -> None:
+    data_dir = data_dirs("ask")
+    (data_dir / "devnet").mkdir()
+    (data_dir / "devnet" / "chain-state.json").write_text("{}")
+    result = subprocess.run(
+        [sys.executable, "-m", "zoo.node.cli", "devnet", "reset", "--data-dir", str(data_dir)], input="n\n",
+        capture_output=True,
+        text=True, timeout=60, env=cli_env(),
+    )  # fmt: skip
+    assert result.returncode == 1 and "nothing deleted" in result.stderr
+    assert (data_dir / "devnet" / "chain-state.json").exists()
 
 
 def test_node_leaves_a_devnet_it_did_not_start_running(start_node, node_data) -> None:

@@ -24,13 +24,15 @@ def approve(data_dir: Path, library: Library) -> str:
         cid = ipfs.add(encode_library(library))
     root = library_root(library)
     registry = RegistryClient(w3, info.registry_address, dev_account(0))
-    registry.propose(root, cid, bytes.fromhex(library.parent_root[2:]) if library.parent_root else b"\0" * 32)
+    proposed = registry.propose(
+        root, cid, tree_size=len(library.experiences), parent_version=library.version - 1
+    )
     warp(w3, 1)
     for i in (0, 1, 2):
-        RegistryClient(w3, info.registry_address, dev_account(i)).vote(root, True)
+        RegistryClient(w3, info.registry_address, dev_account(i)).vote(proposed.proposal_id, True)
     s = info.settings
     warp(w3, s["voting_period_s"] + s["execution_delay_s"] + 1)
-    registry.execute(root)
+    registry.execute(proposed.proposal_id)
     return "0x" + root.hex()
 
 

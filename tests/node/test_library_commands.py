@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -122,12 +123,15 @@ def test_draft_build_propose_vote_execute_sync_verify(node: NodeProcess, tmp_pat
     assert built.returncode == 0 and "built version 2" in built.stdout
     proposed = cli(node, "library", "propose")
     assert proposed.returncode == 0, proposed.stderr
-    root = next(w for w in proposed.stdout.split() if w.startswith("0x") and len(w) == 66)
+    proposal = re.search(r"proposed version 2 as (0x[0-9a-f]{64}): root (0x[0-9a-f]{64})", proposed.stdout)
+    assert proposal, proposed.stdout
+    pid, root = proposal.groups()
     assert cli(node, "devnet", "warp", "1").returncode == 0
     for key in ("dev0", "dev1", "dev2"):
-        assert cli(node, "dao", "vote", root, "--for", "--key", key).returncode == 0
+        voted = cli(node, "dao", "vote", pid, "--for", "--key", key)
+        assert voted.returncode == 0, voted.stderr
     assert cli(node, "devnet", "warp", "400").returncode == 0
-    assert cli(node, "dao", "execute", root).returncode == 0
+    assert cli(node, "dao", "execute", pid).returncode == 0
     deadline = time.monotonic() + 60
     with NodeClient(node.address) as c:
         while c.status().library.root != root and time.monotonic() < deadline:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -314,16 +315,17 @@ def test_propose_from_job_on_a_devnet_becomes_the_next_version(
     assert job_lib.version == 2 and job_lib.parent_root == genesis.root == result["parent_root"]
 
     proposed = cli("library", "propose", "--from-job", job_id)
-    words = proposed.stdout.split()
-    assert "proposed version 2:" in proposed.stdout and result["root"] in words
     root = result["root"]
+    match = re.search(rf"proposed version 2 as (0x[0-9a-f]{{64}}): root {root} ", proposed.stdout)
+    assert match, proposed.stdout
+    proposal = match.group(1)
 
     settings = Devnet(devnet_dir).info().settings
     cli("devnet", "warp", "1")
     for key in ("dev0", "dev1", "dev2"):
-        cli("dao", "vote", root, "--for", "--key", key)
+        cli("dao", "vote", proposal, "--for", "--key", key)
     cli("devnet", "warp", str(settings["voting_period_s"] + settings["execution_delay_s"] + 1))
-    cli("dao", "execute", root)
+    cli("dao", "execute", proposal)
 
     synced = cli("library", "sync")
     assert f"activated version 2 root {root}" in synced.stdout

@@ -146,7 +146,7 @@ def test_content_not_matching_the_onchain_root_is_refused(shared: Shared) -> Non
     refused_before = metric(node, "zoo_library_refused_total")
     integrity_before = metric(node, "zoo_library_refused_total", reason="IntegrityError")
     approved, other = chain.next_library(2), chain.next_library(2)
-    chain.approve(library_root(approved), chain.ipfs.add(encode_library(other)))
+    chain.approve(library_root(approved), chain.ipfs.add(encode_library(other)), len(approved.experiences))
 
     wait_until(
         "zoo_library_refused_total to increase",
@@ -158,8 +158,11 @@ def test_content_not_matching_the_onchain_root_is_refused(shared: Shared) -> Non
         lambda: (c := component(node, "library"))[1].find("refused") >= 0 and c,
         node=node,
     )
-    assert state == "SERVING"  # still serving the last verified version
+    # Still serving the last verified version, but the chain's current one is not it: status says so.
+    assert state == "DEGRADED"
+    assert f"older than the chain's version {approved.version}" in detail
     assert f"library version {approved.version} (root {root_hex(library_root(approved))}" in detail
+    assert metric(node, "zoo_component_state", component="library", state="degraded") == 1
     time.sleep(1.5)  # a few more polls: the refusal sticks
     after = status(node).library
     assert (after.root, after.version, after.cid) == (before.root, before.version, before.cid)
@@ -176,6 +179,9 @@ def test_content_not_matching_the_onchain_root_is_refused(shared: Shared) -> Non
         node=node,
     )
     assert status(node).library.version == good.version
+    wait_until(
+        "the library component to serve again", lambda: component(node, "library")[0] == "SERVING", node=node
+    )
     # The reason label names what failed (a root mismatch is an IntegrityError), not just "Refused".
     samples = [
         x for x in httpx.get(node.metrics_url).text.splitlines() if x.startswith("zoo_library_refused")
@@ -194,7 +200,7 @@ def test_ipfs_outage_degrades_then_recovers(shared: Shared) -> None:
     assert ipfs_record.stop()
     assert not ipfs_record.alive()
 
-    chain.approve(library_root(lib), cid)
+    chain.approve(library_root(lib), cid, len(lib.experiences))
     _, detail = wait_until(
         "the library component to degrade",
         lambda: (c := component(node, "library"))[0] == "DEGRADED" and c,
@@ -272,4 +278,4 @@ def test_kill_9_during_sync_then_restart(tmp_path: Path) -> None:
                 os.killpg(n.proc.pid, signal.SIGKILL)
                 n.proc.wait()
         chain.ipfs.close()
-        assert sorted(devnet.down()) == ["anvil", "ipfs"]
+        assert sorted(devnet.down()) == ["anvil", "chain-state", "ipfs"]

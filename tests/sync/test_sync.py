@@ -76,19 +76,19 @@ class Chain:
         fields.update(changes)
         return Library.create(**fields)
 
-    def approve(self, root: bytes, cid: str) -> TxResult:
+    def approve(self, root: bytes, cid: str, tree_size: int = 1) -> TxResult:
         """propose -> warp into voting -> three votes for -> warp past voting and delay -> execute."""
-        self.registry.propose(root, cid, self.registry.current_root())
+        proposal = self.registry.propose(root, cid, tree_size=tree_size).proposal_id
         warp(self.w3, 1)
         for voter in self.voters:
-            voter.vote(root, True)
+            voter.vote(proposal, True)
         s = self.info.settings
         warp(self.w3, s["voting_period_s"] + s["execution_delay_s"] + 1)
-        return self.registry.execute(root)
+        return self.registry.execute(proposal)
 
-    def approve_library(self, lib: Library) -> str:
+    def approve_library(self, lib: Library, tree_size: int | None = None) -> str:
         cid = self.ipfs.add(encode_library(lib))
-        self.approve(library_root(lib), cid)
+        self.approve(library_root(lib), cid, len(lib.experiences) if tree_size is None else tree_size)
         return cid
 
 
@@ -104,7 +104,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
         yield Chain(info, w3, ipfs, voters)
     finally:
         ipfs.close()
-        assert sorted(devnet.down()) == ["anvil", "ipfs"]
+        assert sorted(devnet.down()) == ["anvil", "chain-state", "ipfs"]
 
 
 class CountingIpfs:
@@ -218,7 +218,7 @@ def test_cid_of_other_content_is_refused_and_not_refetched(chain: Chain, tmp_pat
     # its own bytes, but its Merkle root is not the one the DAO approved.
     other = chain.next_library(2)
     other_cid = chain.ipfs.add(encode_library(other))
-    chain.approve(library_root(approved), other_cid)
+    chain.approve(library_root(approved), other_cid, len(approved.experiences))
 
     with pytest.raises(Refused) as err:
         h.syncer.sync_once()
@@ -306,6 +306,19 @@ def test_content_version_disagreeing_with_chain_is_refused(chain: Chain, tmp_pat
     assert f"content says version {onchain_next + 4}" in str(err.value)
     assert before is not None and h.store.current() == before
     assert [v for v, _ in h.store.list()] == [before.version]
+    assert_recovers(chain, h)
+
+
+def test_content_whose_size_disagrees_with_the_chain_is_refused(chain: Chain, tmp_path: Path) -> None:
+    """The tree size stored on chain is part of what was approved: content of another size is refused."""
+    h = synced(chain, tmp_path)
+    before = h.store.current()
+    lib = chain.next_library(3)
+    chain.approve_library(lib, tree_size=4)
+    with pytest.raises(Refused) as err:
+        h.syncer.sync_once()
+    assert "content holds 3 experiences, the chain's tree size is 4" in str(err.value)
+    assert h.store.current() == before
     assert_recovers(chain, h)
 
 
@@ -428,7 +441,7 @@ def test_follower_moves_past_a_refused_version(chain: Chain, tmp_path: Path) -> 
     follower.poll()
     approved, other = chain.next_library(), chain.next_library()
     other_cid = chain.ipfs.add(encode_library(other))
-    chain.approve(library_root(approved), other_cid)
+    chain.approve(library_root(approved), other_cid, len(approved.experiences))
 
     with pytest.raises(Refused):
         follower.poll()
