@@ -1,0 +1,60 @@
+"""The on-chain experience registry from Python: typed clients, deployment, revert decoding, proposal ids.
+
+Modules: client (RegistryClient, TokenClient, AllowlistClient), deploy, records (what the contracts store
+and emit), errors (ChainError, ContractRevert and the revert decoder), sender (signing and sending), ids
+(proposal ids), cids (the CID rule and tolerant decoding). Imports only zoo.contracts from the project.
+"""
+
+from zoo.registry.chain.cids import cid_problem, shown_cid
+from zoo.registry.chain.client import AllowlistClient, RegistryClient, TokenClient
+from zoo.registry.chain.deploy import (
+    DEFAULT_GRACE_PERIOD,
+    DEFAULT_QUORUM,
+    deploy_allowlist,
+    deploy_contract,
+    deploy_registry,
+    deploy_token,
+)
+from zoo.registry.chain.errors import ChainError, ContractRevert, describe_revert
+from zoo.registry.chain.ids import format_proposal_id, parse_proposal_id, proposal_id
+from zoo.registry.chain.records import (
+    LibraryUpdate,
+    LibraryVersion,
+    Proposal,
+    ProposalCreatedEvent,
+    ProposalState,
+    ProposalTx,
+    RegistryParams,
+    Tallies,
+)
+from zoo.registry.chain.sender import TransactionSigner, TxResult
+
+__all__ = [
+    "DEFAULT_GRACE_PERIOD",
+    "DEFAULT_QUORUM",
+    "AllowlistClient",
+    "ChainError",
+    "ContractRevert",
+    "LibraryUpdate",
+    "LibraryVersion",
+    "Proposal",
+    "ProposalCreatedEvent",
+    "ProposalState",
+    "ProposalTx",
+    "RegistryClient",
+    "RegistryParams",
+    "Tallies",
+    "TokenClient",
+    "TransactionSigner",
+    "TxResult",
+    "cid_problem",
+    "deploy_allowlist",
+    "deploy_contract",
+    "deploy_registry",
+    "deploy_token",
+    "describe_revert",
+    "format_proposal_id",
+    "parse_proposal_id",
+    "proposal_id",
+    "shown_cid",
+]
