@@ -47,30 +47,24 @@ def main() -> None:
         accounts = [dev_account(i) for i in range(5)]
         holders = [(a.address, (100 * 10**9) ** 2) for a in accounts[:4]]
         token = deploy_token(w3, accounts[0], holders, artifacts=artifacts)
-        registry = deploy_registry(
-            w3,
-            accounts[0],
-            token,
-            voting_period=VOTING_PERIOD,
-            execution_delay=EXECUTION_DELAY,
-            proposal_threshold=10**18,
-            quorum=250 * 10**9,
-            artifacts=artifacts,
-        )
-        clients = [RegistryClient(w3, registry, a, artifacts=artifacts) for a in accounts[:4]]
+
+        def registry_clients(voter_registry: str | None = None) -> list[RegistryClient]:
+            address = deploy_registry(
+                w3,
+                accounts[0],
+                token,
+                voting_period=VOTING_PERIOD,
+                execution_delay=EXECUTION_DELAY,
+                proposal_threshold=10**18,
+                quorum=250 * 10**9,
+                voter_registry=voter_registry,
+                artifacts=artifacts,
+            )
+            return [RegistryClient(w3, address, a, artifacts=artifacts) for a in accounts[:4]]
+
+        clients = registry_clients()
         allowlist = deploy_allowlist(w3, accounts[0], [a.address for a in accounts[:4]], artifacts=artifacts)
-        gated = deploy_registry(
-            w3,
-            accounts[0],
-            token,
-            voting_period=VOTING_PERIOD,
-            execution_delay=EXECUTION_DELAY,
-            proposal_threshold=10**18,
-            quorum=250 * 10**9,
-            voter_registry=allowlist,
-            artifacts=artifacts,
-        )
-        gated_clients = [RegistryClient(w3, gated, a, artifacts=artifacts) for a in accounts[:4]]
+        gated_clients = registry_clients(allowlist)
         token_client = TokenClient(w3, token, accounts[0], artifacts=artifacts)
 
         def travel(seconds: int) -> None:

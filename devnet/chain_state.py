@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import os
 import signal
 import sys
 import time
@@ -27,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from zoo.devnet.process import ProcessRecord
 from zoo.registry.fsutil import write_atomic
 
 __all__ = ["ChainStateError", "dump_state", "restore_clock"]
@@ -73,21 +73,6 @@ def restore_clock(w3: Any) -> int:
     return 0
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read().decode(errors="replace")
-        return stat[stat.rindex(")") + 2] != "Z"
-    except OSError:
-        return False
-
-
 def keep(rpc_url: str, path: Path, anvil_pid: int, interval_s: float, ready_file: Path | None = None) -> None:
     """Dump whenever the chain head changes, until anvil exits or SIGTERM arrives (then dump once more).
     `ready_file` is created once SIGTERM is handled: a stop before that would lose the last dump."""
@@ -102,8 +87,9 @@ def keep(rpc_url: str, path: Path, anvil_pid: int, interval_s: float, ready_file
     if ready_file is not None:
         ready_file.touch()
     last: Any = None
+    anvil = ProcessRecord.of("anvil", anvil_pid)  # its start time too, so a reused pid is not taken for it
     with httpx.Client(timeout=10) as client:
-        while _alive(anvil_pid):
+        while anvil.alive():
             try:
                 head = _rpc(client, rpc_url, "eth_getBlockByNumber", "latest", False)
                 key = (head["number"], head["hash"])

@@ -101,6 +101,17 @@ def resolve(dao: Dao, proposal: str) -> int:
         raise typer.Exit(2) from None
 
 
+def existing(dao: Dao, pid: int) -> Any:
+    """The proposal with id `pid`; exits 1 when the registry holds none."""
+    from zoo.registry.chain import format_proposal_id
+
+    prop = dao.registry.proposal(pid)
+    if prop is None:
+        err.print(f"[red]there is no proposal {format_proposal_id(pid)}[/red]")
+        raise typer.Exit(1)
+    return prop
+
+
 def keeper(units: int) -> str:
     return f"{units / TOKEN:,.4f} KEEPER"
 
@@ -273,11 +284,7 @@ def vote(
     pid = resolve(dao, proposal)
     with reverts():
         if support:
-            prop = dao.registry.proposal(pid)
-            if prop is None:
-                err.print(f"[red]there is no proposal {proposal}[/red]")
-                raise typer.Exit(1)
-            content = check_content(dao, prop)
+            content = check_content(dao, existing(dao, pid))
             if not content.verified:
                 if not force:
                     err.print(
@@ -324,10 +331,7 @@ def review_cmd(
     dao = connect(config, data_dir, None, need_key=False)
     pid = resolve(dao, proposal)
     with reverts():
-        prop = dao.registry.proposal(pid)
-        if prop is None:
-            err.print(f"[red]there is no proposal {proposal}[/red]")
-            raise typer.Exit(1)
+        prop = existing(dao, pid)
         state = dao.registry.state(pid)
         result = check_content(dao, prop)
     out.print(f"proposal {format_proposal_id(pid)} ({state.name.lower()}) by {prop.proposer}")
@@ -397,10 +401,7 @@ def show(
     dao = connect(config, data_dir, None, need_key=False)
     pid = resolve(dao, proposal)
     with reverts():
-        p = dao.registry.proposal(pid)
-        if p is None:
-            err.print(f"[red]there is no proposal {proposal}[/red]")
-            raise typer.Exit(1)
+        p = existing(dao, pid)
         state = dao.registry.state(pid)
         params = dao.registry.params()
     executable_at = p.vote_end + params.execution_delay
