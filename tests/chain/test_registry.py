@@ -763,6 +763,34 @@ def test_quadratic_weight_is_isqrt(deployed: World, votes: int) -> None:
     assert deployed.registry().quadratic_weight(votes) == math.isqrt(votes)
 
 
+_VOTERS = sorted(WEIGHTS)
+
+
+@settings(max_examples=12, deadline=None)
+@given(ballots=st.dictionaries(st.sampled_from(_VOTERS), st.booleans(), min_size=1))
+def test_tallies_and_outcome_follow_from_the_ballots(deployed: World, ballots: dict[int, bool]) -> None:
+    """Invariant: the tallies are the sums of isqrt(votes at the snapshot) of the distinct voters on each
+    side, a second vote changes nothing, and the outcome is exactly quorum-of-for and for > 2 x against."""
+    snapshot = deployed.rpc("evm_snapshot")
+    try:
+        proposal = open_proposal(deployed, f"ballots-{sorted(ballots.items())}")
+        for voter, support in ballots.items():
+            deployed.registry(voter).vote(proposal.id, support)
+        with refused("AlreadyVoted"):
+            deployed.registry(next(iter(ballots))).vote(proposal.id, True)
+        for_weight = sum(WEIGHTS[v] * W for v, s in ballots.items() if s)
+        against_weight = sum(WEIGHTS[v] * W for v, s in ballots.items() if not s)
+        tallies = deployed.registry().tallies(proposal.id)
+        assert (tallies.for_weight, tallies.against_weight) == (for_weight, against_weight)
+        deployed.advance(proposal.vote_end + EXECUTION_DELAY - deployed.now())
+        passes = for_weight >= QUORUM and for_weight > 2 * against_weight
+        state = deployed.registry().state(proposal.id)
+        assert state is (ProposalState.SUCCEEDED if passes else ProposalState.DEFEATED)
+    finally:
+        deployed.rpc("evm_mine")
+        assert deployed.rpc("evm_revert", snapshot) is True
+
+
 # ----------------------------------------------------------------------------------------- Merkle proofs
 
 
