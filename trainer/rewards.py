@@ -7,7 +7,8 @@ Rewards are looked up by name (a task's `verifier`) in REWARDS; `get_reward(name
 
 - exact_match: final-answer match. The answer is the last \\boxed{...} (nested braces allowed), else the
   last "answer is X" / "Answer: X" / "#### X", else the last number in the text. When the reference is a
-  number, the first number of the extracted answer is compared exactly as a fractions.Fraction (so "1,000"
+  number, the value the extracted answer states (the last side of an equation chain, "9 * 100 = 900 m" is
+  900; else its first number) is compared exactly as a fractions.Fraction (so "1,000"
   == "1000", "2.50" == "2.5" == "5/2", "\\frac{3}{4}" == "0.75", and unit words such as "km" are
   ignored); otherwise the normalised strings are compared (case, whitespace, LaTeX wrappers, a trailing
   full stop ignored).
@@ -352,10 +353,18 @@ def normalise_answer(text: str) -> str:
     return text.strip(" .'\"")
 
 
-def first_number(text: str) -> Fraction | None:
-    """The value of the first number in `text`, unit words and LaTeX ignored ("\\frac{3}{4} cup" -> 3/4)."""
-    match = _NUMBER_RE.search(_latex_plain(text))
-    return parse_number(match.group()) if match else None
+# "=" of an equation chain, not of "<=", ">=", "!=" or "=="; also the word "equals".
+_EQUALS_RE = re.compile(r"(?<![<>=!])=(?!=)|\bequals\b|\bis equal to\b", re.IGNORECASE)
+
+
+def answer_value(text: str) -> Fraction | None:
+    """The value an extracted answer states, as a person reads it: the result of an equation chain ("9 * 100
+    = 900 meters" -> 900, "x = -3" -> -3), else its first number ("1,000 meters" -> 1000, "-1" -> -1)."""
+    for side in reversed(_EQUALS_RE.split(_latex_plain(text))):
+        match = _NUMBER_RE.search(side)
+        if match:
+            return parse_number(match.group())
+    return None
 
 
 def _fmt_number(value: Fraction) -> str:
@@ -366,7 +375,7 @@ def _fmt_number(value: Fraction) -> str:
 
 def answer_key(text: str) -> tuple[int, Fraction | str]:
     """A comparable key for an extracted answer: (0, value) when it holds a number, else (1, normalised)."""
-    number = first_number(text)
+    number = answer_value(text)
     if number is not None:
         return (0, number)
     return (1, normalise_answer(text))
@@ -381,7 +390,7 @@ def answers_match(candidate: str, expected: str) -> bool:
     """True when an extracted answer equals the reference (numerically when the reference is a number)."""
     expected_value = parse_number(normalise_answer(expected))
     if expected_value is not None:
-        return first_number(candidate) == expected_value
+        return answer_value(candidate) == expected_value
     return normalise_answer(candidate) == normalise_answer(expected)
 
 

@@ -65,6 +65,18 @@ def math_task(answer: str | None) -> Task:
         ("1/3 is about 0.333", "1/3", 0.0),  # exact: 0.333 != 1/3
         ("I do not know.", "12", 0.0),  # no number at all
         ("The answer is London.", "Paris", 0.0),
+        # An equation chain states its result last: people read these as 900, not as the 9 they start with.
+        ("The answer is 9 * 100 = 900 meters.", "900", 1.0),
+        ("The answer is 9 * 100 = 900 meters.", "9", 0.0),
+        ("Answer: 2 + 3 = 5 = five", "5", 1.0),  # the last side that holds a number
+        ("The answer is 3 - 4 = -1.", "-1", 1.0),
+        ("The answer is -1.", "-1", 1.0),
+        ("The answer is x = -3 degrees", "-3", 1.0),
+        ("The answer is 1,200 + 300 = 1,500 dollars.", "1500", 1.0),
+        ("\\boxed{12 \\times 50 = 600}", "600", 1.0),
+        ("The answer is 600 g, since 12 * 50 = 600", "600", 1.0),
+        ("The answer is 4 * 5 equals 20", "20", 1.0),  # "equals" reads like "="
+        ("The answer is x <= 4", "4", 1.0),  # an inequality is not a chain
     ],
 )
 def test_exact_match(completion: str, expected: str, score: float) -> None:
