@@ -43,6 +43,12 @@ class TfGrpoSpec(BaseModel):
     rollout_max_tokens: int = Field(default=256, ge=1, le=32_768)
     critic_max_tokens: int = Field(default=384, ge=16, le=32_768)
     k: int = Field(default=8, ge=0, le=256, description="experiences injected per rollout (top-k)")
+    instruction: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=4000,
+        description="system instruction for every task that has none of its own (default: by task kind)",
+    )
 
     reward: str | None = Field(default=None, description="override every task's verifier")
     label_free: bool = Field(default=False, description="reward = agreement with the group majority")

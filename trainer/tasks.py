@@ -3,14 +3,15 @@
 One task per JSONL line:
 
     {"id": "arith-001", "question": "...", "answer": "12", "domain": "math.arithmetic",
-     "verifier": "exact_match", "verifier_args": {}}
+     "verifier": "exact_match", "verifier_args": {}, "instruction": "..."}
 
 Only `question` is required. `answer` may be left out (label-free tasks: the reward is agreement with the
 group's majority answer, see rewards.MajorityVote); a number is accepted and kept as its JSON text.
 `domain` uses the experience library's domain syntax (dotted lower-case words) so lessons learnt on a task
 land in the matching library domain. `verifier` names a reward in rewards.REWARDS and `verifier_args` are
-that reward's per-task arguments (for `unit_tests`, the test code). A missing `id` is derived from the
-content, so re-generating an unchanged task keeps its id.
+that reward's per-task arguments (for `unit_tests`, the test code). `instruction` is the system turn the
+task is asked under (see `instruction_for` for the default). A missing `id` is derived from the content,
+so re-generating an unchanged task keeps its id.
 
 Loading reports the first problem as zoo.registry.errors.ValidationError with the field prefixed by the
 1-based line number (e.g. "line 7: answer"), so a hand-edited file can be fixed without guessing.
@@ -38,6 +39,7 @@ from zoo.registry.experience import DOMAIN_RE
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 MAX_QUESTION_CHARS = 20_000
 MAX_ANSWER_CHARS = 100_000  # coding tasks carry a whole reference solution or patch
+MAX_INSTRUCTION_CHARS = 4_000
 DEFAULT_DOMAIN = "general"
 DEFAULT_VERIFIER = "exact_match"
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -54,12 +56,20 @@ class Task(BaseModel):
     domain: str = DEFAULT_DOMAIN
     verifier: str = DEFAULT_VERIFIER
     verifier_args: dict[str, Any] = Field(default_factory=dict)
+    instruction: str | None = Field(default=None, max_length=MAX_INSTRUCTION_CHARS)
 
     @field_validator("question")
     @classmethod
     def _question_not_blank(cls, value: str) -> str:
         if not value.strip():
             raise ValueError("is blank")
+        return value
+
+    @field_validator("instruction")
+    @classmethod
+    def _instruction_not_blank(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("is blank (leave it out for the default)")
         return value
 
     @field_validator("answer", mode="before")
@@ -86,6 +96,33 @@ class Task(BaseModel):
     def label_free(self) -> bool:
         """True when the task has no reference answer (only agreement-based rewards can score it)."""
         return self.answer is None
+
+
+# The system turn a task is asked under, unless the task or its run names one. Math gets the paper's
+# boxed-answer instruction; every other task an "Answer:" line, which exact_match reads as well.
+MATH_INSTRUCTION = (
+    "Solve the problem. Reason briefly, step by step, then give the final answer as \\boxed{ANSWER}."
+)
+GENERAL_INSTRUCTION = "Answer the question. Be brief, and end with a line 'Answer: <your answer>'."
+VERIFIER_INSTRUCTIONS = {
+    "unit_tests": "Solve the programming task. Reply with the complete code in one ```python code block.",
+    "patch_similarity": "Fix the problem. Reply with a unified diff of the change.",
+}
+
+
+def instruction_for(task: Task, default: str | None = None) -> str:
+    """The instruction a task is asked under: its own, else the run's `default` (a whole dataset's), else
+    the one its verifier needs (code, patch), else the math instruction for math domains, else a general
+    one. Instructions belong to tasks: a label task must not be told to box a number."""
+    if task.instruction is not None:
+        return task.instruction
+    if default is not None:
+        return default
+    if task.verifier in VERIFIER_INSTRUCTIONS:
+        return VERIFIER_INSTRUCTIONS[task.verifier]
+    if task.domain == "math" or task.domain.startswith("math."):
+        return MATH_INSTRUCTION
+    return GENERAL_INSTRUCTION
 
 
 def task_id(question: str, domain: str = DEFAULT_DOMAIN) -> str:
@@ -162,7 +199,10 @@ def load_jsonl(path: str | os.PathLike[str]) -> list[Task]:
 
 def dump_task(task: Task) -> str:
     """One JSONL line (without the newline); key order is the schema's, so files diff cleanly."""
-    return json.dumps(task.model_dump(mode="json"), ensure_ascii=False, separators=(", ", ": "))
+    data = task.model_dump(mode="json")
+    if data["instruction"] is None:  # optional, and most tasks have none: files stay as they were
+        del data["instruction"]
+    return json.dumps(data, ensure_ascii=False, separators=(", ", ": "))
 
 
 def write_jsonl(path: str | os.PathLike[str], tasks: Iterable[Task]) -> None:

@@ -49,7 +49,7 @@ from zoo.trainer.llm import LLM, Ledger
 from zoo.trainer.operations import Proposal, consolidate
 from zoo.trainer.rewards import BaseReward, RewardResult, ascore_group, get_reward
 from zoo.trainer.spec import TfGrpoSpec
-from zoo.trainer.tasks import Task
+from zoo.trainer.tasks import Task, instruction_for
 
 STATE_VERSION = 1
 EXPERIENCE_BUDGET_TOKENS = 1024
@@ -58,14 +58,6 @@ INITIAL_CONFIDENCE = 0.5
 
 Emit = Callable[[str, dict[str, Any]], Awaitable[None]]
 Checkpoint = Callable[[int, dict[str, Any], tuple[str, dict[str, Any]]], Awaitable[None]]
-
-ANSWER_INSTRUCTION = (
-    "Solve the problem. Reason briefly, step by step, then give the final answer as \\boxed{ANSWER}."
-)
-INSTRUCTIONS = {
-    "unit_tests": "Solve the programming task. Reply with the complete code in one ```python code block.",
-    "patch_similarity": "Fix the problem. Reply with a unified diff of the change.",
-}
 
 
 @dataclass
@@ -259,7 +251,7 @@ class TfGrpoRun:
         return index.search(task.question, k=self.spec.k)
 
     def messages(self, task: Task, hits: Sequence[Hit]) -> tuple[list[dict[str, str]], list[Experience]]:
-        instruction = INSTRUCTIONS.get(task.verifier, ANSWER_INSTRUCTION)
+        instruction = instruction_for(task, self.spec.instruction)
         base = [{"role": "system", "content": instruction}, {"role": "user", "content": task.question}]
         backend = self.llm.backend
         assembled = assemble(

@@ -13,7 +13,10 @@ from zoo.trainer import gen_tasks, rewards
 from zoo.trainer.rewards import get_reward
 from zoo.trainer.tasks import (
     DATA_DIR,
+    GENERAL_INSTRUCTION,
+    MATH_INSTRUCTION,
     Task,
+    instruction_for,
     load_jsonl,
     load_shipped,
     parse_task,
@@ -107,6 +110,39 @@ def test_bad_line_names_the_line(tmp_path: Path, bad_line: object, field: str, w
     assert caught.value.field == field
     assert words in str(caught.value)
     assert str(caught.value).startswith(field + ": ")
+
+
+def test_instructions_belong_to_tasks(tmp_path: Path) -> None:
+    """A label or unit task is not told to box a number: the math instruction is for math domains only."""
+    own = "Reply with one word: the label."
+    path = write_lines(
+        tmp_path / "t.jsonl",
+        [
+            {"question": "2*3?", "answer": 6, "domain": "math.arithmetic"},
+            {"question": "Weather for 'sunny'?", "answer": "CLEAR", "domain": "labels.weather"},
+            {"question": "Rain?", "answer": "WET", "domain": "labels.weather", "instruction": own},
+            {"question": "f", "answer": "def f(): return 1", "verifier": "unit_tests",
+             "verifier_args": {"tests": TESTS}, "domain": "math.code"},
+        ],
+    )  # fmt: skip
+    math_task, label_task, own_task, code_task = load_jsonl(path)
+    assert instruction_for(math_task) == MATH_INSTRUCTION and "boxed" in MATH_INSTRUCTION
+    assert instruction_for(label_task) == GENERAL_INSTRUCTION and "boxed" not in GENERAL_INSTRUCTION
+    assert instruction_for(own_task) == own
+    assert "```python" in instruction_for(code_task)  # what its verifier reads, whatever the domain
+    # A run's instruction (a whole dataset's) applies to every task without its own.
+    assert instruction_for(label_task, "Say the label.") == instruction_for(math_task, "Say the label.")
+    assert instruction_for(own_task, "Say the label.") == own
+    # A task's own instruction survives the round trip through JSONL.
+    write_jsonl(tmp_path / "again.jsonl", [own_task])
+    assert load_jsonl(tmp_path / "again.jsonl")[0].instruction == own
+
+
+@pytest.mark.parametrize(("instruction", "words"), [("  ", "is blank"), ("x" * 4001, "at most 4000")])
+def test_bad_instruction_is_refused(instruction: str, words: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        parse_task({"question": "x", "instruction": instruction})
+    assert caught.value.field == "instruction" and words in str(caught.value)
 
 
 def test_parse_task_without_line() -> None:

@@ -22,7 +22,7 @@ from zoo.registry.experience import Experience, Library
 from zoo.trainer.job import run_tf_grpo
 from zoo.trainer.llm import LLM
 from zoo.trainer.spec import TfGrpoSpec
-from zoo.trainer.tasks import Task, write_jsonl
+from zoo.trainer.tasks import Task, instruction_for, write_jsonl
 from zoo.trainer.tfgrpo import Context, TfGrpoRun, TrainState, advantages_of, confidence_of
 
 GOOD = "When adding two numbers, add the ones digits first and then the tens digits."
@@ -524,3 +524,31 @@ def test_a_library_larger_than_k_is_retrieved_top_k_per_task(tmp_path: Path, emb
     rollouts = [c for c in run.backend.recorder.calls if c.stage == "rollout"]
     assert len(rollouts) == 8
     assert all(adding.text in c.system and not any(o.text in c.system for o in others) for c in rollouts)
+
+
+def test_rollouts_ask_each_task_under_its_own_instruction(tmp_path: Path, embedder) -> None:
+    own = "Reply with the label only."
+    tasks = [
+        Task(id="m", question="What is 2 plus 2?", answer="4", domain="math.arithmetic"),
+        Task(id="l", question="Label for 'sunny'?", answer="CLEAR", domain="labels.weather"),
+        Task(id="o", question="Label for 'rain'?", answer="WET", domain="labels.weather", instruction=own),
+    ]
+    write_jsonl(tmp_path / "tasks.jsonl", tasks)
+    spec = {
+        "dataset": str(tmp_path / "tasks.jsonl"),
+        "validation": str(tasks_file(tmp_path, 1, "val.jsonl", 10)),
+        "epochs": 1,
+        "batch_size": 3,
+        "group_size": 2,
+        "validate_steps": False,
+    }
+    run, _ = run_job(tmp_path, embedder, lambda call: "Answer: 4", spec)
+    rollouts = [c for c in run.backend.recorder.calls if c.stage == "rollout"]
+    by_question = {t.question: t for t in tasks}
+    seen = set()
+    for call in rollouts:
+        task = by_question[call.user]
+        seen.add(task.id)
+        assert call.system.startswith(instruction_for(task)), (task.id, call.system[:120])
+    assert seen == {"m", "l", "o"}
+    assert all("boxed" not in c.system for c in rollouts if by_question[c.user].domain != "math.arithmetic")
