@@ -43,6 +43,8 @@ class UsedExperience:
     score: float
     cited: bool
     text: str
+    kind: str = "lesson"
+    answer: str = ""
 
 
 @dataclass
@@ -162,7 +164,14 @@ class InferenceEngine:
         yield InferOutcome(
             text=result.text,
             experiences=[
-                UsedExperience(h.experience.id, h.score, h.experience.id in cited, h.experience.text)
+                UsedExperience(
+                    h.experience.id,
+                    h.score,
+                    h.experience.id in cited,
+                    h.experience.text,
+                    h.experience.kind,
+                    h.experience.answer or "",
+                )
                 for h in assembled.used
             ],
             library_root=root,

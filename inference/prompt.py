@@ -1,6 +1,11 @@
-"""Context injection (HLLM paper §4.7): retrieved experiences go into the system prompt as `[id] text`
-with an instruction to apply and cite them, within a token budget. Experiences that do not fit are
-dropped whole, lowest score first — never cut mid-text."""
+"""Context injection (HLLM paper §4.7) for both kinds of experience, within one token budget.
+
+Lessons (rules) go into the system turn as `[id] text` with an instruction to apply and cite them. Worked
+examples go in as earlier turns of the conversation, a user turn with the question and an assistant turn
+with the answer, because small models follow examples where they ignore rules; the best-ranked example
+sits closest to the real question, and the system turn lists the examples' ids so they can be cited too.
+Experiences that do not fit are dropped whole, lowest score first, never cut mid-text.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ INSTRUCTION = (
     "Below are experiences: lessons verified by this network. Apply the ones that fit the question and "
     "cite each one you use by writing its id in square brackets, like [exp-0123456789abcdef]."
 )
+EXAMPLES_LINE = "Worked examples (the earlier turns of this conversation): "
 CITATION_RE = re.compile(r"\[(exp-[0-9a-f]{16})\]")
 
 Messages = list[dict[str, str]]
@@ -32,19 +38,42 @@ class Assembled:
     prompt_tokens: int = 0
 
 
+def _is_example(hit: Any) -> bool:
+    return getattr(hit.experience, "kind", "lesson") == "example"
+
+
 def experience_block(hits: Sequence[Any]) -> str:
-    lines = [f"[{h.experience.id}] {h.experience.text}" for h in hits]
-    return INSTRUCTION + "\n" + "\n".join(lines)
+    """The system-turn text: the instruction, each lesson as `[id] text`, and the examples' ids."""
+    lines = [INSTRUCTION]
+    lines += [f"[{h.experience.id}] {h.experience.text}" for h in hits if not _is_example(h)]
+    examples = [f"[{h.experience.id}]" for h in hits if _is_example(h)]
+    if examples:
+        lines.append(EXAMPLES_LINE + " ".join(examples))
+    return "\n".join(lines)
+
+
+def example_turns(hits: Sequence[Any]) -> Messages:
+    """The worked examples among `hits` (best first) as user/assistant turns, best one last."""
+    turns: Messages = []
+    for h in reversed([h for h in hits if _is_example(h)]):
+        e = h.experience
+        answer = f"Answer: {e.answer}" if not e.reasoning else f"{e.reasoning}\nAnswer: {e.answer}"
+        turns += [{"role": "user", "content": e.text}, {"role": "assistant", "content": answer}]
+    return turns
 
 
 def with_experiences(messages: Messages, hits: Sequence[Any]) -> Messages:
-    """The messages with the experience block in the system turn (merged into one the client sent)."""
+    """The messages with the experience block in the system turn (merged into one the client sent) and the
+    worked examples as turns right after it, before the client's own turns."""
     if not hits:
         return list(messages)
     block = experience_block(hits)
     if messages and messages[0]["role"] == "system":
-        return [{"role": "system", "content": messages[0]["content"] + "\n\n" + block}, *messages[1:]]
-    return [{"role": "system", "content": block}, *messages]
+        system = {"role": "system", "content": messages[0]["content"] + "\n\n" + block}
+        rest = messages[1:]
+    else:
+        system, rest = {"role": "system", "content": block}, list(messages)
+    return [system, *example_turns(hits), *rest]
 
 
 def assemble(

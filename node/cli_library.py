@@ -128,30 +128,44 @@ def show(
     )
     if lib.parent_root:
         out.print(f"parent {lib.parent_root}")
-    table = Table("id", "domain", "conf", "text")
+    table = Table("id", "kind", "domain", "conf", "text")
     for e in lib.experiences:
-        table.add_row(e.id, e.domain, f"{e.confidence:.2f}", escape(e.text))
+        shown = e.text if e.kind == "lesson" else f"Q: {e.text}\nA: {e.answer}"
+        table.add_row(e.id, e.kind, e.domain, f"{e.confidence:.2f}", escape(shown))
     out.print(table)
 
 
 @app.command()
 def add(
-    text: str = typer.Option(..., "--text", help="The lesson: at most 32 words, opening with its trigger."),
+    text: str | None = typer.Option(
+        None, "--text", help="A lesson: at most 32 words, opening with its trigger (When/If/For/...)."
+    ),
+    question: str | None = typer.Option(None, "--question", help="A worked example's question."),
+    answer: str | None = typer.Option(None, "--answer", help="The worked example's short correct answer."),
+    reasoning: str | None = typer.Option(None, "--reasoning", help="The worked example's brief reasoning."),
     domain: str = typer.Option(..., "--domain", help="Dotted domain, e.g. math.geometry."),
     confidence: float = typer.Option(0.7, "--confidence", help="Reliability in [0, 1]."),
-    example: list[str] = typer.Option([], "--example", help="A worked example (repeatable)."),
+    example: list[str] = typer.Option([], "--example", help="An illustration of a lesson (repeatable)."),
     author: str = typer.Option("job:operator", "--author", help="0x address or job:<id>."),
     config: Path | None = ConfigOpt,
     data_dir: Path | None = DataDirOpt,
 ) -> None:
-    """Add an experience to the draft."""
+    """Add an experience to the draft: a lesson (--text) or a worked example (--question and --answer)."""
     from zoo.registry.experience import Experience
 
+    if (text is None) == (question is None):
+        raise _fail("give a lesson's --text or a worked example's --question (with --answer), not both", 2)
+    if question is None and (answer is not None or reasoning is not None):
+        raise _fail("--answer and --reasoning belong to a worked example (--question)", 2)
     store = _store(_cfg(config, data_dir))
     try:
         draft = _draft(store)
+        kind = "lesson" if question is None else "example"
         e = Experience.create(
-            text=text,
+            kind=kind,
+            text=text if question is None else question,
+            answer=answer,
+            reasoning=reasoning,
             domain=domain,
             confidence=confidence,
             author=author,
@@ -159,11 +173,11 @@ def add(
             examples=example,
         )
         if any(x.id == e.id for x in draft.experiences):
-            raise _fail(f"the draft already has this lesson ({e.id})")
+            raise _fail(f"the draft already has this {kind} ({e.id})")
         store.save_draft(_replace_experiences(draft, [*draft.experiences, e]))
     except _domain_errors() as ex:
         raise _fail(f"invalid experience: {ex}", 2) from None
-    out.print(f"added {e.id} to draft version {draft.version}")
+    out.print(f"added {kind} {e.id} to draft version {draft.version}")
 
 
 @app.command()

@@ -180,7 +180,9 @@ def outcome_to_proto(o: InferOutcome, queue_ms: float) -> inference_pb2.InferRes
     return inference_pb2.InferResponse(
         text=o.text,
         experiences=[
-            inference_pb2.UsedExperience(id=e.id, score=e.score, cited=e.cited, text=e.text)
+            inference_pb2.UsedExperience(
+                id=e.id, score=e.score, cited=e.cited, text=e.text, kind=e.kind, answer=e.answer
+            )
             for e in o.experiences
         ],
         library_root=o.library_root,
@@ -263,7 +265,13 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         )
         return inference_pb2.RetrieveResponse(
             experiences=[
-                inference_pb2.UsedExperience(id=h.experience.id, score=h.score, text=h.experience.text)
+                inference_pb2.UsedExperience(
+                    id=h.experience.id,
+                    score=h.score,
+                    text=h.experience.text,
+                    kind=h.experience.kind,
+                    answer=h.experience.answer or "",
+                )
                 for h in hits
             ],
             library_root=root,

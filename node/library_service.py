@@ -34,6 +34,9 @@ def experience_to_proto(e: Experience) -> library_pb2.Experience:
         confidence=e.confidence,
         examples=list(e.examples),
         canonical=encode_experience(e),
+        kind=e.kind,
+        answer=e.answer or "",
+        reasoning=e.reasoning or "",
     )
 
 

@@ -11,7 +11,11 @@ Rules (the encoding is a JSON text):
   the same value quantised to millionths; factor scales are the little-endian float32 bytes in base64;
   packed sign bits are base64 (RFC 4648, with padding); created_at is "YYYY-MM-DDTHH:MM:SSZ".
   Integers (version, token ids, block size) stay below 2**53.
-- A library lists its experiences sorted by id and carries a schema tag, "zoo.experience-library/1".
+- A library lists its experiences sorted by id and carries a schema tag. A library of lessons only is
+  "zoo.experience-library/1", exactly as before worked examples existed; one that holds an example is
+  "zoo.experience-library/2" (a reader of format 1 must refuse it: it cannot show examples). A lesson's
+  document is the same in both, so its Merkle leaf, and the root of every format-1 library, never change;
+  an example's document adds "kind": "example", "answer" and "reasoning" (null when it has none).
 
 decode_library() accepts exactly these bytes: anything that does not re-encode byte for byte (other
 key order, whitespace, escapes, non-NFC text, unsorted experiences) is refused, so one library has one
@@ -28,10 +32,12 @@ import struct
 from typing import Any
 
 from zoo.registry.errors import ValidationError
-from zoo.registry.experience import CONFIDENCE_SCALE, Experience, Library
+from zoo.registry.experience import CONFIDENCE_SCALE, EXAMPLE, Experience, Library
 from zoo.registry.gc_pause import gc_paused
 
-SCHEMA = "zoo.experience-library/1"
+SCHEMA_V1 = "zoo.experience-library/1"
+SCHEMA_V2 = "zoo.experience-library/2"
+SCHEMA = SCHEMA_V2  # the newest; a library is written in the oldest format that can hold it (schema_of)
 DEFAULT_MAX_LIBRARY_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_EXPERIENCE_BYTES = 256 * 1024
 _CONFIDENCE_RE = re.compile(r"(0\.[0-9]{6}|1\.000000)")
@@ -53,8 +59,20 @@ def format_confidence(confidence: float) -> str:
     return f"{millionths // CONFIDENCE_SCALE}.{millionths % CONFIDENCE_SCALE:06d}"
 
 
+def schema_of(lib: Library) -> str:
+    """The schema tag a library is written with: format 2 only when it holds a worked example."""
+    return SCHEMA_V2 if any(e.kind == EXAMPLE for e in lib.experiences) else SCHEMA_V1
+
+
 def experience_document(e: Experience) -> dict[str, Any]:
     """The JSON document of one experience (before serialisation)."""
+    doc = _lesson_document(e)
+    if e.kind == EXAMPLE:
+        doc.update(kind=EXAMPLE, answer=e.answer, reasoning=e.reasoning)
+    return doc
+
+
+def _lesson_document(e: Experience) -> dict[str, Any]:
     created = e.provenance.created_at
     factors = e.factors
     return {
@@ -84,7 +102,7 @@ def experience_document(e: Experience) -> dict[str, Any]:
 
 def library_document(lib: Library) -> dict[str, Any]:
     return {
-        "schema": SCHEMA,
+        "schema": schema_of(lib),
         "version": lib.version,
         "parent_root": lib.parent_root,
         "base_model": lib.base_model,
@@ -120,8 +138,9 @@ def _decode_library(data: bytes, max_size: int, require_canonical: bool) -> Libr
     doc = _load(data, max_size, "library")
     if not isinstance(doc, dict):
         raise ValidationError("library", "must be a JSON object")
-    if doc.get("schema") != SCHEMA:
-        raise ValidationError("schema", f"must be {SCHEMA!r} (got {str(doc.get('schema'))[:80]!r})")
+    if doc.get("schema") not in (SCHEMA_V1, SCHEMA_V2):
+        message = f"must be {SCHEMA_V1!r} or {SCHEMA_V2!r} (got {str(doc.get('schema'))[:80]!r})"
+        raise ValidationError("schema", message)
     experiences = doc.get("experiences")
     if not isinstance(experiences, list):
         raise ValidationError("experiences", "must be a list")

@@ -104,6 +104,10 @@ async def consolidate(
     for p in proposals:
         if p.op in ("modify", "delete") and p.target not in by_id:
             outcome.rejected.append({"op": p.op, "id": p.target, "source": p.source, "reason": "unknown id"})
+        elif p.op == "modify" and by_id[p.target].kind != "lesson":
+            # A critic rewrites rules; a worked example is kept or deleted whole, never turned into a rule.
+            reason = "a worked example cannot be rewritten (delete it instead)"
+            outcome.rejected.append({"op": p.op, "id": p.target, "source": p.source, "reason": reason})
         elif p.op == "delete":
             deletes.setdefault(p.target, []).append(p)
         elif p.op in ("add", "modify") and p.text.strip():
@@ -118,9 +122,11 @@ async def consolidate(
             )
 
     survivors = [e for e in library if e.id not in deletes]
-    # Cluster the new texts together with the surviving lessons they might duplicate.
+    # Cluster the new texts together with the surviving lessons they might duplicate (never with a worked
+    # example: a rule that resembles a question is not that question's duplicate).
+    lessons = [e for e in survivors if e.kind == "lesson"]
     new_texts = [p.text for p in changes]
-    vectors = embed(new_texts + [e.text for e in survivors]) if new_texts else np.zeros((0, 1))
+    vectors = embed(new_texts + [e.text for e in lessons]) if new_texts else np.zeros((0, 1))
     n = len(new_texts)
     clusters = _components(vectors, threshold)
 
@@ -130,7 +136,7 @@ async def consolidate(
         news = [i for i in members if i < n]
         if not news:
             continue  # only existing lessons (they may resemble each other; not this batch's business)
-        olds = [survivors[i - n] for i in members if i >= n]
+        olds = [lessons[i - n] for i in members if i >= n]
         # A cluster's target: the lesson a modify names, else the most similar existing lesson.
         targets = [changes[i].target for i in news if changes[i].op == "modify"]
         target = by_id[targets[0]] if targets else (olds[0] if olds else None)

@@ -108,7 +108,9 @@ def zoo_extension(o: InferOutcome, queue_ms: float) -> dict[str, Any]:
     return {
         "library_root": o.library_root,
         "library_version": o.library_version,
-        "experiences": [{"id": e.id, "score": float(e.score), "cited": e.cited} for e in o.experiences],
+        "experiences": [
+            {"id": e.id, "kind": e.kind, "score": float(e.score), "cited": e.cited} for e in o.experiences
+        ],
         "cited": [e.id for e in o.experiences if e.cited],
         "queue_ms": float(queue_ms),
         "retrieval_ms": float(o.retrieval_ms),

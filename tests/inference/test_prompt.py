@@ -1,4 +1,5 @@
-"""Prompt assembly: experiences in the system turn, dropped whole by lowest score to fit the budget."""
+"""Prompt assembly: lessons in the system turn, worked examples as earlier turns, dropped whole by lowest
+score to fit the budget."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from zoo.inference.prompt import (
+    EXAMPLES_LINE,
     INSTRUCTION,
     PromptTooLong,
     assemble,
@@ -94,3 +96,60 @@ def test_citations_only_count_offered_ids() -> None:
     text = f"Use [{ids[1]}] then [{ids[0]}], again [{ids[1]}], and [exp-ffffffffffffffff]."
     assert parse_citations(text, ids) == [ids[1], ids[0]]
     assert parse_citations("no citations", ids) == []
+
+
+def example(question: str, answer: str, reasoning: str | None = None) -> Experience:
+    return Experience.create(
+        kind="example",
+        text=question,
+        answer=answer,
+        reasoning=reasoning,
+        domain="units.house",
+        confidence=0.8,
+        author="job:test",
+        base_model=BASE,
+    )
+
+
+EXAMPLES = [
+    Hit(example("How long is 3 km in the house unit?", "3000 m"), 0.95),
+    Hit(example("How long is 2 km in the house unit?", "2000 m", "1 km is 1000 m."), 0.6),
+]
+
+
+def test_examples_are_earlier_turns_and_lessons_stay_in_the_system_turn() -> None:
+    hits = [HITS[0], *EXAMPLES]
+    a = assemble(USER, hits, words, experience_budget=1000, context_length=4096, max_tokens=64)
+    system, *turns = a.messages
+    lines = system["content"].splitlines()
+    assert lines[1] == f"[{HITS[0].experience.id}] {HITS[0].experience.text}"
+    # The examples are cited by id in the system turn, never as lesson lines.
+    ids = " ".join(f"[{h.experience.id}]" for h in EXAMPLES)
+    assert lines[2] == EXAMPLES_LINE + ids and len(lines) == 3
+    # Best example last, right before the real question; reasoning precedes the answer line.
+    assert turns == [
+        {"role": "user", "content": "How long is 2 km in the house unit?"},
+        {"role": "assistant", "content": "1 km is 1000 m.\nAnswer: 2000 m"},
+        {"role": "user", "content": "How long is 3 km in the house unit?"},
+        {"role": "assistant", "content": "Answer: 3000 m"},
+        *USER,
+    ]
+    assert [h.score for h in a.used] == [0.95, 0.9, 0.6]
+
+
+def test_examples_share_the_budget_and_are_dropped_whole() -> None:
+    hits = [HITS[0], *EXAMPLES]
+    without_last = words(with_experiences(USER, hits[:2])) - words(USER)
+    a = assemble(USER, hits, words, experience_budget=without_last, context_length=4096, max_tokens=64)
+    assert [h.score for h in a.used] == [0.95, 0.9] and [h.score for h in a.dropped] == [0.6]
+    contents = " ".join(m["content"] for m in a.messages)
+    assert "2 km" not in contents and "3000 m" in contents
+
+
+def test_examples_go_before_the_clients_conversation() -> None:
+    msgs = [{"role": "system", "content": "Be brief."}, *USER, {"role": "assistant", "content": "42"},
+            {"role": "user", "content": "And 5 km?"}]  # fmt: skip
+    out = with_experiences(msgs, EXAMPLES[:1])
+    assert out[0]["content"].startswith("Be brief.\n\n" + INSTRUCTION)
+    assert [m["role"] for m in out] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert out[3:] == msgs[1:]

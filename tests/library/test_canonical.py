@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zoo.registry.canonical import (
-    SCHEMA,
+    SCHEMA_V1,
     decode_experience,
     decode_library,
     encode_experience,
@@ -77,7 +77,7 @@ def test_library_round_trip(library: Library) -> None:
     back = decode_library(data)
     assert back == library
     assert encode_library(back) == data
-    assert json.loads(data)["schema"] == SCHEMA
+    assert json.loads(data)["schema"] == SCHEMA_V1
 
 
 def test_leaves_are_embedded_verbatim(library: Library) -> None:

@@ -100,7 +100,16 @@ def test_draft_build_propose_vote_execute_sync_verify(node: NodeProcess, tmp_pat
     )
     added = cli(node, "library", "add", "--text", text, "--domain", "math.arithmetic", "--confidence", "0.8")
     assert added.returncode == 0, added.stderr
-    new_id = added.stdout.split()[1]
+    assert added.stdout.split()[:2] == ["added", "lesson"]
+    new_id = added.stdout.split()[2]
+    # A worked example goes through the same draft, build, governance and sync (a format-2 library).
+    worked = cli(node, "library", "add", "--question", "What is 1/2 divided by 1/4?", "--answer", "2",
+                 "--reasoning", "Multiply 1/2 by 4/1.", "--domain", "math.arithmetic")  # fmt: skip
+    assert worked.returncode == 0, worked.stderr
+    assert worked.stdout.split()[:2] == ["added", "example"]
+    example_id = worked.stdout.split()[2]
+    both = cli(node, "library", "add", "--text", text, "--question", "q?", "--domain", "math.arithmetic")
+    assert both.returncode == 2 and "not both" in both.stderr
     imported = tmp_path / "more.json"
     imported.write_text(
         json.dumps(
@@ -118,7 +127,7 @@ def test_draft_build_propose_vote_execute_sync_verify(node: NodeProcess, tmp_pat
     broken.write_text("[{")
     assert cli(node, "library", "import", str(broken)).returncode == 2
     diff = cli(node, "library", "diff", "1", "draft")
-    assert "2 added, 0 removed" in diff.stdout and new_id in diff.stdout
+    assert "3 added, 0 removed" in diff.stdout and new_id in diff.stdout and example_id in diff.stdout
     built = cli(node, "library", "build")
     assert built.returncode == 0 and "built version 2" in built.stdout
     proposed = cli(node, "library", "propose")
@@ -139,10 +148,16 @@ def test_draft_build_propose_vote_execute_sync_verify(node: NodeProcess, tmp_pat
         assert c.status().library.version == 2
     synced = cli(node, "library", "sync")
     assert synced.returncode == 0 and "version 2" in synced.stdout
-    verified = cli(node, "library", "verify", new_id)
-    assert verified.returncode == 0 and "on-chain check against version 2: valid" in verified.stdout
+    for experience in (new_id, example_id):
+        verified = cli(node, "library", "verify", experience)
+        assert verified.returncode == 0 and "on-chain check against version 2: valid" in verified.stdout
     exported = tmp_path / "v2.json"
     assert cli(node, "library", "export", str(exported), "--version", "2").returncode == 0
-    assert len(json.loads(exported.read_text())["experiences"]) == len(genesis_library().experiences) + 2
+    document = json.loads(exported.read_text())
+    assert document["schema"] == "zoo.experience-library/2"
+    assert len(document["experiences"]) == len(genesis_library().experiences) + 3
+    [doc] = [e for e in document["experiences"] if e["id"] == example_id]
+    assert (doc["kind"], doc["text"], doc["answer"]) == ("example", "What is 1/2 divided by 1/4?", "2")
     shown = cli(node, "library", "show")
     assert "library version 2" in shown.stdout and new_id in shown.stdout
+    assert any(example_id in line and " example " in line for line in shown.stdout.splitlines()), shown.stdout
