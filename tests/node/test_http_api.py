@@ -92,7 +92,8 @@ def test_chat_completion_with_experiences(client: openai.OpenAI) -> None:
     assert zoo["library_root"] == "0x" + library_root(genesis).hex() and zoo["library_version"] >= 1
     geometry = {e.id for e in genesis.experiences if e.domain == "math.geometry"}
     assert 0 < len(zoo["experiences"]) <= 2 and zoo["experiences"][0]["id"] in geometry
-    assert set(zoo["experiences"][0]) == {"id", "score", "cited"}
+    assert set(zoo["experiences"][0]) == {"id", "kind", "score", "cited"}
+    assert all(e["kind"] == "lesson" for e in zoo["experiences"])  # the genesis library holds lessons only
     assert set(zoo["cited"]) <= {e["id"] for e in zoo["experiences"]}
     assert zoo["queue_ms"] >= 0 and zoo["generation_ms"] > 0 and isinstance(zoo["seed"], int)
 

@@ -282,3 +282,40 @@ def test_a_payload_that_is_not_protobuf_is_invalid_argument(node: NodeProcess) -
             raw(b"\xff\xff\xff\xff not protobuf", timeout=30)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "not a valid protobuf message" in e.value.details()
+
+
+def test_worked_examples_are_served_with_their_kind(node: NodeProcess) -> None:
+    """A version holding a worked example (format 2) goes through governance; Retrieve and Infer rank it
+    with the lessons and say it is an example, with its answer."""
+    from zoo.registry.experience import Experience, Library
+    from zoo.registry.store import LibraryStore
+
+    current = LibraryStore(node.data_dir).current()
+    assert current is not None
+    base_model = current.library.base_model
+    worked = Experience.create(
+        kind="example",
+        text="How long is 3 zorbs in the house unit?",
+        answer="3000 zim",
+        domain="units.house",
+        confidence=0.7,
+        author="job:test",
+        base_model=base_model,
+    )
+    experiences = [*current.library.experiences, worked]
+    nxt = Library.create(
+        version=current.version + 1, parent_root=current.root, experiences=experiences, base_model=base_model
+    )
+    root = approve(node.data_dir, nxt)
+    deadline = time.monotonic() + 60
+    with NodeClient(node.address) as c:
+        while c.status().library.root != root and time.monotonic() < deadline:
+            time.sleep(0.2)
+        found = c.inference.Retrieve(pb.RetrieveRequest(query="How long is 5 zorbs in the house unit?", k=3))
+        assert found.library_root == root
+        top = found.experiences[0]
+        assert (top.id, top.kind, top.text, top.answer) == (worked.id, "example", worked.text, "3000 zim")
+        assert all(e.kind == "lesson" for e in found.experiences[1:])
+        r = infer(c, prompt="How long is 5 zorbs in the house unit?", k=3, sampling={"max_tokens": 8})
+        assert r.experiences[0].id == worked.id and r.experiences[0].kind == "example"
+        assert r.experiences[0].answer == "3000 zim"
