@@ -58,6 +58,7 @@ _SPEC_OPTIONS: list[tuple[str, str, Any, str]] = [
     ("--critic-max-tokens", "critic_max_tokens", int, "Tokens per summary / comparison / merge reply."),
     ("--k", "k", int, "Experiences in each rollout's prompt (top-k)."),
     ("--instruction", "instruction", str, "System turn for tasks without their own (default: by task kind)."),
+    ("--kinds", "experience_kinds", str, "What to learn: 'lessons', 'examples' or 'both' (default)."),
     ("--reward", "reward", str, "Reward for every task (default: each task's verifier)."),
     ("--label-free", "label_free", bool, "Reward = agreement with the group's majority answer."),
     ("--validate/--no-validate", "validate_steps", bool, "Score each step on validation; revert drops."),

@@ -11,7 +11,9 @@ Deterministic given the proposals, the embeddings and the merge replies:
    to the first valid text when the LLM gives nothing usable.
 4. Every resulting text must make a valid experience (trigger word first, ≤ 32 words): an invalid one
    gets one LLM rewrite, and is rejected (and reported) when that fails too.
-5. The new library = survivors + modified + added; ids are content-derived, so unchanged lessons keep
+5. Worked-example candidates (an `add` of kind "example": a question and its answer) are added as they
+   are unless the library already holds that example; they are never clustered or merged with lessons.
+6. The new library = survivors + modified + added; ids are content-derived, so unchanged lessons keep
    their ids across steps and nothing is renumbered.
 """
 
@@ -41,6 +43,8 @@ class Proposal:
     domain: str = "general"
     source: str = ""  # the task id of the group
     group: int = -1  # index of the group in the step (to find its rollouts for factor distillation)
+    kind: str = "lesson"  # "example": `text` is the question and `answer` its answer
+    answer: str = ""
 
 
 @dataclass
@@ -90,19 +94,24 @@ async def consolidate(
     make: Callable[[str, str], Experience],
     threshold: float,
     factors_for: FactorsFn | None = None,
+    make_example: Callable[[str, str, str], Experience] | None = None,
 ) -> Outcome:
     """Consolidate `proposals` against `library` and return the new experience list (see module doc).
 
     `make(text, domain)` builds a new experience (raising ValidationError for a bad text); a modified
     lesson keeps its confidence and provenance except the text (and its factors when new ones are given).
+    `make_example(question, answer, domain)` builds a worked example (needed when examples are proposed).
     """
     by_id = {e.id: e for e in library}
     outcome = Outcome(experiences=[])
 
     deletes: dict[str, list[Proposal]] = {}
-    changes: list[Proposal] = []  # adds and modifies, in proposal order
+    changes: list[Proposal] = []  # adds and modifies of lessons, in proposal order
+    examples: list[Proposal] = []
     for p in proposals:
-        if p.op in ("modify", "delete") and p.target not in by_id:
+        if p.kind == "example":
+            examples.append(p)
+        elif p.op in ("modify", "delete") and p.target not in by_id:
             outcome.rejected.append({"op": p.op, "id": p.target, "source": p.source, "reason": "unknown id"})
         elif p.op == "modify" and by_id[p.target].kind != "lesson":
             # A critic rewrites rules; a worked example is kept or deleted whole, never turned into a rule.
@@ -197,5 +206,19 @@ async def consolidate(
         result[new.id] = new
     for e in added:
         result.setdefault(e.id, e)
+    for p in examples:
+        if make_example is None:
+            raise ValueError("an example was proposed but consolidate() was given no make_example")
+        try:
+            worked = make_example(p.text, p.answer, p.domain)
+        except ValidationError as err:
+            outcome.rejected.append({"op": "add", "kind": "example", "text": p.text[:300], "source": p.source,
+                                     "reason": f"not a valid example: {err}"})  # fmt: skip
+            continue
+        if worked.id in result or worked.id in deletes:
+            continue  # the library has it already (or this batch deletes it)
+        result[worked.id] = worked
+        outcome.applied.append({"op": "add", "kind": "example", "id": worked.id, "text": worked.text,
+                                "answer": worked.answer, "sources": [p.source]})  # fmt: skip
     outcome.experiences = sorted(result.values(), key=lambda e: e.id)
     return outcome

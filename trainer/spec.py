@@ -50,6 +50,10 @@ class TfGrpoSpec(BaseModel):
         description="system instruction for every task that has none of its own (default: by task kind)",
     )
 
+    experience_kinds: Literal["both", "lessons", "examples"] = Field(
+        default="both",
+        description="what a run may learn: lessons (critic rules), examples (worked examples), or both",
+    )
     reward: str | None = Field(default=None, description="override every task's verifier")
     label_free: bool = Field(default=False, description="reward = agreement with the group majority")
     validate_steps: bool = Field(default=True, description="score each step on validation, revert drops")

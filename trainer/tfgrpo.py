@@ -7,10 +7,15 @@ Per epoch the training tasks are shuffled (seeded) and cut into batches; one bat
 2. Rewards per completion; the group-relative advantage A = (r - mean) / (std + eps). Each lesson in a
    rollout's prompt (those it cited, when it cited any) counts as helpful when A > 0, harmful when A < 0;
    its confidence becomes (helpful + 1) / (helpful + harmful + 2).
-3. Groups whose rewards are all equal carry no comparison signal and are skipped (no LLM calls); with
-   G = 1 (the paper's ablation without group computation) the single rollout is critiqued on its own.
-4. Stage 1 summarises every rollout of the other groups; stage 2 compares each group and proposes at
-   most `max_ops_per_group` operations; stage 3 consolidates the batch's operations (operations.py).
+3. Groups whose rewards are all equal carry no comparison signal and are skipped (no LLM calls), except
+   a group that failed wholly on a task with a reference answer: the critic compares its rollouts with
+   the reference. With G = 1 (the paper's ablation without group computation) the single rollout is
+   critiqued on its own.
+4. Stage 1 summarises every rollout of those groups; stage 2 compares each group and proposes at most
+   `max_ops_per_group` lesson operations. Beside them, every short-answer group proposes a worked example:
+   its best rollout's question and final answer when it has a clear winner, the question and its reference
+   when it failed wholly (`experience_kinds` picks lessons, examples or both). Stage 3 consolidates the
+   batch's operations (operations.py).
 5. Validation: the changed library is scored on the validation split (greedy, one completion a task);
    if the score drops by more than `revert_tolerance` the step is reverted (the library stays as it was).
    The paper asks for this; its public implementation does not do it.
@@ -43,7 +48,7 @@ from zoo.inference.embedder import Embedder
 from zoo.inference.prompt import assemble, parse_citations
 from zoo.inference.retrieval import Hit, RetrievalIndex
 from zoo.registry.canonical import decode_library, encode_library
-from zoo.registry.experience import Experience, ExpertFactors, Library
+from zoo.registry.experience import MAX_ANSWER_CHARS, MAX_QUESTION_CHARS, Experience, ExpertFactors, Library
 from zoo.trainer import critic
 from zoo.trainer.llm import LLM, Ledger
 from zoo.trainer.operations import Proposal, consolidate
@@ -156,6 +161,43 @@ class Group:
     offered: list[Experience]
 
 
+# Verifiers whose reference and extracted answers are short final answers, fit for a worked example.
+EXAMPLE_VERIFIERS = ("exact_match", "majority_vote")
+
+
+def failed_with_reference(group: Group, spec: TfGrpoSpec) -> bool:
+    """Every rollout scored 0 on a task that has a reference answer (and the run may use it)."""
+    return not spec.label_free and group.task.answer is not None and all(r.score == 0 for r in group.results)
+
+
+def example_candidate(group: Group, spec: TfGrpoSpec) -> tuple[str, str] | None:
+    """The worked example (question, answer) a group teaches, or None.
+
+    A group with a clear winner (its best reward above its worst) teaches its best rollout's final answer,
+    as the rollout wrote it and the verifier accepted it. A group that failed wholly on a task with a
+    reference teaches the reference. Only short-answer tasks make examples (not code or patches), and
+    validation decides, as for every candidate, whether the example stays.
+    """
+    task = group.task
+    verifier = "majority_vote" if spec.label_free else (spec.reward or task.verifier)
+    if verifier not in EXAMPLE_VERIFIERS:
+        return None
+    scores = [r.score for r in group.results]
+    answer: str | None = None
+    if max(scores) > min(scores):
+        best = max(range(len(scores)), key=lambda i: (scores[i], -i))
+        extracted = group.results[best].details.get("extracted")
+        answer = extracted if isinstance(extracted, str) else None
+    elif failed_with_reference(group, spec):
+        answer = task.answer
+    if answer is None:
+        return None
+    answer = " ".join(answer.split())
+    if not 0 < len(answer) <= MAX_ANSWER_CHARS or len(task.question) > MAX_QUESTION_CHARS:
+        return None
+    return task.question, answer
+
+
 def seed_of(*parts: object) -> int:
     """A stable 63-bit seed from the parts (the same on every machine and Python version)."""
     digest = hashlib.sha256("\x00".join(str(p) for p in parts).encode()).digest()
@@ -226,6 +268,18 @@ class TfGrpoRun:
             [{"role": "user", "content": prompt}], role="judge", max_tokens=self.spec.critic_max_tokens
         )
         return reply.text
+
+    def make_example(self, question: str, answer: str, domain: str) -> Experience:
+        return Experience.create(
+            kind="example",
+            text=question,
+            answer=answer,
+            domain=domain,
+            confidence=INITIAL_CONFIDENCE,
+            author=self.ctx.author,
+            base_model=self.base_model,
+            created_at=self.ctx.created_at,
+        )
 
     def make_experience(self, text: str, domain: str) -> Experience:
         return Experience.create(
@@ -384,9 +438,17 @@ class TfGrpoRun:
                         c[1] += 1
 
         # G = 1 is the paper's "no group computation" ablation: the lone rollout is critiqued against the
-        # reference. From G = 2 on, a group whose rewards are all equal has nothing to compare.
+        # reference. From G = 2 on, a group whose rewards are all equal has nothing to compare, except a
+        # group that failed wholly on a task with a reference: its rollouts are compared with the reference.
         informative = [
-            i for i, g in enumerate(groups) if spec.group_size == 1 or len({r.score for r in g.results}) > 1
+            i
+            for i, g in enumerate(groups)
+            if spec.experience_kinds != "examples"
+            and (
+                spec.group_size == 1
+                or len({r.score for r in g.results}) > 1
+                or failed_with_reference(g, spec)
+            )
         ]
         skipped = len(groups) - len(informative)
         compare_stats = state.json_stats.setdefault("compare", critic.JsonStats())
@@ -429,6 +491,14 @@ class TfGrpoRun:
             return [Proposal(o.op, o.text, o.id, g.task.domain, g.task.id, gi) for o in (ops or [])]
 
         proposed = [p for ps in await asyncio.gather(*(propose(i) for i in informative)) for p in ps]
+        if spec.experience_kinds != "lessons":
+            for gi, g in enumerate(groups):
+                candidate = example_candidate(g, spec)
+                if candidate is not None:
+                    question, answer = candidate
+                    proposed.append(
+                        Proposal("add", question, "", g.task.domain, g.task.id, gi, "example", answer)
+                    )
 
         merges = [0]
 
@@ -451,6 +521,7 @@ class TfGrpoRun:
             make=self.make_experience,
             threshold=spec.merge_threshold,
             factors_for=self._factors(groups, state) if spec.distill_factors else None,
+            make_example=self.make_example,
         )
         changed = outcome.experiences != sorted(library, key=lambda e: e.id)
         decision = "no_change"

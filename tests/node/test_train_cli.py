@@ -219,6 +219,7 @@ def learn(data_dir: Path, tmp: Path, embedder: Any, base: StoredVersion | None) 
             "epochs": 1,
             "batch_size": 2,
             "group_size": 3,
+            "experience_kinds": "lessons",  # what it learns is the scripted critic's one lesson
         }
     )
 

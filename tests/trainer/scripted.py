@@ -35,7 +35,8 @@ class Call:
 
     @property
     def user(self) -> str:
-        return next((m["content"] for m in self.messages if m["role"] == "user"), "")
+        """The last user turn: the real question (worked examples come as earlier user turns)."""
+        return next((m["content"] for m in reversed(self.messages) if m["role"] == "user"), "")
 
     @property
     def last(self) -> str:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -78,6 +80,8 @@ def run_job(
     out: str = "out",
 ) -> tuple[Run, dict[str, Any]]:
     run = Run(ScriptedBackend(policy, MODEL))
+    # The critic's lesson mechanics are what most tests here examine; tests of worked examples say so.
+    spec = {"experience_kinds": "lessons", **spec}
     result = asyncio.run(
         run_tf_grpo(
             TfGrpoSpec.parse(spec),
@@ -404,6 +408,7 @@ def test_distilled_factors_attach_to_learned_lessons(tmp_path: Path, embedder) -
             "batch_size": 2,
             "group_size": 3,
             "distill_factors": True,
+            "experience_kinds": "lessons",
         }
     )
     result = asyncio.run(
@@ -552,3 +557,126 @@ def test_rollouts_ask_each_task_under_its_own_instruction(tmp_path: Path, embedd
         assert call.system.startswith(instruction_for(task)), (task.id, call.system[:120])
     assert seen == {"m", "l", "o"}
     assert all("boxed" not in c.system for c in rollouts if by_question[c.user].domain != "math.arithmetic")
+
+
+# -- worked examples ----------------------------------------------------------------------------------
+
+CODE_RE = re.compile(r"code of item (\d+)")
+
+
+def code_tasks(tmp_path: Path, n: int, name: str, start: int = 0) -> Path:
+    """A convention family: the code of item N is ITEM-N, which no model can guess without being shown."""
+    tasks = [Task(id=f"code-{i}", question=f"What is the code of item {i}?", answer=f"ITEM-{i}",
+                  domain="codes.items") for i in range(start, start + n)]  # fmt: skip
+    write_jsonl(tmp_path / name, tasks)
+    return tmp_path / name
+
+
+def shown_the_convention(call: Call) -> bool:
+    """A small model follows a worked example: it writes the code right when one is among the turns."""
+    return any(m["role"] == "assistant" and "ITEM-" in m["content"] for m in call.messages[:-1])
+
+
+def convention_policy(*, sampled_right_every: int | None, compare: str = "") -> Callable[[Call], str]:
+    """Rollouts: greedy ones are right exactly when shown the convention; of sampled ones every n-th is
+    right (None: none). Critic stages answer `compare` (default: no operations) and a fixed summary."""
+    seen: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def policy(call: Call) -> str:
+        if call.stage == "summarise":
+            return "It gave a code; the reference shows the expected form."
+        if call.stage == "compare":
+            return compare or ops_json()
+        n = int(m.group(1)) if (m := CODE_RE.search(call.user)) else -1
+        if call.temperature == 0:
+            right = shown_the_convention(call)
+        else:
+            with lock:
+                k = seen[call.user] = seen.get(call.user, -1) + 1
+            right = sampled_right_every is not None and k % sampled_right_every == 0
+        return f"Answer: ITEM-{n}" if right else f"Answer: code {n}"
+
+    return policy
+
+
+def code_spec(tmp_path: Path, **changes: Any) -> dict[str, Any]:
+    return {
+        "dataset": str(code_tasks(tmp_path, 4, "codes.jsonl")),
+        "validation": str(code_tasks(tmp_path, 2, "codes-val.jsonl", 10)),
+        "epochs": 1,
+        "batch_size": 2,
+        "group_size": 3,
+        "experience_kinds": "both",
+        **changes,
+    }
+
+
+def test_a_clear_winner_becomes_a_worked_example_that_validation_keeps(tmp_path: Path, embedder) -> None:
+    run, result = run_job(tmp_path, embedder, convention_policy(sampled_right_every=3), code_spec(tmp_path))
+    steps = run.steps()
+    assert steps[0]["decision"] == "kept"
+    assert steps[0]["candidate_validation_score"] == 1.0 > 0.0 == json.loads(
+        Path(result["report"]).read_text())["baseline_validation_score"]  # fmt: skip
+    learned = decode_library(Path(result["library"]).read_bytes()).experiences
+    examples = [e for e in learned if e.kind == "example"]
+    assert examples and all(e.answer == "ITEM-" + e.text.split()[-1].rstrip("?") for e in examples)
+    assert {e.domain for e in examples} == {"codes.items"}
+    # The winner's answer as the rollout wrote it and the verifier accepted it.
+    report = json.loads(Path(result["report"]).read_text())
+    added = [op for op in report["operations"] if op.get("kind") == "example"]
+    assert added and all(op["op"] == "add" and op["answer"].startswith("ITEM-") for op in added)
+
+
+def test_a_group_that_failed_wholly_learns_from_its_reference(tmp_path: Path, embedder) -> None:
+    """Zero-shot the family scores 0 everywhere: the reference answer is the only teacher, and the critic
+    compares the failed rollouts with it instead of skipping the group as homogeneous."""
+    run, result = run_job(
+        tmp_path, embedder, convention_policy(sampled_right_every=None), code_spec(tmp_path)
+    )
+    steps = run.steps()
+    assert steps[0]["groups_skipped"] == 0
+    compares = [c for c in run.backend.recorder.calls if c.stage == "compare"]
+    assert compares and all("ITEM-" in c.user for c in compares), "the critic did not see the reference"
+    examples = [
+        e for e in decode_library(Path(result["library"]).read_bytes()).experiences if e.kind == "example"
+    ]
+    assert examples and {e.answer for e in examples} <= {f"ITEM-{i}" for i in range(4)}
+    assert steps[0]["decision"] == "kept"
+
+
+def test_label_free_runs_skip_failed_groups_and_make_no_reference_examples(tmp_path: Path, embedder) -> None:
+    spec = code_spec(tmp_path, label_free=True, validate_steps=False)
+    run, result = run_job(tmp_path, embedder, convention_policy(sampled_right_every=None), spec)
+    assert all(s["groups_skipped"] == s["groups"] for s in run.steps())
+    assert not [c for c in run.backend.recorder.calls if c.stage in ("summarise", "compare")]
+    assert decode_library(Path(result["library"]).read_bytes()).experiences == ()
+
+
+def test_a_harmful_example_is_reverted(tmp_path: Path, embedder) -> None:
+    def contrary(call: Call) -> str:  # right zero-shot, wrong whenever shown an example
+        n = int(m.group(1)) if (m := CODE_RE.search(call.user)) else -1
+        if call.stage != "rollout":
+            return ops_json()
+        if call.temperature == 0:
+            return f"Answer: code {n}" if shown_the_convention(call) else f"Answer: ITEM-{n}"
+        return f"Answer: ITEM-{n}" if call.seed % 2 else f"Answer: code {n}"
+
+    run, result = run_job(tmp_path, embedder, contrary, code_spec(tmp_path, epochs=1))
+    decisions = [s["decision"] for s in run.steps()]
+    assert "reverted" in decisions and "kept" not in decisions, decisions
+    assert decode_library(Path(result["library"]).read_bytes()).experiences == ()
+
+
+@pytest.mark.parametrize("kinds", ["examples", "lessons"])
+def test_kinds_pick_what_a_run_learns(tmp_path: Path, embedder, kinds: str) -> None:
+    lesson = ops_json({"op": "add", "text": "When asked for an item's code, write ITEM- and its number."})
+    policy = convention_policy(sampled_right_every=3, compare=lesson)
+    run, result = run_job(tmp_path, embedder, policy, code_spec(tmp_path, experience_kinds=kinds))
+    learned = decode_library(Path(result["library"]).read_bytes()).experiences
+    critic_calls = [c for c in run.backend.recorder.calls if c.stage in ("summarise", "compare")]
+    if kinds == "examples":
+        assert learned and {e.kind for e in learned} == {"example"}
+        assert critic_calls == [], "an examples-only run needs no critic"
+    else:
+        assert critic_calls and all(e.kind == "lesson" for e in learned)
