@@ -59,6 +59,8 @@ _SPEC_OPTIONS: list[tuple[str, str, Any, str]] = [
     ("--k", "k", int, "Experiences in each rollout's prompt (top-k)."),
     ("--instruction", "instruction", str, "System turn for tasks without their own (default: by task kind)."),
     ("--kinds", "experience_kinds", str, "What to learn: 'lessons', 'examples' or 'both' (default)."),
+    ("--max-library-size", "max_library_size", int, "Cap on the learned library (lowest-valued dropped)."),
+    ("--drop-after-uses", "drop_after_uses", int, "Uses after which a mostly harmful experience goes."),
     ("--reward", "reward", str, "Reward for every task (default: each task's verifier)."),
     ("--label-free", "label_free", bool, "Reward = agreement with the group's majority answer."),
     ("--validate/--no-validate", "validate_steps", bool, "Score each step on validation; revert drops."),

@@ -15,11 +15,14 @@ Deterministic given the proposals, the embeddings and the merge replies:
    are unless the library already holds that example; they are never clustered or merged with lessons.
 6. The new library = survivors + modified + added; ids are content-derived, so unchanged lessons keep
    their ids across steps and nothing is renumbered.
+7. `prune` keeps the library sharp: it drops an experience whose harmful uses outnumber its helpful ones
+   once it has been used in contrasting groups at least `min_uses` times, then the lowest-valued ones
+   while the library is over its size cap. Each drop is reported like any other operation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -222,3 +225,41 @@ async def consolidate(
                                 "answer": worked.answer, "sources": [p.source]})  # fmt: skip
     outcome.experiences = sorted(result.values(), key=lambda e: e.id)
     return outcome
+
+
+def prune(
+    experiences: Sequence[Experience],
+    counts: Mapping[str, Sequence[int]],
+    *,
+    cap: int,
+    min_uses: int,
+    protected: Collection[str] = (),
+) -> tuple[list[Experience], list[dict[str, Any]]]:
+    """(kept, drops): experiences whose harmful count dominates after `min_uses` uses, then the lowest
+    valued ones over `cap`. Value is the Laplace-smoothed helpful share (an unused experience is 0.5);
+    ties go to keeping the experience with the smaller id. `protected` ids (this step's additions, not yet
+    tried in a rollout) are never dropped for their value, only the cap can crowd them out last."""
+    drops: list[dict[str, Any]] = []
+    kept: list[Experience] = []
+    for e in experiences:
+        helpful, harmful = counts.get(e.id, (0, 0))
+        if helpful + harmful >= min_uses and harmful > helpful:
+            drops.append({"op": "drop", "id": e.id, "kind": e.kind, "text": e.text,
+                          "reason": f"harmful in {harmful} of {helpful + harmful} uses"})  # fmt: skip
+        else:
+            kept.append(e)
+    if len(kept) > cap:
+
+        def value(e: Experience) -> tuple[int, float, str]:
+            helpful, harmful = counts.get(e.id, (0, 0))
+            return (e.id not in protected, -(helpful + 1) / (helpful + harmful + 2), e.id)
+
+        # Sorted best first: protected (new) ones, then by value; the tail over the cap goes.
+        ranked = sorted(kept, key=value)
+        for e in ranked[cap:]:
+            share = -value(e)[1]
+            drops.append({"op": "drop", "id": e.id, "kind": e.kind, "text": e.text,
+                          "reason": f"over the cap of {cap} with value {share:.2f}"})  # fmt: skip
+        keep = {e.id for e in ranked[:cap]}
+        kept = [e for e in kept if e.id in keep]
+    return kept, drops

@@ -54,6 +54,12 @@ class TfGrpoSpec(BaseModel):
         default="both",
         description="what a run may learn: lessons (critic rules), examples (worked examples), or both",
     )
+    max_library_size: int = Field(
+        default=100, ge=1, le=100_000, description="cap: the lowest-valued experiences over it are dropped"
+    )
+    drop_after_uses: int = Field(
+        default=4, ge=1, le=100_000, description="uses after which a mostly harmful experience is dropped"
+    )
     reward: str | None = Field(default=None, description="override every task's verifier")
     label_free: bool = Field(default=False, description="reward = agreement with the group majority")
     validate_steps: bool = Field(default=True, description="score each step on validation, revert drops")

@@ -15,7 +15,8 @@ Per epoch the training tasks are shuffled (seeded) and cut into batches; one bat
    `max_ops_per_group` lesson operations. Beside them, every short-answer group proposes a worked example:
    its best rollout's question and final answer when it has a clear winner, the question and its reference
    when it failed wholly (`experience_kinds` picks lessons, examples or both). Stage 3 consolidates the
-   batch's operations (operations.py).
+   batch's operations (operations.py), then prunes: mostly harmful experiences after `drop_after_uses`
+   uses, and the lowest-valued ones over `max_library_size`.
 5. Validation: the changed library is scored on the validation split (greedy, one completion a task);
    if the score drops by more than `revert_tolerance` the step is reverted (the library stays as it was).
    The paper asks for this; its public implementation does not do it.
@@ -51,7 +52,7 @@ from zoo.registry.canonical import decode_library, encode_library
 from zoo.registry.experience import MAX_ANSWER_CHARS, MAX_QUESTION_CHARS, Experience, ExpertFactors, Library
 from zoo.trainer import critic
 from zoo.trainer.llm import LLM, Ledger
-from zoo.trainer.operations import Proposal, consolidate
+from zoo.trainer.operations import Proposal, consolidate, prune
 from zoo.trainer.rewards import BaseReward, RewardResult, ascore_group, get_reward
 from zoo.trainer.spec import TfGrpoSpec
 from zoo.trainer.tasks import Task, instruction_for
@@ -523,6 +524,17 @@ class TfGrpoRun:
             factors_for=self._factors(groups, state) if spec.distill_factors else None,
             make_example=self.make_example,
         )
+        added = {op["id"] for op in outcome.applied if op["op"] in ("add", "merge")}
+        kept, drops = prune(
+            outcome.experiences,
+            state.counts,
+            cap=spec.max_library_size,
+            min_uses=spec.drop_after_uses,
+            protected=added,
+        )
+        if drops:
+            outcome.experiences = kept
+            outcome.applied += drops
         changed = outcome.experiences != sorted(library, key=lambda e: e.id)
         decision = "no_change"
         score = state.validation_score

@@ -66,3 +66,28 @@ def test_a_worked_example_is_kept_or_deleted_whole(embedder: SentenceTransformer
     deleted = run([worked, rule], [Proposal(op="delete", target=worked.id, source="t3")], embedder)
     assert deleted.experiences == [rule]
     assert deleted.applied == [{"op": "delete", "id": worked.id, "text": worked.text, "sources": ["t3"]}]
+
+
+def test_prune_drops_mostly_harmful_experiences_once_they_have_been_tried() -> None:
+    from zoo.trainer.operations import prune
+
+    a, b, c = (lesson(f"When pruning case {x}, keep the library small and sharp.") for x in "abc")
+    counts = {a.id: [1, 3], b.id: [0, 3], c.id: [2, 2]}  # a: 4 uses, mostly harmful; b: only 3 uses
+    kept, drops = prune([a, b, c], counts, cap=10, min_uses=4)
+    assert kept == [b, c]
+    assert drops == [{"op": "drop", "id": a.id, "kind": "lesson", "text": a.text,
+                      "reason": "harmful in 3 of 4 uses"}]  # fmt: skip
+
+
+def test_prune_keeps_the_best_under_the_cap_and_spares_new_ones() -> None:
+    from zoo.trainer.operations import prune
+
+    low, mid, high, new = (lesson(f"When capping case {x}, drop the least useful lesson.") for x in "wxyz")
+    counts = {low.id: [0, 2], mid.id: [1, 1], high.id: [5, 0]}
+    kept, drops = prune([low, mid, high, new], counts, cap=2, min_uses=100, protected={new.id})
+    assert {e.id for e in kept} == {high.id, new.id}, "the new one (untried) and the best one stay"
+    assert [d["id"] for d in drops] == [mid.id, low.id]  # in ranked order, best first
+    assert all(d["reason"].startswith("over the cap of 2") for d in drops)
+    worked = example("What is the code of item 7?", "ITEM-7")
+    kept, drops = prune([worked, high], counts, cap=1, min_uses=100)
+    assert kept == [high] and drops[0]["kind"] == "example", "examples are ranked with lessons"

@@ -680,3 +680,34 @@ def test_kinds_pick_what_a_run_learns(tmp_path: Path, embedder, kinds: str) -> N
         assert critic_calls == [], "an examples-only run needs no critic"
     else:
         assert critic_calls and all(e.kind == "lesson" for e in learned)
+
+
+def test_a_library_over_its_cap_drops_its_lowest_valued_experiences(tmp_path: Path, embedder) -> None:
+    """The starting library already fills the cap; the step's new lesson stays and the least useful of the
+    old ones go, each drop recorded in the step's operations."""
+    old = [
+        Experience.create(text=f"When adding case {x}, write the digits neatly in columns.",
+                          domain="math.arithmetic", confidence=0.5, author="job:x", base_model=MODEL,
+                          created_at="2026-01-01T00:00:00Z")
+        for x in "abc"
+    ]  # fmt: skip
+    current = Library.create(version=1, base_model=MODEL, experiences=old)
+    policy = arithmetic_policy(
+        correct=one_wrong_in(3), compare=lambda c: ops_json({"op": "add", "text": GOOD})
+    )
+    spec = {
+        "dataset": str(tasks_file(tmp_path, 2)),
+        "validation": str(tasks_file(tmp_path, 1, "val.jsonl", 10)),
+        "epochs": 1,
+        "batch_size": 2,
+        "group_size": 3,
+        "max_library_size": 2,
+    }
+    run, result = run_job(tmp_path, embedder, policy, spec, current=current)
+    [step] = run.steps()
+    assert step["decision"] == "kept" and step["library_size"] == 2
+    learned = decode_library(Path(result["library"]).read_bytes()).experiences
+    assert GOOD in {e.text for e in learned}
+    drops = [op for op in json.loads(Path(result["report"]).read_text())["operations"] if op["op"] == "drop"]
+    assert len(drops) == 2 and all("over the cap of 2" in d["reason"] for d in drops)
+    assert {d["id"] for d in drops} <= {e.id for e in old}
