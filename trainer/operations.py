@@ -15,9 +15,9 @@ Deterministic given the proposals, the embeddings and the merge replies:
    are unless the library already holds that example; they are never clustered or merged with lessons.
 6. The new library = survivors + modified + added; ids are content-derived, so unchanged lessons keep
    their ids across steps and nothing is renumbered.
-7. `prune` keeps the library sharp: it drops an experience whose harmful uses outnumber its helpful ones
-   once it has been used in contrasting groups at least `min_uses` times, then the lowest-valued ones
-   while the library is over its size cap. Each drop is reported like any other operation.
+7. `prune` keeps the library sharp: it drops an experience whose rollouts did worse than their groups on
+   average (mean advantage below HARMFUL_MEAN_ADVANTAGE) once it has been used `min_uses` times, then the
+   lowest-valued ones while the library is over its size cap. Each drop is reported like an operation.
 """
 
 from __future__ import annotations
@@ -227,39 +227,46 @@ async def consolidate(
     return outcome
 
 
+# A mean advantage per use below this is "mostly harmful". Every rollout of a group usually sees the same
+# uncited experiences, and a group's advantages sum to zero, so an experience that made no difference
+# averages 0 whatever the group's success rate; counting helpful vs harmful uses instead would condemn
+# every experience offered to groups that mostly fail.
+HARMFUL_MEAN_ADVANTAGE = -0.25
+
+
 def prune(
     experiences: Sequence[Experience],
-    counts: Mapping[str, Sequence[int]],
+    credit: Mapping[str, Sequence[float]],
     *,
     cap: int,
     min_uses: int,
     protected: Collection[str] = (),
 ) -> tuple[list[Experience], list[dict[str, Any]]]:
-    """(kept, drops): experiences whose harmful count dominates after `min_uses` uses, then the lowest
-    valued ones over `cap`. Value is the Laplace-smoothed helpful share (an unused experience is 0.5);
-    ties go to keeping the experience with the smaller id. `protected` ids (this step's additions, not yet
-    tried in a rollout) are never dropped for their value, only the cap can crowd them out last."""
+    """(kept, drops). `credit` maps an id to (sum of the advantages of the rollouts that used it, uses).
+    First drop experiences used at least `min_uses` times whose mean advantage is below
+    HARMFUL_MEAN_ADVANTAGE, then, over `cap`, the lowest mean advantages (an unused experience counts 0;
+    ties keep the smaller id). `protected` ids (this step's additions, not yet tried in a rollout) are
+    crowded out by the cap last."""
+
+    def mean(e: Experience) -> float:
+        total, uses = credit.get(e.id, (0.0, 0.0))
+        return total / uses if uses else 0.0
+
     drops: list[dict[str, Any]] = []
     kept: list[Experience] = []
     for e in experiences:
-        helpful, harmful = counts.get(e.id, (0, 0))
-        if helpful + harmful >= min_uses and harmful > helpful:
+        uses = int(credit.get(e.id, (0.0, 0.0))[1])
+        if uses >= min_uses and mean(e) < HARMFUL_MEAN_ADVANTAGE:
             drops.append({"op": "drop", "id": e.id, "kind": e.kind, "text": e.text,
-                          "reason": f"harmful in {harmful} of {helpful + harmful} uses"})  # fmt: skip
+                          "reason": f"mean advantage {mean(e):+.2f} over {uses} uses"})  # fmt: skip
         else:
             kept.append(e)
     if len(kept) > cap:
-
-        def value(e: Experience) -> tuple[int, float, str]:
-            helpful, harmful = counts.get(e.id, (0, 0))
-            return (e.id not in protected, -(helpful + 1) / (helpful + harmful + 2), e.id)
-
-        # Sorted best first: protected (new) ones, then by value; the tail over the cap goes.
-        ranked = sorted(kept, key=value)
+        # Best first: protected (new) ones, then by mean advantage; the tail over the cap goes.
+        ranked = sorted(kept, key=lambda e: (e.id not in protected, -mean(e), e.id))
         for e in ranked[cap:]:
-            share = -value(e)[1]
             drops.append({"op": "drop", "id": e.id, "kind": e.kind, "text": e.text,
-                          "reason": f"over the cap of {cap} with value {share:.2f}"})  # fmt: skip
+                          "reason": f"over the cap of {cap} with mean advantage {mean(e):+.2f}"})  # fmt: skip
         keep = {e.id for e in ranked[:cap]}
         kept = [e for e in kept if e.id in keep]
     return kept, drops

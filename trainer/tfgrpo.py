@@ -86,6 +86,7 @@ class TrainState:
     validation_score: float | None = None
     baseline_validation_score: float | None = None
     counts: dict[str, list[int]] = field(default_factory=dict)  # id -> [helpful, harmful]
+    credit: dict[str, list[float]] = field(default_factory=dict)  # id -> [sum of advantages, uses]
     curve: list[dict[str, Any]] = field(default_factory=list)
     operations: list[dict[str, Any]] = field(default_factory=list)
     rejected: list[dict[str, Any]] = field(default_factory=list)
@@ -103,6 +104,7 @@ class TrainState:
             "validation_score": self.validation_score,
             "baseline_validation_score": self.baseline_validation_score,
             "counts": self.counts,
+            "credit": self.credit,
             "curve": self.curve,
             "operations": self.operations,
             "rejected": self.rejected,
@@ -123,6 +125,7 @@ class TrainState:
             validation_score=data.get("validation_score"),
             baseline_validation_score=data.get("baseline_validation_score"),
             counts={k: [int(v[0]), int(v[1])] for k, v in (data.get("counts") or {}).items()},
+            credit={k: [float(v[0]), float(v[1])] for k, v in (data.get("credit") or {}).items()},
             curve=list(data.get("curve") or []),
             operations=list(data.get("operations") or []),
             rejected=list(data.get("rejected") or []),
@@ -432,6 +435,9 @@ class TfGrpoRun:
         for g in groups:
             for ids, a in zip(g.used, g.advantages, strict=True):
                 for i in ids:
+                    credit = state.credit.setdefault(i, [0.0, 0.0])
+                    credit[0] += a
+                    credit[1] += 1
                     c = state.counts.setdefault(i, [0, 0])
                     if a > 0:
                         c[0] += 1
@@ -527,7 +533,7 @@ class TfGrpoRun:
         added = {op["id"] for op in outcome.applied if op["op"] in ("add", "merge")}
         kept, drops = prune(
             outcome.experiences,
-            state.counts,
+            state.credit,
             cap=spec.max_library_size,
             min_uses=spec.drop_after_uses,
             protected=added,
@@ -550,6 +556,11 @@ class TfGrpoRun:
         if decision == "kept":
             library = outcome.experiences
             for old, new in outcome.renamed.items():
+                if old in state.credit:
+                    moved = state.credit.pop(old)
+                    to = state.credit.setdefault(new, [0.0, 0.0])
+                    to[0] += moved[0]
+                    to[1] += moved[1]
                 if old in state.counts:
                     c = state.counts.pop(old)
                     n = state.counts.setdefault(new, [0, 0])

@@ -68,26 +68,29 @@ def test_a_worked_example_is_kept_or_deleted_whole(embedder: SentenceTransformer
     assert deleted.applied == [{"op": "delete", "id": worked.id, "text": worked.text, "sources": ["t3"]}]
 
 
-def test_prune_drops_mostly_harmful_experiences_once_they_have_been_tried() -> None:
+def test_prune_drops_experiences_whose_rollouts_did_worse_than_their_groups() -> None:
     from zoo.trainer.operations import prune
 
-    a, b, c = (lesson(f"When pruning case {x}, keep the library small and sharp.") for x in "abc")
-    counts = {a.id: [1, 3], b.id: [0, 3], c.id: [2, 2]}  # a: 4 uses, mostly harmful; b: only 3 uses
-    kept, drops = prune([a, b, c], counts, cap=10, min_uses=4)
-    assert kept == [b, c]
+    a, b, c, d = (lesson(f"When pruning case {x}, keep the library small and sharp.") for x in "abcd")
+    # a: cited only by failing rollouts; b: as bad but tried 3 times only; c: offered to every rollout of
+    # groups that mostly failed (1 right, 2 wrong: advantages +1.41, -0.71, -0.71), which says nothing
+    # about c; d: cited by winners.
+    credit = {a.id: [-2.8, 4], b.id: [-2.1, 3], c.id: [0.0, 6], d.id: [2.8, 4]}
+    kept, drops = prune([a, b, c, d], credit, cap=10, min_uses=4)
+    assert kept == [b, c, d]
     assert drops == [{"op": "drop", "id": a.id, "kind": "lesson", "text": a.text,
-                      "reason": "harmful in 3 of 4 uses"}]  # fmt: skip
+                      "reason": "mean advantage -0.70 over 4 uses"}]  # fmt: skip
 
 
 def test_prune_keeps_the_best_under_the_cap_and_spares_new_ones() -> None:
     from zoo.trainer.operations import prune
 
     low, mid, high, new = (lesson(f"When capping case {x}, drop the least useful lesson.") for x in "wxyz")
-    counts = {low.id: [0, 2], mid.id: [1, 1], high.id: [5, 0]}
-    kept, drops = prune([low, mid, high, new], counts, cap=2, min_uses=100, protected={new.id})
+    credit = {low.id: [-0.4, 2], mid.id: [0.0, 2], high.id: [3.0, 5]}
+    kept, drops = prune([low, mid, high, new], credit, cap=2, min_uses=100, protected={new.id})
     assert {e.id for e in kept} == {high.id, new.id}, "the new one (untried) and the best one stay"
     assert [d["id"] for d in drops] == [mid.id, low.id]  # in ranked order, best first
     assert all(d["reason"].startswith("over the cap of 2") for d in drops)
     worked = example("What is the code of item 7?", "ITEM-7")
-    kept, drops = prune([worked, high], counts, cap=1, min_uses=100)
+    kept, drops = prune([worked, high], credit, cap=1, min_uses=100)
     assert kept == [high] and drops[0]["kind"] == "example", "examples are ranked with lessons"

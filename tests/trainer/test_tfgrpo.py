@@ -709,5 +709,5 @@ def test_a_library_over_its_cap_drops_its_lowest_valued_experiences(tmp_path: Pa
     learned = decode_library(Path(result["library"]).read_bytes()).experiences
     assert GOOD in {e.text for e in learned}
     drops = [op for op in json.loads(Path(result["report"]).read_text())["operations"] if op["op"] == "drop"]
-    assert len(drops) == 2 and all("over the cap of 2" in d["reason"] for d in drops)
+    assert len(drops) == 2 and all("over the cap of 2" in d["reason"] for d in drops), drops
     assert {d["id"] for d in drops} <= {e.id for e in old}
