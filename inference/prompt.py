@@ -43,9 +43,10 @@ def _is_example(hit: Any) -> bool:
 
 
 def experience_block(hits: Sequence[Any]) -> str:
-    """The system-turn text: the instruction, each lesson as `[id] text`, and the examples' ids."""
-    lines = [INSTRUCTION]
-    lines += [f"[{h.experience.id}] {h.experience.text}" for h in hits if not _is_example(h)]
+    """The system-turn text: the instruction and each lesson as `[id] text` (when there are lessons), and
+    the examples' ids (when there are examples)."""
+    lessons = [f"[{h.experience.id}] {h.experience.text}" for h in hits if not _is_example(h)]
+    lines = [INSTRUCTION, *lessons] if lessons else []
     examples = [f"[{h.experience.id}]" for h in hits if _is_example(h)]
     if examples:
         lines.append(EXAMPLES_LINE + " ".join(examples))

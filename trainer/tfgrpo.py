@@ -3,7 +3,7 @@
 Per epoch the training tasks are shuffled (seeded) and cut into batches; one batch is one *step*:
 
 1. Rollouts: G completions per task with the current library in the prompt (the same assembly as the
-   inference engine: every lesson when the library has at most k, else the top-k retrieved for the task).
+   inference engine: the top-k experiences retrieved for the task, ranked by similarity).
 2. Rewards per completion; the group-relative advantage A = (r - mean) / (std + eps). Each lesson in a
    rollout's prompt (those it cited, when it cited any) counts as helpful when A > 0, harmful when A < 0;
    its confidence becomes (helpful + 1) / (helpful + harmful + 2).
@@ -296,7 +296,9 @@ class TfGrpoRun:
         )
 
     def _index(self, library: Sequence[Experience]) -> RetrievalIndex | None:
-        if len(library) <= self.spec.k:
+        # Ranked by similarity even when every experience fits: the prompt puts the closest worked
+        # example right before the question, which is the one a small model copies.
+        if not library or self.spec.k == 0:
             return None
         lib = Library.create(version=1, base_model=self.base_model, experiences=library)
         return RetrievalIndex.build(lib, self.ctx.embedder, self._vectors)  # type: ignore[arg-type]

@@ -150,6 +150,7 @@ def test_examples_go_before_the_clients_conversation() -> None:
     msgs = [{"role": "system", "content": "Be brief."}, *USER, {"role": "assistant", "content": "42"},
             {"role": "user", "content": "And 5 km?"}]  # fmt: skip
     out = with_experiences(msgs, EXAMPLES[:1])
-    assert out[0]["content"].startswith("Be brief.\n\n" + INSTRUCTION)
+    # With examples only, the system turn just lists them: no lesson instruction to follow.
+    assert out[0]["content"] == f"Be brief.\n\n{EXAMPLES_LINE}[{EXAMPLES[0].experience.id}]"
     assert [m["role"] for m in out] == ["system", "user", "assistant", "user", "assistant", "user"]
     assert out[3:] == msgs[1:]

@@ -231,3 +231,24 @@ def test_generator_reproduces_the_shipped_files(tmp_path: Path) -> None:
     other = tmp_path / "other"
     gen_tasks.write(other, seed=1)
     assert (other / "train.jsonl").read_bytes() != (DATA_DIR / "train.jsonl").read_bytes()
+
+
+def test_convention_families_are_reproducible_balanced_and_disjoint(tmp_path: Path) -> None:
+    from zoo.trainer import families
+
+    sizes = families.write(tmp_path)
+    assert sizes == {name: {"train": 24, "validation": 12, "test": 16} for name in families.FAMILIES}
+    for name in families.FAMILIES:
+        questions: set[str] = set()
+        for split_name, _ in families.SPLITS:
+            shipped = families.path(name, split_name)
+            assert (tmp_path / shipped.name).read_bytes() == shipped.read_bytes(), f"{shipped}: regenerate it"
+            tasks = load_jsonl(shipped)
+            assert not questions & {t.question for t in tasks}, f"{name}: {split_name} repeats a question"
+            questions |= {t.question for t in tasks}
+            assert all(t.instruction is None and not t.domain.startswith("math") for t in tasks)
+            if name == "habitats":
+                assert sum(t.answer == "WET" for t in tasks) * 2 == len(tasks), "labels must be balanced"
+    # The reference answers are what the verifier accepts, as a person would write them.
+    length = load_jsonl(families.path("lengths", "test"))[0]
+    assert get_reward("exact_match").score(length, f"Answer: {length.answer} cm").score == 1.0
