@@ -1,23 +1,28 @@
-"""Benchmark TF-GRPO with the bundled model: does a learned library help on held-out tasks, and what
-does a step cost?
+"""Efficacy of TF-GRPO: does a learned library lift a frozen model on held-out tasks, by how much beyond
+the seed-to-seed spread, and what does learning cost?
 
-Three disjoint task sets from the shipped data (trainer/data/):
-- train: the first --train tasks of the shipped train split (what the loop learns from);
-- loop validation: the next --loop-validation tasks of the train split (what decides keep or revert);
-- held-out test: the first --test tasks of the shipped validation split (never seen by the loop).
+Per task family (the shipped convention families of trainer/families.py by default, or any JSONL a user
+brings with --dataset/--validation/--test) and in one process with one loaded model:
 
-Runs, in one process with one loaded model (so ratios compare like with like):
-1. zero-shot: the held-out score with an empty library;
-2. TF-GRPO with G = --group-size (default 5) for --epochs (default 3), then the held-out score with the
-   learned library;
-3. the ablation G = 1 (no group comparison: each lone rollout is critiqued against its reference), same
-   epochs, then its held-out score.
-The held-out score is the mean reward of one greedy completion per task with the library in the prompt
-(exactly as the loop's validation does it). Printed: scores and their ratio to zero-shot, wall time per
-step, LLM calls per step, JSON retries/give-ups, lessons learned, and each run's report and curve paths.
-Report honestly whatever it shows: a 135M model may not gain.
+1. zero-shot: the held-out test score with an empty library (greedy, one completion a task);
+2. for each ablation and each of --seeds seeds, a TF-GRPO run on the train split (the validation split
+   decides keep or revert), then the test score of the learned library, and the test score after every
+   step (from the step's checkpointed library):
+   - both: lessons and worked examples (the default of a job),
+   - lessons: critic rules only, examples: worked examples only (no critic calls),
+   - g1: both kinds with G = 1 (no group computation: each lone rollout is critiqued on its own).
 
-Run: ./zoo bench tfgrpo [--train 8] [--test 22] [--epochs 3] [--group-size 5] [--out DIR]
+Printed per family: the test score (mean and standard deviation over seeds) and its gain over zero-shot,
+experiences kept / reverted / dropped by kind, the critic's usable-operations rate (JSON replies that
+parsed and validated), LLM calls and seconds per step. Written: curves-<family>.png (test and validation
+score per step, mean over seeds, per ablation) and results.json in --out.
+
+The held-out score is measured exactly as the loop's validation (same prompt assembly, k and budget), on
+tasks the loop never sees. Report honestly whatever it shows.
+
+Run: ./zoo bench tfgrpo [--family lengths,habitats] [--ablations both,lessons,examples,g1] [--seeds 3]
+         [--epochs 1] [--group-size 5] [--backend transformers|openai --base-url URL --model NAME]
+         [--dataset F --validation F --test F] [--out DIR]
 """
 
 from __future__ import annotations
@@ -25,141 +30,236 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import tempfile
 import time
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from zoo.inference.embedder import SentenceTransformerEmbedder
-from zoo.inference.models import prepare_bundled_chat_model
-from zoo.inference.transformers_backend import TransformersBackend
-from zoo.node.config import default_cache_dir
 from zoo.registry.canonical import decode_library
 from zoo.registry.experience import Library
+from zoo.trainer import families
 from zoo.trainer.job import run_tf_grpo
 from zoo.trainer.llm import LLM
 from zoo.trainer.spec import TfGrpoSpec
-from zoo.trainer.tasks import load_shipped, write_jsonl
+from zoo.trainer.tasks import Task, load_jsonl
 from zoo.trainer.tfgrpo import Context, TfGrpoRun
 
+ABLATIONS = {
+    "both": {"experience_kinds": "both"},
+    "lessons": {"experience_kinds": "lessons"},
+    "examples": {"experience_kinds": "examples"},
+    "g1": {"experience_kinds": "both", "group_size": 1},
+}
 
-async def held_out_score(spec: TfGrpoSpec, llm: LLM, embedder: Any, library: Library, test: list) -> float:
-    ctx = Context(llm, embedder, library, "job:bench", datetime.now(UTC))
+
+async def held_out_score(
+    spec: TfGrpoSpec, llm: LLM, embedder: Any, library: Library, test: list[Task]
+) -> float:
+    """The test score of `library`, measured as the loop's validation measures it."""
 
     async def nothing(*_: Any) -> None:
         return None
 
+    ctx = Context(llm, embedder, library, "job:bench", datetime.now(UTC))
     run = TfGrpoRun(spec, test[:1], test, ctx, emit=nothing, checkpoint=nothing)
     score = await run.evaluate(list(library.experiences), "held-out")
     assert score is not None
     return score
 
 
+def load_backend(args: argparse.Namespace) -> Any:
+    if args.backend == "openai":
+        from zoo.inference.openai_backend import OpenAIBackend
+
+        if not args.base_url or not args.model:
+            raise SystemExit("--backend openai needs --base-url and --model")
+        return OpenAIBackend(args.base_url, args.model, max_concurrency=args.concurrency)
+    from zoo.inference.models import prepare_bundled_chat_model
+    from zoo.inference.transformers_backend import TransformersBackend
+    from zoo.node.config import default_cache_dir
+
+    path = prepare_bundled_chat_model(default_cache_dir()).path
+    return TransformersBackend.load(path, "HuggingFaceTB/SmolLM2-135M-Instruct", "cpu", args.dtype)
+
+
+def task_sets(args: argparse.Namespace) -> dict[str, dict[str, Path]]:
+    if args.dataset:
+        if not (args.validation and args.test):
+            raise SystemExit("--dataset needs --validation and --test (the held-out tasks) too")
+        return {
+            Path(args.dataset).stem: {"train": args.dataset, "validation": args.validation, "test": args.test}
+        }
+    return {f: {s: families.path(f, s) for s, _ in families.SPLITS} for f in args.family.split(",")}
+
+
+def kinds_of(ops: list[dict[str, Any]], step_decisions: dict[int, str]) -> Counter[str]:
+    """Experiences kept / reverted / dropped by kind, from a run's operation log and step decisions."""
+    out: Counter[str] = Counter()
+    for op in ops:
+        kind = op.get("kind", "lesson")
+        if op["op"] == "drop":
+            out[f"dropped {kind}"] += 1
+        elif op["op"] in ("add", "merge"):
+            out[f"{'kept' if step_decisions.get(op['step']) == 'kept' else 'reverted'} {kind}"] += 1
+    return out
+
+
+async def run_family(name: str, paths: dict[str, Path], args: argparse.Namespace, backend: Any,
+                     embedder: Any, out: Path) -> dict[str, Any]:  # fmt: skip
+    test = load_jsonl(paths["test"])[: args.test_limit]
+    base = {
+        "dataset": str(paths["train"]),
+        "validation": str(paths["validation"]),
+        "epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "group_size": args.group_size,
+        "rollout_max_tokens": args.rollout_max_tokens,
+        "critic_max_tokens": args.critic_max_tokens,
+        "concurrency": args.concurrency,
+        "k": args.k,
+    }
+    llm = LLM(backend, args.concurrency)
+    empty = Library.create(version=1, base_model=backend.model_id)
+    zero = await held_out_score(TfGrpoSpec.parse(base), llm, embedder, empty, test)
+    print(f"\n[{name}] {len(test)} held-out tasks; zero-shot score {zero:.3f}", flush=True)
+    results: dict[str, Any] = {"zero_shot": zero, "runs": {}}
+    for ablation in args.ablations.split(","):
+        runs = []
+        for seed in range(args.seeds):
+            spec = TfGrpoSpec.parse({**base, **ABLATIONS[ablation], "seed": seed})
+            libraries: dict[int, Library] = {}
+
+            async def quiet(*_: Any) -> None:
+                return None
+
+            async def save(step: int, state: dict[str, Any], _event: Any, libraries=libraries) -> None:
+                libraries[step] = decode_library(str(state["train"]["library"]).encode())
+
+            t0 = time.perf_counter()
+            result = await run_tf_grpo(spec, LLM(backend, args.concurrency), embedder, None, "",
+                                       author="job:bench", out_dir=out / name / f"{ablation}-{seed}",
+                                       emit=quiet, save=save)  # fmt: skip
+            train_s = time.perf_counter() - t0
+            learned = decode_library(Path(result["library"]).read_bytes())
+            steps = sorted(s for s in libraries if s > 0)
+            curve_test = [await held_out_score(spec, llm, embedder, libraries[s], test) for s in steps]
+            score = await held_out_score(spec, llm, embedder, learned, test)
+            report = json.loads(Path(result["report"]).read_text())
+            decisions = {p["step"]: p["decision"] for p in report["curve"]}
+            compare = report.get("json", {}).get("compare", {"retries": 0, "failures": 0})
+            runs.append({
+                "seed": seed, "score": score, "train_s": train_s, "experiences": result["experiences"],
+                "by_kind": dict(kinds_of(report["operations"], decisions)), "curve_test": curve_test,
+                "curve_validation": [p["validation_score"] for p in report["curve"]],
+                "llm_calls_per_step": report["cost"]["llm_calls_per_step"],
+                "s_per_step": report["cost"]["wall_s_per_step"], "json_failures": compare["failures"],
+                "json_retries": compare["retries"], "report": result["report"],
+                "compares": sum(p["groups"] - p["groups_skipped"] for p in report["curve"]),
+            })  # fmt: skip
+            print(f"  {ablation} seed {seed}: held-out {score:.3f}, {result['experiences']} experiences, "
+                  f"{train_s:.0f} s", flush=True)  # fmt: skip
+        results["runs"][ablation] = runs
+    return results
+
+
+def summary(name: str, results: dict[str, Any]) -> None:
+    zero = results["zero_shot"]
+    print(f"\n{name}: held-out score (mean ± std over seeds) and gain over zero-shot {zero:.3f}")
+    print(
+        f"  {'run':<10}{'score':>14}{'gain':>8}{'s/step':>8}{'calls/step':>11}{'usable ops':>11}  experiences"
+    )
+    for ablation, runs in results["runs"].items():
+        scores = [r["score"] for r in runs]
+        mean = statistics.fmean(scores)
+        std = statistics.stdev(scores) if len(scores) > 1 else 0.0
+        kinds: Counter[str] = Counter()
+        for r in runs:
+            kinds.update(r["by_kind"])
+        failures = sum(r["json_failures"] for r in runs)
+        calls = statistics.fmean(r["llm_calls_per_step"] for r in runs)
+        compares = sum(r["compares"] for r in runs)
+        usable = f"{compares - failures}/{compares}" if compares else "-"
+        print(f"  {ablation:<10}{mean:>8.3f} ±{std:.3f}{mean - zero:>+8.3f}"
+              f"{statistics.fmean(r['s_per_step'] for r in runs):>8.1f}{calls:>11.1f}{usable:>11}  "
+              + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))  # fmt: skip
+
+
+def plot(name: str, results: dict[str, Any], path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for ablation, runs in results["runs"].items():
+        for key, style in (("curve_test", "-"), ("curve_validation", ":")):
+            curves = [r[key] for r in runs if r[key]]
+            if not curves:
+                continue
+            n = min(len(c) for c in curves)
+            mean = [statistics.fmean(c[i] for c in curves if c[i] is not None) for i in range(n)]
+            ax.plot(
+                range(1, n + 1),
+                mean,
+                style,
+                marker="o",
+                label=f"{ablation} ({'test' if key == 'curve_test' else 'validation'})",
+            )
+    ax.axhline(results["zero_shot"], color="grey", linestyle="--", label="zero-shot (test)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("score")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(f"TF-GRPO on {name}: held-out test (solid) and loop validation (dotted)")
+    ax.legend(fontsize=7)
+    fig.savefig(path, dpi=100)
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--train", type=int, default=8)
-    ap.add_argument("--loop-validation", type=int, default=4)
-    ap.add_argument("--test", type=int, default=22)
-    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--family", default=",".join(families.FAMILIES))
+    ap.add_argument("--dataset", help="your own train JSONL (with --validation and --test)")
+    ap.add_argument("--validation")
+    ap.add_argument("--test")
+    ap.add_argument("--test-limit", type=int, default=None)
+    ap.add_argument("--ablations", default="both,lessons,examples,g1")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--group-size", type=int, default=5)
     ap.add_argument("--batch-size", type=int, default=4)
-    ap.add_argument("--rollout-max-tokens", type=int, default=64)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--rollout-max-tokens", type=int, default=48)
     ap.add_argument("--critic-max-tokens", type=int, default=96)
-    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--backend", choices=("transformers", "openai"), default="transformers")
+    ap.add_argument("--base-url")
+    ap.add_argument("--model")
+    ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    unknown = set(args.ablations.split(",")) - set(ABLATIONS)
+    if unknown:
+        raise SystemExit(f"unknown ablations {sorted(unknown)}; choose from {sorted(ABLATIONS)}")
 
     out = args.out or Path(tempfile.mkdtemp(prefix="zoo-bench-tfgrpo-"))
     out.mkdir(parents=True, exist_ok=True)
-    shipped = load_shipped("train")
-    train = shipped[: args.train]
-    loop_validation = shipped[args.train : args.train + args.loop_validation]
-    test = load_shipped("validation")[: args.test]
-    write_jsonl(out / "train.jsonl", train)
-    write_jsonl(out / "loop-validation.jsonl", loop_validation)
-
-    path = prepare_bundled_chat_model(default_cache_dir()).path
-    backend = TransformersBackend.load(path, "HuggingFaceTB/SmolLM2-135M-Instruct", "cpu", args.dtype)
+    backend = load_backend(args)
     embedder = SentenceTransformerEmbedder()
-    print(f"tasks: train {len(train)}, loop validation {len(loop_validation)}, held-out test {len(test)}")
-    print(
-        f"settings: epochs {args.epochs}, batch {args.batch_size}, rollout tokens {args.rollout_max_tokens}, "
-        f"critic tokens {args.critic_max_tokens}, dtype {args.dtype}"
-    )
-
-    def spec_for(g: int) -> TfGrpoSpec:
-        return TfGrpoSpec.parse(
-            {
-                "dataset": str(out / "train.jsonl"),
-                "validation": str(out / "loop-validation.jsonl"),
-                "epochs": args.epochs,
-                "batch_size": args.batch_size,
-                "group_size": g,
-                "rollout_max_tokens": args.rollout_max_tokens,
-                "critic_max_tokens": args.critic_max_tokens,
-                "concurrency": 1,
-                "seed": 0,
-            }
-        )
-
-    empty = Library.create(version=1, base_model=backend.model_id)
-    started = time.perf_counter()
-    zero = await held_out_score(spec_for(args.group_size), LLM(backend, 1), embedder, empty, test)
-    eval_s = time.perf_counter() - started
-    print(f"zero-shot held-out score: {zero:.3f} ({eval_s:.0f} s for {len(test)} tasks)")
-
-    rows = []
-    for g in (args.group_size, 1):
-        spec = spec_for(g)
-
-        async def quiet(*_: Any) -> None:
-            return None
-
-        t0 = time.perf_counter()
-        result = await run_tf_grpo(
-            spec,
-            LLM(backend, 1),
-            embedder,
-            None,
-            "",
-            author="job:bench",
-            out_dir=out / f"g{g}",
-            emit=quiet,
-            save=quiet,
-        )
-        train_s = time.perf_counter() - t0
-        learned = decode_library(Path(result["library"]).read_bytes())
-        score = await held_out_score(spec, LLM(backend, 1), embedder, learned, test)
-        report = json.loads(Path(result["report"]).read_text())
-        decisions = [p["decision"] for p in report["curve"]]
-        rows.append((g, score, result, report, train_s, decisions))
-
-    print()
-    print(
-        f"{'run':<14}{'held-out':>9}{'vs zero-shot':>14}{'lessons':>9}{'steps':>7}{'s/step':>8}"
-        f"{'LLM calls/step':>16}{'JSON retry/give-up':>20}"
-    )
-    print(f"{'zero-shot':<14}{zero:>9.3f}{1.0:>13.2f}x{0:>9}{'-':>7}{'-':>8}{'-':>16}{'-':>20}")
-    for g, score, result, report, _train_s, _d in rows:
-        ratio = f"{score / zero:.2f}x" if zero else "n/a"
-        j = report["json"]
-        retries = sum(v["retries"] for v in j.values())
-        failures = sum(v["failures"] for v in j.values())
-        print(
-            f"{'TF-GRPO G=' + str(g):<14}{score:>9.3f}{ratio:>14}"
-            f"{result['experiences']:>9}{result['steps']:>7}"
-            f"{report['cost']['wall_s_per_step']:>8.1f}{report['cost']['llm_calls_per_step']:>16.1f}"
-            f"{f'{retries}/{failures}':>20}"
-        )
-    print()
-    for g, _score, result, report, train_s, decisions in rows:
-        print(
-            f"G={g}: trained in {train_s:.0f} s; step decisions {decisions}; loop validation "
-            f"{report['baseline_validation_score']} -> {report['final_validation_score']}"
-        )
-        print(f"      report {result['report']}, curve {result['curve']}")
-    print(f"held-out evaluation: {eval_s / max(len(test), 1):.1f} s per task")
+    print(f"model {backend.model_id} ({args.backend}); seeds {args.seeds}, epochs {args.epochs}, "
+          f"G {args.group_size}, batch {args.batch_size}, k {args.k}; outputs in {out}")  # fmt: skip
+    everything = {}
+    for name, paths in task_sets(args).items():
+        results = await run_family(name, paths, args, backend, embedder, out)
+        everything[name] = results
+        plot(name, results, out / f"curves-{name}.png")
+    for name, results in everything.items():
+        summary(name, results)
+        print(f"  curves: {out / f'curves-{name}.png'}")
+    (out / "results.json").write_text(json.dumps(everything, indent=2, default=str))
+    print(f"\nresults: {out / 'results.json'}")
 
 
 if __name__ == "__main__":
