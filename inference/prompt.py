@@ -21,6 +21,11 @@ INSTRUCTION = (
     "cite each one you use by writing its id in square brackets, like [exp-0123456789abcdef]."
 )
 EXAMPLES_LINE = "Worked examples (the earlier turns of this conversation): "
+# What a prompt carries unless configured otherwise: serving (inference.default_k,
+# inference.experience_budget_tokens) and learning jobs share these, so a library is validated under the
+# conditions it is served in.
+DEFAULT_K = 5
+DEFAULT_EXPERIENCE_BUDGET = 512
 CITATION_RE = re.compile(r"\[(exp-[0-9a-f]{16})\]")
 
 Messages = list[dict[str, str]]

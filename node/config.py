@@ -23,6 +23,8 @@ from pydantic import (
     model_validator,
 )
 
+from zoo.inference.prompt import DEFAULT_EXPERIENCE_BUDGET, DEFAULT_K
+
 ENV_PREFIX = "ZOO_NODE_"
 
 
@@ -218,11 +220,11 @@ class ModelConfig(_Section):
 
 
 class InferenceConfig(_Section):
-    default_k: int = Field(5, ge=0, le=100)
+    default_k: int = Field(DEFAULT_K, ge=0, le=100)
     """Experiences retrieved when a request does not say."""
     max_k: int = Field(20, ge=1, le=100)
     """Largest k a request may ask for."""
-    experience_budget_tokens: int = Field(512, ge=0, le=100_000)
+    experience_budget_tokens: int = Field(DEFAULT_EXPERIENCE_BUDGET, ge=0, le=100_000)
     """Prompt tokens the experience block may take; lowest-scoring experiences are dropped to fit."""
     default_max_tokens: int = Field(256, ge=1, le=100_000)
     """Tokens generated when a request does not say."""

@@ -182,7 +182,12 @@ def _job_runner(
 
     store = JobStore(data_dir.path / "jobs.sqlite")
     return JobRunner(
-        store, data_dir.path / "jobs", resources, max_queued=cfg.jobs.max_queued, metrics=metrics
+        store,
+        data_dir.path / "jobs",
+        resources,
+        max_queued=cfg.jobs.max_queued,
+        metrics=metrics,
+        prompt_defaults=(cfg.inference.default_k, cfg.inference.experience_budget_tokens),
     )
 
 

@@ -65,8 +65,11 @@ class JobRunner(Component):
         resources: Callable[[], Resources | None],
         max_queued: int = 16,
         metrics: Any = None,
+        prompt_defaults: tuple[int, int] | None = None,
     ) -> None:
         self.store = store
+        # (k, experience budget) of the node's serving; unset in a spec, a job is validated under them.
+        self.prompt_defaults = prompt_defaults
         self.jobs_dir = jobs_dir
         self.resources = resources
         self.max_queued = max_queued
@@ -80,6 +83,8 @@ class JobRunner(Component):
 
     def submit(self, kind: str, spec: dict[str, Any]) -> JobRecord:
         parsed = parse_spec(kind, spec)
+        if self.prompt_defaults is not None:
+            parsed = parsed.with_prompt_defaults(*self.prompt_defaults)
         queued = self.store.list(limit=1000, states=[JobState.QUEUED])
         if len(queued) >= self.max_queued:
             from zoo.node.errors import Overloaded

@@ -82,13 +82,14 @@ async def run_tf_grpo(
     run = TfGrpoRun(spec, train, validation, ctx, emit=emit, checkpoint=checkpoint)
     final = await run.run(state)
 
+    summary = f"TF-GRPO: {spec.epochs} epoch(s), G={spec.group_size}, {len(train)} training tasks"
     draft = Library.create(
         version=base.version + 1,
         parent_root=base.root,
         base_model=llm.model_id,
         experiences=final.library,
-        description=spec.description
-        or f"TF-GRPO: {spec.epochs} epoch(s), G={spec.group_size}, {len(train)} training tasks",
+        description=f"{spec.description or summary} (validated with k={run.k}, an experience budget of "
+        f"{run.experience_budget} tokens)",
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     library_file = out_dir / "library.json"

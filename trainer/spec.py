@@ -42,7 +42,18 @@ class TfGrpoSpec(BaseModel):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     rollout_max_tokens: int = Field(default=256, ge=1, le=32_768)
     critic_max_tokens: int = Field(default=384, ge=16, le=32_768)
-    k: int = Field(default=8, ge=0, le=256, description="experiences injected per rollout (top-k)")
+    k: int | None = Field(
+        default=None,
+        ge=0,
+        le=256,
+        description="experiences per prompt (default: inference.default_k)",
+    )
+    experience_budget_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        le=100_000,
+        description="prompt tokens for experiences (default: inference.experience_budget_tokens)",
+    )
     instruction: str | None = Field(
         default=None,
         min_length=1,
@@ -74,6 +85,18 @@ class TfGrpoSpec(BaseModel):
         default="current", description="start from the node's current library or from an empty one"
     )
     description: str = Field(default="", max_length=1000)
+
+    def with_prompt_defaults(self, k: int, experience_budget_tokens: int) -> TfGrpoSpec:
+        """This spec with unset prompt settings taken from the serving side (the node's config), so the
+        stored spec says what the library was validated with."""
+        return self.model_copy(
+            update={
+                "k": self.k if self.k is not None else k,
+                "experience_budget_tokens": self.experience_budget_tokens
+                if self.experience_budget_tokens is not None
+                else experience_budget_tokens,
+            }
+        )
 
     @field_validator("dataset", "validation")
     @classmethod

@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from zoo.inference.embedder import Embedder
-from zoo.inference.prompt import assemble, parse_citations
+from zoo.inference.prompt import DEFAULT_EXPERIENCE_BUDGET, DEFAULT_K, assemble, parse_citations
 from zoo.inference.retrieval import Hit, RetrievalIndex
 from zoo.registry.canonical import decode_library, encode_library
 from zoo.registry.experience import MAX_ANSWER_CHARS, MAX_QUESTION_CHARS, Experience, ExpertFactors, Library
@@ -58,7 +58,6 @@ from zoo.trainer.spec import TfGrpoSpec
 from zoo.trainer.tasks import Task, instruction_for
 
 STATE_VERSION = 1
-EXPERIENCE_BUDGET_TOKENS = 1024
 ADVANTAGE_EPS = 1e-4
 INITIAL_CONFIDENCE = 0.5
 
@@ -255,6 +254,13 @@ class TfGrpoRun:
         self._vectors = MemoryVectors()
         self.steps_total = total_steps(self.train, spec)
         self.per_epoch = math.ceil(len(self.train) / spec.batch_size)
+        # Unset, the serving defaults: a library is validated under the conditions it is served in.
+        self.k = spec.k if spec.k is not None else DEFAULT_K
+        self.experience_budget = (
+            spec.experience_budget_tokens
+            if spec.experience_budget_tokens is not None
+            else DEFAULT_EXPERIENCE_BUDGET
+        )
 
     # -- rewards and prompts ------------------------------------------------------------------------
 
@@ -298,17 +304,17 @@ class TfGrpoRun:
     def _index(self, library: Sequence[Experience]) -> RetrievalIndex | None:
         # Ranked by similarity even when every experience fits: the prompt puts the closest worked
         # example right before the question, which is the one a small model copies.
-        if not library or self.spec.k == 0:
+        if not library or self.k == 0:
             return None
         lib = Library.create(version=1, base_model=self.base_model, experiences=library)
         return RetrievalIndex.build(lib, self.ctx.embedder, self._vectors)  # type: ignore[arg-type]
 
     def offered(self, task: Task, library: Sequence[Experience], index: RetrievalIndex | None) -> list[Hit]:
-        if self.spec.k == 0:
+        if self.k == 0:
             return []
         if index is None:
             return [Hit(e, 1.0) for e in library]
-        return index.search(task.question, k=self.spec.k)
+        return index.search(task.question, k=self.k)
 
     def messages(self, task: Task, hits: Sequence[Hit]) -> tuple[list[dict[str, str]], list[Experience]]:
         instruction = instruction_for(task, self.spec.instruction)
@@ -318,7 +324,7 @@ class TfGrpoRun:
             base,
             hits,
             backend.count_prompt_tokens,
-            experience_budget=EXPERIENCE_BUDGET_TOKENS,
+            experience_budget=self.experience_budget,
             context_length=backend.context_length,
             max_tokens=self.spec.rollout_max_tokens,
         )

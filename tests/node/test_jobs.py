@@ -230,6 +230,8 @@ def test_scripted_job_succeeds_and_cancel_after_the_end_is_refused(node: NodePro
     with NodeClient(node.address, admin_token=node.admin_token) as c:
         job = submit(c, spec)
         assert state(job) in ("QUEUED", "RUNNING")
+        # Unset prompt settings are the node's serving ones, stored with the job: train/serve parity.
+        assert (job.spec["k"], job.spec["experience_budget_tokens"]) == (5, 512)
         events = list(watch(c, job.id))
         assert events[-1][1] == "completed"
         steps = [d for _, t, d in events if t == "step_completed"]
@@ -243,6 +245,7 @@ def test_scripted_job_succeeds_and_cancel_after_the_end_is_refused(node: NodePro
         assert job.id in [j.id for j in listed]
         lib = decode_library((node.data_dir / "jobs" / job.id / "library.json").read_bytes())
         assert [e.text for e in lib.experiences] == [GOOD]
+        assert lib.description.endswith("(validated with k=5, an experience budget of 512 tokens)")
     metrics = httpx.get(node.metrics_url).text
     assert 'zoo_jobs_finished_total{kind="tf-grpo",state="succeeded"}' in metrics
     assert 'zoo_job_steps_total{kind="tf-grpo"}' in metrics

@@ -252,3 +252,14 @@ def test_convention_families_are_reproducible_balanced_and_disjoint(tmp_path: Pa
     # The reference answers are what the verifier accepts, as a person would write them.
     length = load_jsonl(families.path("lengths", "test"))[0]
     assert get_reward("exact_match").score(length, f"Answer: {length.answer} cm").score == 1.0
+
+
+def test_unset_prompt_settings_come_from_the_serving_side() -> None:
+    from zoo.trainer.spec import TfGrpoSpec
+
+    spec = TfGrpoSpec.parse({})
+    assert (spec.k, spec.experience_budget_tokens) == (None, None)
+    filled = spec.with_prompt_defaults(3, 256)
+    assert (filled.k, filled.experience_budget_tokens) == (3, 256)
+    own = TfGrpoSpec.parse({"k": 7, "experience_budget_tokens": 900}).with_prompt_defaults(3, 256)
+    assert (own.k, own.experience_budget_tokens) == (7, 900), "a job may override them"
