@@ -230,7 +230,7 @@ async def main() -> None:
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--group-size", type=int, default=5)
     ap.add_argument("--batch-size", type=int, default=4)
-    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--k", type=int, default=None, help="experiences per prompt (default: serving's)")
     ap.add_argument("--rollout-max-tokens", type=int, default=48)
     ap.add_argument("--critic-max-tokens", type=int, default=96)
     ap.add_argument("--concurrency", type=int, default=8)

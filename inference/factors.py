@@ -13,7 +13,11 @@ The ASO paper (§3, §4, §7.1, Algorithm 1, Algorithm 2 lines 11-12) in the ter
 - Decoding (eqs. 4-5, η_0 = 1): z = log p_base + Σ_i η_i Δ̂_i, i.e. p(y) ∝ p_base(y) · Π_i exp(η_i Δ̂_i(y));
   the softmax's normaliser is the per-token partition function Z. Adding the bias to raw logits is the
   same thing, since log p_base and the logits differ by a per-step constant.
-- η_i comes from the experience's reliability q_i (its confidence): η_i ∝ q_i / (1 - q_i), capped.
+- η_i comes from the experience's reliability q_i (its confidence): the Bayes log-odds weight
+  η_i = η · log(q_i / (1 - q_i)), clipped to [-cap, cap]. It is zero at q = 0.5 (an expert no better than
+  a coin adds nothing) and negative below it (an expert that is usually wrong is trusted in reverse), so a
+  factor whose reliability is unknown cannot push decoding anywhere. (q / (1 - q), the odds, is positive
+  for every q > 0 and would still boost an expert that is wrong most of the time.)
 
 Factors are tied to one tokenizer by a tag (tokenizer_tag); a node ignores factors made for another one.
 Tensors here are CPU or accelerator torch tensors; numpy holds the stored (host-side) form.
@@ -215,21 +219,23 @@ def tokenizers_match(a: str, b: str) -> bool:
 
 
 def expert_weight(confidence: float, eta: float = 1.0, cap: float = 4.0) -> float:
-    """Precision η_i of an expert with reliability q = confidence: min(eta · q / (1 - q), cap).
+    """Precision η_i of an expert with reliability q = confidence: eta · log(q / (1 - q)), in [-cap, cap].
 
-    q ≤ 0 gives 0 (no effect); q ≥ 1 gives cap (the odds are infinite), unless eta is 0. With the
-    defaults η = 1 at q = 0.5 and the cap is reached at q = 0.8.
+    Zero at q = 0.5, negative below; q ≤ 0 gives -cap and q ≥ 1 gives cap (infinite log-odds), unless eta
+    is 0. With the defaults the weight is 1 at q ≈ 0.731 and reaches the cap at q ≈ 0.982.
     """
     for name, value in (("confidence", confidence), ("eta", eta), ("cap", cap)):
         if not math.isfinite(value):
             raise ValueError(f"{name} must be finite (got {value})")
     if eta < 0 or cap < 0:
         raise ValueError(f"eta and cap must be non-negative (got eta={eta}, cap={cap})")
-    if confidence <= 0 or eta == 0:
+    if eta == 0:
         return 0.0
+    if confidence <= 0:
+        return -float(cap)
     if confidence >= 1:
         return float(cap)
-    return float(min(eta * confidence / (1.0 - confidence), cap))
+    return float(max(-cap, min(eta * math.log(confidence / (1.0 - confidence)), cap)))
 
 
 def _accumulate(bias: np.ndarray, f: ExpertFactors, weight: float, label: str) -> int:

@@ -243,9 +243,9 @@ class InferenceConfig(_Section):
     ann_threshold: int = Field(20_000, ge=1)
     """Libraries with at least this many experiences use the approximate index instead of exact search."""
     factor_eta: float = Field(1.0, ge=0, le=100)
-    """Scale of decode-time expert factors: weight = eta * q / (1 - q) for reliability q."""
+    """Scale of decode-time expert factors: weight = eta * log(q / (1 - q)) for reliability q."""
     factor_cap: float = Field(4.0, ge=0, le=1000)
-    """Upper bound of one experience's factor weight."""
+    """Bound of one experience's factor weight, either way (the weight lies in [-cap, cap])."""
 
     @model_validator(mode="after")
     def _defaults_within_limits(self) -> InferenceConfig:

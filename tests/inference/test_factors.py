@@ -44,8 +44,13 @@ AUTHOR = "0x" + "ab" * 20
 LOGGER = "zoo.inference.factors"
 
 
+# Confidences whose log-odds weights are 1 and 3 (to within the millionths confidence is kept in).
+ONE = round(math.e / (1 + math.e), 6)
+THREE = round(math.e**3 / (1 + math.e**3), 6)
+
+
 def experience(
-    factors: ExpertFactors | None, confidence: float = 0.5, text: str = "When testing, boost tokens."
+    factors: ExpertFactors | None, confidence: float = ONE, text: str = "When testing, boost tokens."
 ) -> Experience:
     return Experience.create(
         text=text,
@@ -195,18 +200,22 @@ def test_compression_ratio_realistic_case() -> None:
 # -- weights ------------------------------------------------------------------------------------------
 
 
-def test_expert_weight_formula_and_cap() -> None:
-    assert expert_weight(0.5) == 1.0
-    assert expert_weight(0.75) == pytest.approx(3.0)
-    assert expert_weight(0.2) == pytest.approx(0.25)
-    assert expert_weight(0.5, eta=2.0) == 2.0
-    assert expert_weight(0.9) == 4.0  # odds 9, capped
-    assert expert_weight(0.9, cap=10.0) == pytest.approx(9.0)
-    assert expert_weight(1.0) == 4.0
-    assert expert_weight(1.0, cap=2.5) == 2.5
-    assert expert_weight(0.0) == 0.0
-    assert expert_weight(-0.3) == 0.0
+def test_expert_weight_is_the_log_odds_and_cannot_boost_an_unreliable_expert() -> None:
+    assert expert_weight(0.5) == 0.0  # a coin: no effect
+    assert expert_weight(0.75) == pytest.approx(math.log(3))
+    assert expert_weight(0.25) == pytest.approx(-math.log(3))  # usually wrong: trusted in reverse
+    assert expert_weight(ONE) == pytest.approx(1.0, abs=1e-5)
+    assert expert_weight(0.75, eta=2.0) == pytest.approx(2 * math.log(3))
+    assert expert_weight(0.99) == 4.0 and expert_weight(0.01) == -4.0  # clipped to the cap
+    assert expert_weight(0.99, cap=10.0) == pytest.approx(math.log(99))
+    assert expert_weight(1.0) == 4.0 and expert_weight(1.0, cap=2.5) == 2.5
+    assert expert_weight(0.0) == -4.0 and expert_weight(-0.3) == -4.0
     assert expert_weight(1.0, eta=0.0) == 0.0
+    # Monotone in q, odd around 0.5.
+    qs = [i / 20 for i in range(1, 20)]
+    weights = [expert_weight(q) for q in qs]
+    assert weights == sorted(weights)
+    assert all(expert_weight(q) == pytest.approx(-expert_weight(1 - q)) for q in qs)
     for bad in (
         {"confidence": math.nan},
         {"confidence": 0.5, "eta": -1.0},
@@ -216,15 +225,18 @@ def test_expert_weight_formula_and_cap() -> None:
             expert_weight(**bad)
 
 
-def test_zero_confidence_has_no_effect() -> None:
+def test_an_expert_of_unknown_reliability_has_no_effect() -> None:
     strong = compress([7], [100.0], TAG)
-    assert build_processor([experience(strong, confidence=0.0)], TAG, 100) is None
-    real = experience(compress([3], [2.0], TAG), confidence=0.5, text="When real, boost token three.")
-    both = build_processor([experience(strong, confidence=0.0), real], TAG, 100)
+    assert build_processor([experience(strong, confidence=0.5)], TAG, 100) is None
+    real = experience(compress([3], [2.0], TAG), confidence=ONE, text="When real, boost token three.")
+    both = build_processor([experience(strong, confidence=0.5), real], TAG, 100)
     alone = build_processor([real], TAG, 100)
     assert both is not None and alone is not None
     assert torch.equal(both.bias, alone.bias)
-    assert both.bias[7] == 0 and both.bias[3] == 2.0
+    assert both.bias[7] == 0 and both.bias[3] == pytest.approx(2.0, abs=1e-4)
+    # An expert that is usually wrong pushes the other way.
+    wrong = build_processor([experience(compress([3], [2.0], TAG), confidence=1 - ONE)], TAG, 100)
+    assert wrong is not None and wrong.bias[3] == pytest.approx(-2.0, abs=1e-4)
 
 
 # -- tokenizer identity -------------------------------------------------------------------------------
@@ -257,7 +269,7 @@ def test_tokenizer_mismatch_is_ignored_with_one_warning(caplog: pytest.LogCaptur
     # Once per experience id: the next request does not repeat it; a matching experience still applies.
     good = experience(compress([5], [3.0], TAG), text="When matched, boost token five.")
     processor = build_processor([other, good], TAG, 100)
-    assert processor is not None and processor.bias[5] == 3.0
+    assert processor is not None and processor.bias[5] == pytest.approx(3.0, abs=1e-4)
     assert not [r for r in caplog.records if other.id in r.getMessage()]
     assert build_processor([experience(None)], TAG, 100) is None  # no factors at all
 
@@ -308,10 +320,10 @@ def test_processor_changes_probabilities_as_the_formula_says(chat: tuple[Any, An
     top = torch.topk(old[0], 4).indices.tolist()
     a, b, c = sorted(top[:3])
     unboosted = top[3]
-    # Experience A (q = 0.75 -> η = 3): Δ over [a, b, c] = [2, -1, 0.5], block 2 -> Δ̂ = [1.5, -1.5, 0.5].
-    # Experience B (q = 0.5 -> η = 1): Δ̂(a) = 1. Bias: a = 3·1.5 + 1 = 5.5, b = -4.5, c = 1.5.
-    exp_a = experience(compress([a, b, c], [2.0, -1.0, 0.5], tag, 2), 0.75, "When asked, prefer token a.")
-    exp_b = experience(compress([a], [1.0], tag), 0.5, "When asked again, prefer a.")
+    # Experience A (log-odds η = 3): Δ over [a, b, c] = [2, -1, 0.5], block 2 -> Δ̂ = [1.5, -1.5, 0.5].
+    # Experience B (η = 1): Δ̂(a) = 1. Bias: a = 3·1.5 + 1 = 5.5, b = -4.5, c = 1.5.
+    exp_a = experience(compress([a, b, c], [2.0, -1.0, 0.5], tag, 2), THREE, "When asked, prefer token a.")
+    exp_b = experience(compress([a], [1.0], tag), ONE, "When asked again, prefer a.")
     processor = build_processor([exp_a, exp_b], tag, len(tokenizer))
     assert processor is not None
     expected = {a: 5.5, b: -4.5, c: 1.5}
@@ -319,7 +331,7 @@ def test_processor_changes_probabilities_as_the_formula_says(chat: tuple[Any, An
     new = processor(input_ids, old.clone())
     diff = (new - old)[0]
     for token, value in expected.items():
-        assert diff[token].item() == pytest.approx(value, abs=1e-5)
+        assert diff[token].item() == pytest.approx(value, abs=1e-4)
     others = torch.ones_like(diff, dtype=torch.bool)
     others[list(expected)] = False
     assert torch.equal(new[0][others], old[0][others])  # + 0.0 is exact
@@ -345,7 +357,7 @@ def test_huge_factor_forces_greedy_generation(chat: tuple[Any, Any]) -> None:
     with torch.no_grad():
         plain = model.generate(input_ids, **kwargs)[0, input_ids.shape[1] :].tolist()
         assert target[0] not in plain
-        e = experience(compress(target, [100.0], tag), confidence=0.5, text="When naming, say zebra.")
+        e = experience(compress(target, [100.0], tag), confidence=ONE, text="When naming, say zebra.")
         processor = build_processor([e], tag, len(tokenizer))
         forced = model.generate(input_ids, logits_processor=LogitsProcessorList([processor]), **kwargs)
     assert forced[0, input_ids.shape[1] :].tolist() == target * 3
