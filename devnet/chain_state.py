@@ -90,15 +90,17 @@ def keep(rpc_url: str, path: Path, anvil_pid: int, interval_s: float, ready_file
     anvil = ProcessRecord.of("anvil", anvil_pid)  # its start time too, so a reused pid is not taken for it
     with httpx.Client(timeout=10) as client:
         while anvil.alive():
+            # Read once per pass: a SIGTERM that lands mid-pass gets its final dump on the next pass.
+            stop_now = stopping
             try:
                 head = _rpc(client, rpc_url, "eth_getBlockByNumber", "latest", False)
                 key = (head["number"], head["hash"])
-                if stopping or key != last:
+                if stop_now or key != last:
                     dump_state(rpc_url, path, client)
                     last = key
             except (httpx.HTTPError, ChainStateError, ValueError, KeyError, TypeError) as e:
                 print(f"chain-state: dump failed: {e}", file=sys.stderr, flush=True)
-            if stopping:
+            if stop_now:
                 return
             time.sleep(interval_s)
 

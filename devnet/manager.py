@@ -68,6 +68,7 @@ class DevnetInfo:
     settings: dict[str, int]
     genesis: dict[str, Any] = field(default_factory=dict)
     voter_registry_address: str = ""
+    contracts_key: str = ""  # the compiled sources' hash (zoo.contracts.build) the chain was deployed from
     deploy_block: int = 0
     started_at: float = 0.0
     ready: bool = False
@@ -225,7 +226,7 @@ class Devnet:
     def _start(self, say: Progress, die_with_parent: bool) -> DevnetInfo:
         from web3 import Web3
 
-        from zoo.devnet.anvil import AnvilProcess
+        from zoo.devnet.anvil import AnvilError, AnvilProcess
         from zoo.devnet.ipfs import IpfsDaemon
         from zoo.registry.keys import dev_account
 
@@ -254,12 +255,20 @@ class Devnet:
             anvil = AnvilProcess(
                 die_with_parent=die_with_parent, log_path=self.dir / "anvil.log", extra_args=load
             )
-            anvil.start(
-                port=s.anvil_port,
-                chain_id=info.chain_id,
-                accounts=DEV_ACCOUNTS,
-                on_spawn=self._spawned("anvil", info),
-            )
+            try:
+                anvil.start(
+                    port=s.anvil_port,
+                    chain_id=info.chain_id,
+                    accounts=DEV_ACCOUNTS,
+                    on_spawn=self._spawned("anvil", info),
+                )
+            except AnvilError as e:
+                if not saved:
+                    raise
+                raise DevnetError(
+                    f"the saved chain state {self.chain_state_file} cannot be loaded ({e}); "
+                    "run `zoo-node devnet reset` to start a new devnet"
+                ) from None
             info.rpc_url = anvil.rpc_url
             self._record(info)
             w3 = Web3(Web3.HTTPProvider(info.rpc_url, request_kwargs={"timeout": 30}))
@@ -277,6 +286,7 @@ class Devnet:
 
                 say("compiling contracts")
                 artifacts = build(cache_dir=self.cache_dir / "contracts" if self.cache_dir else None)
+                info.contracts_key = artifacts.key
                 say("deploying KeeperToken and ExperienceRegistry")
                 self._deploy(w3, info, artifacts)
                 self._record(info)
@@ -301,7 +311,16 @@ class Devnet:
             raise
 
     def _check_resumed(self, w3: Any, info: DevnetInfo, say: Progress) -> None:
-        """The loaded chain must hold the recorded deployment; its clock continues from its last block."""
+        """The loaded chain must hold the recorded deployment, compiled from today's contract sources; its
+        clock continues from its last block."""
+        from zoo.contracts.build import build
+
+        key = build(cache_dir=self.cache_dir / "contracts" if self.cache_dir else None).key
+        if info.contracts_key != key:
+            raise DevnetError(
+                "the saved devnet was deployed from other contract sources than this version's; its "
+                "contracts would not answer this client. Run `zoo-node devnet reset` to deploy them anew"
+            )
         for name, address in (
             ("KeeperToken", info.token_address),
             ("ExperienceRegistry", info.registry_address),

@@ -94,11 +94,18 @@ def parse_root(value: str, what: str = "root") -> bytes:
 
 def resolve(dao: Dao, proposal: str) -> int:
     """The proposal id an argument names (a full id or an unambiguous prefix); exits 2 when it names none."""
+    from web3.exceptions import Web3Exception
+
+    from zoo.registry.chain import ChainError
+
     try:
         return int(dao.registry.resolve_proposal(proposal, from_block=dao.cfg.chain.from_block))
     except ValueError as e:
         err.print(f"[red]{e}[/red]")
         raise typer.Exit(2) from None
+    except (ChainError, Web3Exception, OSError) as e:
+        err.print(f"[red]cannot list the registry's proposals to resolve {proposal!r}: {e}[/red]")
+        raise typer.Exit(1) from None
 
 
 def existing(dao: Dao, pid: int) -> Any:
@@ -192,8 +199,8 @@ def print_diff(diff: Any) -> None:
     for e in diff.removed:
         out.print(f"[red]- {line(e)}[/red]", highlight=False)
     for old, new in diff.modified:
-        changed = [f for f in ("confidence", "examples", "factors", "provenance") if getattr(old, f, None)
-                   != getattr(new, f, None)]  # fmt: skip
+        fields = ("confidence", "reasoning", "examples", "factors", "provenance")
+        changed = [f for f in fields if getattr(old, f, None) != getattr(new, f, None)]
         out.print(
             f"[yellow]~ {line(new)} ({', '.join(changed) or 'record'} changed; confidence "
             f"{old.confidence:.2f} -> {new.confidence:.2f})[/yellow]",

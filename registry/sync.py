@@ -112,9 +112,16 @@ class LibrarySyncer:
     def fetch_and_verify(self, onchain: OnChainVersion) -> StoredVersion:
         root = "0x" + bytes(onchain.root).hex()
         try:
-            return self.store.get(version=onchain.version, root=root)  # verified when it was stored
+            stored = self.store.get(version=onchain.version, root=root)  # verified when it was stored
         except LookupError:
-            pass
+            stored = None
+        if stored is not None:
+            if len(stored.library.experiences) != onchain.tree_size:
+                raise IntegrityError(
+                    f"the stored copy holds {len(stored.library.experiences)} experiences, the chain's tree "
+                    f"size is {onchain.tree_size}"
+                )
+            return stored
         problem = cid_problem(onchain.cid)
         if problem is not None:  # an old registry's history may hold any bytes: never hand them to IPFS
             raise ValidationError("cid", f"the chain's CID for this version is unusable: {problem}")

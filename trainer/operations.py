@@ -241,21 +241,30 @@ def prune(
     cap: int,
     min_uses: int,
     protected: Collection[str] = (),
+    renamed: Mapping[str, str] | None = None,
 ) -> tuple[list[Experience], list[dict[str, Any]]]:
     """(kept, drops). `credit` maps an id to (sum of the advantages of the rollouts that used it, uses).
     First drop experiences used at least `min_uses` times whose mean advantage is below
     HARMFUL_MEAN_ADVANTAGE, then, over `cap`, the lowest mean advantages (an unused experience counts 0;
     ties keep the smaller id). `protected` ids (this step's additions, not yet tried in a rollout) are
-    crowded out by the cap last."""
+    crowded out by the cap last. `renamed` (old id -> new id, from this batch's rewrites) carries a
+    rewritten lesson's record over: a harmful lesson the critic keeps rewording cannot escape under each
+    new id."""
+    merged: dict[str, list[float]] = {k: [float(v[0]), float(v[1])] for k, v in credit.items()}
+    for old, new in (renamed or {}).items():
+        if old in credit:
+            into = merged.setdefault(new, [0.0, 0.0])
+            into[0] += float(credit[old][0])
+            into[1] += float(credit[old][1])
 
     def mean(e: Experience) -> float:
-        total, uses = credit.get(e.id, (0.0, 0.0))
+        total, uses = merged.get(e.id, (0.0, 0.0))
         return total / uses if uses else 0.0
 
     drops: list[dict[str, Any]] = []
     kept: list[Experience] = []
     for e in experiences:
-        uses = int(credit.get(e.id, (0.0, 0.0))[1])
+        uses = int(merged.get(e.id, (0.0, 0.0))[1])
         if uses >= min_uses and mean(e) < HARMFUL_MEAN_ADVANTAGE:
             drops.append({"op": "drop", "id": e.id, "kind": e.kind, "text": e.text,
                           "reason": f"mean advantage {mean(e):+.2f} over {uses} uses"})  # fmt: skip

@@ -353,18 +353,29 @@ def normalise_answer(text: str) -> str:
     return text.strip(" .'\"")
 
 
-# "=" of an equation chain, not of "<=", ">=", "!=" or "=="; also the word "equals".
-_EQUALS_RE = re.compile(r"(?<![<>=!])=(?!=)|\bequals\b|\bis equal to\b", re.IGNORECASE)
+# "=" of an equation chain, not of "<=", ">=", "!=", "==" or "=>"; also the word "equals".
+_EQUALS_RE = re.compile(r"(?<![<>=!])=(?![=>])|\bequals\b|\bis equal to\b", re.IGNORECASE)
+_PARENTHESISED = re.compile(r"\([^()]*\)")
+# What makes the text before the first "=" a computation (or a variable) whose result comes last.
+# (Operators include the multiplication, division and middle-dot signs and LaTeX's times, cdot and div.)
+_COMPUTATION = re.compile(r"[-+*/\u00d7\u00f7^\u00b7]|\\(?:times|cdot|div)\b|^\s*[A-Za-z]\w{0,2}\s*$")
 
 
 def answer_value(text: str) -> Fraction | None:
-    """The value an extracted answer states, as a person reads it: the result of an equation chain ("9 * 100
-    = 900 meters" -> 900, "x = -3" -> -3), else its first number ("1,000 meters" -> 1000, "-1" -> -1)."""
-    for side in reversed(_EQUALS_RE.split(_latex_plain(text))):
-        match = _NUMBER_RE.search(side)
-        if match:
-            return parse_number(match.group())
-    return None
+    """The value an extracted answer states, as a person reads it. A computation chain states its result
+    last ("9 * 100 = 900 meters" -> 900, "x = -3" -> -3); otherwise the first number counts ("1,000
+    meters" -> 1000, "12 = 3 * 4" -> 12, "2 km (= 2000 m)" -> 2: asides in parentheses are ignored)."""
+    plain = _latex_plain(text)
+    while _PARENTHESISED.search(plain):
+        plain = _PARENTHESISED.sub(" ", plain)
+    sides = _EQUALS_RE.split(plain)
+    if len(sides) > 1 and _COMPUTATION.search(sides[0]):
+        for side in reversed(sides):
+            match = _NUMBER_RE.search(side)
+            if match:
+                return parse_number(match.group())
+    match = _NUMBER_RE.search(plain)
+    return parse_number(match.group()) if match else None
 
 
 def _fmt_number(value: Fraction) -> str:

@@ -538,10 +538,11 @@ class TfGrpoRun:
             factors_for=self._factors(groups, state) if spec.distill_factors else None,
             make_example=self.make_example,
         )
-        added = {op["id"] for op in outcome.applied if op["op"] in ("add", "merge")}
+        added = {op["id"] for op in outcome.applied if op["op"] in ("add", "merge") and "old_id" not in op}
         kept, drops = prune(
             outcome.experiences,
             state.credit,
+            renamed=outcome.renamed,
             cap=spec.max_library_size,
             min_uses=spec.drop_after_uses,
             protected=added,

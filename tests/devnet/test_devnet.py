@@ -23,7 +23,7 @@ from web3 import Web3
 
 from tests.devnet import cli_env, describe, holders, running, tear_down, wait_until, zoo, zoo_popen
 from zoo.devnet.genesis import genesis_library
-from zoo.devnet.manager import Devnet, DevnetInfo, warp
+from zoo.devnet.manager import Devnet, DevnetError, DevnetInfo, warp
 from zoo.devnet.process import ProcessRecord
 from zoo.node.client import NodeClient
 from zoo.registry.canonical import decode_library
@@ -408,6 +408,19 @@ def test_devnet_resumes_after_down_and_reset_starts_over(data_dirs: Callable[[st
     assert [e.proposal_id for e in registry.proposal_created_events()][-1] == proposed.proposal_id
     assert warp(w3, 1) > last, "the resumed chain's clock went back"
     assert took < 30, f"resuming took {took:.1f} s"
+
+    # A saved devnet that this version cannot use is refused with the way out, never half-resumed.
+    devnet.down()
+    saved = devnet.state_file.read_bytes()
+    devnet.state_file.write_text(saved.decode().replace(info.contracts_key, "0" * 64))
+    with pytest.raises(DevnetError, match=r"other contract sources.*devnet reset"):
+        devnet.up(die_with_parent=True)
+    devnet.state_file.write_bytes(saved)
+    state = devnet.chain_state_file.read_bytes()
+    devnet.chain_state_file.write_bytes(state[: len(state) // 2])  # e.g. written by another tool, cut short
+    with pytest.raises(DevnetError, match=r"(?s)cannot be loaded.*devnet reset"):
+        devnet.up(die_with_parent=True)
+    assert not holders(data_dir), describe(holders(data_dir))
 
     result = zoo("devnet", "reset", "--yes", "--data-dir", str(data_dir))
     assert result.returncode == 0, result.stderr

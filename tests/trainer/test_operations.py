@@ -94,3 +94,14 @@ def test_prune_keeps_the_best_under_the_cap_and_spares_new_ones() -> None:
     worked = example("What is the code of item 7?", "ITEM-7")
     kept, drops = prune([worked, high], credit, cap=1, min_uses=100)
     assert kept == [high] and drops[0]["kind"] == "example", "examples are ranked with lessons"
+
+
+def test_a_rewritten_lesson_keeps_the_record_of_the_one_it_replaces() -> None:
+    from zoo.trainer.operations import prune
+
+    old = lesson("When adding, always add one more to the total at the end.")
+    reworded = lesson("When adding numbers, add one extra to the total at the end.")
+    credit = {old.id: [-2.8, 4]}
+    kept, drops = prune([reworded], credit, cap=10, min_uses=4, renamed={old.id: reworded.id})
+    assert kept == [] and drops[0]["id"] == reworded.id and "over 4 uses" in drops[0]["reason"]
+    assert prune([reworded], credit, cap=10, min_uses=4) == ([reworded], [])  # without the link it escapes

@@ -77,6 +77,11 @@ def math_task(answer: str | None) -> Task:
         ("The answer is 600 g, since 12 * 50 = 600", "600", 1.0),
         ("The answer is 4 * 5 equals 20", "20", 1.0),  # "equals" reads like "="
         ("The answer is x <= 4", "4", 1.0),  # an inequality is not a chain
+        # The answer first, then its justification: the first number is the answer.
+        ("The answer is 12 = 3 * 4.", "12", 1.0),
+        ("Answer: 2 km (= 2000 m)", "2", 1.0),
+        ("Answer: 25% (1/4 = 0.25)", "25", 1.0),
+        ("Answer: 7 => 8 is next", "7", 1.0),
     ],
 )
 def test_exact_match(completion: str, expected: str, score: float) -> None:
