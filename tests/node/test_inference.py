@@ -216,9 +216,11 @@ def test_pin_older_root_and_swap_under_load(node: NodeProcess) -> None:
         pinned = infer(c, prompt=GEOMETRY, library_root=genesis_root, sampling={"max_tokens": 2})
         assert pinned.library_root == genesis_root and pinned.library_version == 1
         assert {e.id for e in pinned.experiences} <= genesis_ids
-        fresh = c.inference.Retrieve(
-            pb.RetrieveRequest(query="perpendicular from the apex of a triangle", k=1)
-        )
+        query = pb.RetrieveRequest(query="perpendicular from the apex of a triangle", k=1)
+        fresh = c.inference.Retrieve(query)
+        while fresh.library_root != v2_root and time.monotonic() < deadline + 60:  # the index swaps in later
+            time.sleep(0.2)
+            fresh = c.inference.Retrieve(query)
         assert fresh.library_root == v2_root
         assert fresh.experiences[0].id in v2_ids - genesis_ids
 
@@ -307,15 +309,20 @@ def test_worked_examples_are_served_with_their_kind(node: NodeProcess) -> None:
         version=current.version + 1, parent_root=current.root, experiences=experiences, base_model=base_model
     )
     root = approve(node.data_dir, nxt)
-    deadline = time.monotonic() + 60
+    question = "How long is 5 zorbs in the house unit?"
+    deadline = time.monotonic() + 120
     with NodeClient(node.address) as c:
-        while c.status().library.root != root and time.monotonic() < deadline:
+        # Retrieval keeps the previous index until the new one is built and swapped in whole, which can
+        # lag the library's activation: wait for what Retrieve serves, not for the status.
+        found = c.inference.Retrieve(pb.RetrieveRequest(query=question, k=3))
+        while found.library_root != root and time.monotonic() < deadline:
             time.sleep(0.2)
-        found = c.inference.Retrieve(pb.RetrieveRequest(query="How long is 5 zorbs in the house unit?", k=3))
-        assert found.library_root == root
+            found = c.inference.Retrieve(pb.RetrieveRequest(query=question, k=3))
+        library = next((x.detail for x in c.status().components if x.name == "library"), "")
+        assert found.library_root == root, f"not serving {root}: {library}\n{node.log()[-3000:]}"
         top = found.experiences[0]
         assert (top.id, top.kind, top.text, top.answer) == (worked.id, "example", worked.text, "3000 zim")
         assert all(e.kind == "lesson" for e in found.experiences[1:])
-        r = infer(c, prompt="How long is 5 zorbs in the house unit?", k=3, sampling={"max_tokens": 8})
+        r = infer(c, prompt=question, k=3, sampling={"max_tokens": 8})
         assert r.experiences[0].id == worked.id and r.experiences[0].kind == "example"
         assert r.experiences[0].answer == "3000 zim"
