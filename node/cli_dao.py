@@ -378,7 +378,8 @@ def proposals(
             else:
                 content = "(closed)"
             rows.append((e, state, prop, content))
-    table = Table("id", "state", "content", "version", "for", "against", "for/quorum", "time left", "cid")
+    # The CID is in `dao show`: the columns that decide a vote fit a terminal without it.
+    table = Table("id", "state", "content", "version", "for", "against", "for/quorum", "time left")
     for e, state, prop, content in rows:
         left = e.vote_end - now
         color = {"verified": "green", "MISMATCH": "red", "unavailable": "yellow"}.get(content)
@@ -391,7 +392,6 @@ def proposals(
             f"{prop.against_weight:,}" if prop else "-",
             f"{prop.for_weight if prop else 0:,}/{params.quorum:,}",
             f"{left} s" if left > 0 else "closed",
-            chain.shown_cid(e.cid, 20),
         )
     out.print(table if rows else "no proposals yet")
 
