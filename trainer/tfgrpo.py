@@ -279,19 +279,8 @@ class TfGrpoRun:
         )
         return reply.text
 
-    def make_example(self, question: str, answer: str, domain: str) -> Experience:
-        return Experience.create(
-            kind="example",
-            text=question,
-            answer=answer,
-            domain=domain,
-            confidence=INITIAL_CONFIDENCE,
-            author=self.ctx.author,
-            base_model=self.base_model,
-            created_at=self.ctx.created_at,
-        )
-
-    def make_experience(self, text: str, domain: str) -> Experience:
+    def make_experience(self, text: str, domain: str, **kind: str) -> Experience:
+        """A new lesson (or, with kind="example" and answer=..., a worked example) written by this run."""
         return Experience.create(
             text=text,
             domain=domain,
@@ -299,7 +288,11 @@ class TfGrpoRun:
             author=self.ctx.author,
             base_model=self.base_model,
             created_at=self.ctx.created_at,
+            **kind,  # type: ignore[arg-type]
         )
+
+    def make_example(self, question: str, answer: str, domain: str) -> Experience:
+        return self.make_experience(question, domain, kind="example", answer=answer)
 
     def _index(self, library: Sequence[Experience]) -> RetrievalIndex | None:
         # Ranked by similarity even when every experience fits: the prompt puts the closest worked
