@@ -123,15 +123,20 @@ def keeper(units: int) -> str:
     return f"{units / TOKEN:,.4f} KEEPER"
 
 
-def check_content(dao: Dao, proposal: Any, timeout_s: float | None = None) -> Any:
-    """Fetch the proposal's content from IPFS and check it against its root, size and parent version."""
+def check_content(dao: Dao, proposal: Any, timeout_s: float | None = None, *, with_diff: bool = False) -> Any:
+    """Fetch the proposal's content from IPFS and check it against its root, size and parent version.
+
+    The parent version's library (another fetch) is read only `with_diff`, for what `dao review` prints;
+    voting, proposing and listing need the verdict alone.
+    """
+    from dataclasses import replace
+
+    from zoo.registry.chain import ContractRevert
     from zoo.registry.ipfs import IpfsClient
     from zoo.registry.review import Review, review_proposal
 
     if not dao.ipfs_api:
         return Review(False, "no IPFS API configured (set ipfs.api_url)", available=False)
-    from zoo.registry.chain import ContractRevert
-
     timeout = timeout_s or dao.cfg.ipfs.timeout_s
     try:
         parent_root = dao.registry.version_at(proposal.parent_version).root
@@ -139,9 +144,9 @@ def check_content(dao: Dao, proposal: Any, timeout_s: float | None = None) -> An
         parent_root = None  # a version that does not exist (yet): the review says so
     with IpfsClient(dao.ipfs_api, timeout=timeout) as ipfs:
         parent = None
-        if parent_root is not None:
+        if with_diff and parent_root is not None:
             parent = _library_of_version(dao, ipfs, proposal.parent_version, parent_root, timeout)
-        return review_proposal(
+        result = review_proposal(
             proposal,
             ipfs,
             parent_root=parent_root,
@@ -149,6 +154,7 @@ def check_content(dao: Dao, proposal: Any, timeout_s: float | None = None) -> An
             timeout_s=timeout,
             max_bytes=dao.cfg.ipfs.max_library_bytes,
         )
+    return result if with_diff else replace(result, diff=None)
 
 
 def _library_of_version(dao: Dao, ipfs: Any, version: int, root: bytes, timeout: float) -> Any:
@@ -340,7 +346,7 @@ def review_cmd(
     with reverts():
         prop = existing(dao, pid)
         state = dao.registry.state(pid)
-        result = check_content(dao, prop)
+        result = check_content(dao, prop, with_diff=True)
     out.print(f"proposal {format_proposal_id(pid)} ({state.name.lower()}) by {prop.proposer}")
     out.print(f"version {prop.parent_version + 1}: root 0x{prop.root.hex()}, {prop.tree_size} experiences, "
               f"cid {shown_cid(prop.cid)}")  # fmt: skip
