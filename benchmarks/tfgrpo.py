@@ -96,15 +96,18 @@ def task_sets(args: argparse.Namespace) -> dict[str, dict[str, Path]]:
     return {f: {s: families.path(f, s) for s, _ in families.SPLITS} for f in args.family.split(",")}
 
 
-def kinds_of(ops: list[dict[str, Any]], step_decisions: dict[int, str]) -> Counter[str]:
-    """Experiences kept / reverted / dropped by kind, from a run's operation log and step decisions."""
+def kinds_of(report: dict[str, Any]) -> Counter[str]:
+    """Experiences kept / reverted / dropped by kind, from a run's report (its operation logs)."""
     out: Counter[str] = Counter()
-    for op in ops:
+    for op in report["operations"]:
         kind = op.get("kind", "lesson")
         if op["op"] == "drop":
             out[f"dropped {kind}"] += 1
         elif op["op"] in ("add", "merge"):
-            out[f"{'kept' if step_decisions.get(op['step']) == 'kept' else 'reverted'} {kind}"] += 1
+            out[f"kept {kind}"] += 1
+    for op in report.get("reverted_operations", []):
+        if op["op"] in ("add", "merge"):
+            out[f"reverted {op.get('kind', 'lesson')}"] += 1
     return out
 
 
@@ -149,11 +152,10 @@ async def run_family(name: str, paths: dict[str, Path], args: argparse.Namespace
             curve_test = [await held_out_score(spec, llm, embedder, libraries[s], test) for s in steps]
             score = await held_out_score(spec, llm, embedder, learned, test)
             report = json.loads(Path(result["report"]).read_text())
-            decisions = {p["step"]: p["decision"] for p in report["curve"]}
             compare = report.get("json", {}).get("compare", {"retries": 0, "failures": 0})
             runs.append({
                 "seed": seed, "score": score, "train_s": train_s, "experiences": result["experiences"],
-                "by_kind": dict(kinds_of(report["operations"], decisions)), "curve_test": curve_test,
+                "by_kind": dict(kinds_of(report)), "curve_test": curve_test,
                 "curve_validation": [p["validation_score"] for p in report["curve"]],
                 "llm_calls_per_step": report["cost"]["llm_calls_per_step"],
                 "s_per_step": report["cost"]["wall_s_per_step"], "json_failures": compare["failures"],

@@ -209,22 +209,43 @@ async def consolidate(
         result[new.id] = new
     for e in added:
         result.setdefault(e.id, e)
-    for p in examples:
+    outcome.experiences = sorted(result.values(), key=lambda e: e.id)
+    if examples:
         if make_example is None:
             raise ValueError("an example was proposed but consolidate() was given no make_example")
+        return add_examples(outcome, examples, make_example, deleted=deletes.keys())
+    return outcome
+
+
+def add_examples(
+    outcome: Outcome,
+    proposals: Sequence[Proposal],
+    make_example: Callable[[str, str, str], Experience],
+    *,
+    deleted: Collection[str] = (),
+) -> Outcome:
+    """A new Outcome: `outcome` (a consolidated library, possibly with nothing applied yet) plus the
+    worked-example candidates among `proposals`, each added unless the library already holds it or
+    `deleted` names it (the batch deletes it). Needs no LLM call, so a step can build the library with
+    and without its examples from one consolidation of its lessons."""
+    result = {e.id: e for e in outcome.experiences}
+    applied, rejected = list(outcome.applied), list(outcome.rejected)
+    for p in proposals:
+        if p.kind != "example":
+            continue
         try:
             worked = make_example(p.text, p.answer, p.domain)
         except ValidationError as err:
-            outcome.rejected.append({"op": "add", "kind": "example", "text": p.text[:300], "source": p.source,
-                                     "reason": f"not a valid example: {err}"})  # fmt: skip
+            rejected.append({"op": "add", "kind": "example", "text": p.text[:300], "source": p.source,
+                             "reason": f"not a valid example: {err}"})  # fmt: skip
             continue
-        if worked.id in result or worked.id in deletes:
+        if worked.id in result or worked.id in deleted:
             continue  # the library has it already (or this batch deletes it)
         result[worked.id] = worked
-        outcome.applied.append({"op": "add", "kind": "example", "id": worked.id, "text": worked.text,
-                                "answer": worked.answer, "sources": [p.source]})  # fmt: skip
-    outcome.experiences = sorted(result.values(), key=lambda e: e.id)
-    return outcome
+        applied.append({"op": "add", "kind": "example", "id": worked.id, "text": worked.text,
+                        "answer": worked.answer, "sources": [p.source]})  # fmt: skip
+    experiences = sorted(result.values(), key=lambda e: e.id)
+    return Outcome(experiences, applied, rejected, dict(outcome.renamed))
 
 
 # A mean advantage per use below this is "mostly harmful". Every rollout of a group usually sees the same

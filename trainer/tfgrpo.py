@@ -19,7 +19,10 @@ Per epoch the training tasks are shuffled (seeded) and cut into batches; one bat
    uses, and the lowest-valued ones over `max_library_size`.
 5. Validation: the changed library is scored on the validation split (greedy, one completion a task);
    if the score drops by more than `revert_tolerance` the step is reverted (the library stays as it was).
-   The paper asks for this; its public implementation does not do it.
+   The paper asks for this; its public implementation does not do it. A step that proposes both kinds
+   offers three candidates, its lessons and examples together and each kind alone; the best-scoring one
+   that passes is kept (a tie keeps more of the step), so each kind earns its place on the model at hand
+   and a rule that confuses a small model cannot take the examples down with it.
 
 The run state after each completed step is a JSON checkpoint (`TrainState`); a run given that state
 continues with the next step and, since every seed derives from (seed, step, task, rollout), makes the
@@ -52,7 +55,7 @@ from zoo.registry.canonical import decode_library, encode_library
 from zoo.registry.experience import MAX_ANSWER_CHARS, MAX_QUESTION_CHARS, Experience, ExpertFactors, Library
 from zoo.trainer import critic
 from zoo.trainer.llm import LLM, Ledger
-from zoo.trainer.operations import Proposal, consolidate, prune
+from zoo.trainer.operations import Outcome, Proposal, add_examples, consolidate, prune
 from zoo.trainer.rewards import BaseReward, RewardResult, ascore_group, get_reward
 from zoo.trainer.spec import TfGrpoSpec
 from zoo.trainer.tasks import Task, instruction_for
@@ -89,6 +92,7 @@ class TrainState:
     curve: list[dict[str, Any]] = field(default_factory=list)
     operations: list[dict[str, Any]] = field(default_factory=list)
     rejected: list[dict[str, Any]] = field(default_factory=list)
+    reverted: list[dict[str, Any]] = field(default_factory=list)  # operations of candidates not kept
     json_stats: dict[str, critic.JsonStats] = field(default_factory=dict)
     ledger: Ledger = field(default_factory=Ledger)
     wall_s: float = 0.0
@@ -107,6 +111,7 @@ class TrainState:
             "curve": self.curve,
             "operations": self.operations,
             "rejected": self.rejected,
+            "reverted": self.reverted,
             "json": {k: v.to_json() for k, v in sorted(self.json_stats.items())},
             "ledger": self.ledger.to_json(),
             "wall_s": self.wall_s,
@@ -128,6 +133,7 @@ class TrainState:
             curve=list(data.get("curve") or []),
             operations=list(data.get("operations") or []),
             rejected=list(data.get("rejected") or []),
+            reverted=list(data.get("reverted") or []),
             json_stats={
                 k: critic.JsonStats(int(v["retries"]), int(v["failures"]))
                 for k, v in (data.get("json") or {}).items()
@@ -521,40 +527,46 @@ class TfGrpoRun:
                 seed=seed_of("merge", spec.seed, number, merges[0]),
             )
 
-        outcome = await consolidate(
+        # The step's lessons and its worked examples are candidates apart as well as together: validation
+        # picks what stays, so a kind that does not help this model cannot hold the other back.
+        lesson_ops = [p for p in proposed if p.kind != "example"]
+        example_ops = [p for p in proposed if p.kind == "example"]
+        lessons_outcome = await consolidate(
             library,
-            proposed,
+            lesson_ops,
             embed=self.ctx.embedder.embed,
             merge=merge,
             make=self.make_experience,
             threshold=spec.merge_threshold,
-            factors_for=self._factors(groups, state) if spec.distill_factors else None,
-            make_example=self.make_example,
+            factors_for=self._factors(groups, state) if spec.distill_factors and lesson_ops else None,
         )
-        added = {op["id"] for op in outcome.applied if op["op"] in ("add", "merge") and "old_id" not in op}
-        kept, drops = prune(
-            outcome.experiences,
-            state.credit,
-            renamed=outcome.renamed,
-            cap=spec.max_library_size,
-            min_uses=spec.drop_after_uses,
-            protected=added,
-        )
-        if drops:
-            outcome.experiences = kept
-            outcome.applied += drops
-        changed = outcome.experiences != sorted(library, key=lambda e: e.id)
-        decision = "no_change"
-        score = state.validation_score
-        candidate: float | None = None
-        if outcome.applied and changed:
-            candidate = await self.evaluate(outcome.experiences, f"step-{number}")
-            current = state.validation_score
-            if candidate is not None and current is not None and candidate < current - spec.revert_tolerance:
-                decision = "reverted"
-            else:
-                decision = "kept"
-                score = candidate
+        candidates, rejected = self._candidates(library, lessons_outcome, example_ops, state)
+        scores_of: dict[str, float | None] = {}
+        if candidates:
+            evaluated = await asyncio.gather(
+                *(self.evaluate(o.experiences, f"step-{number}-{name}") for name, o in candidates.items())
+            )
+            scores_of = dict(zip(candidates, evaluated, strict=True))
+        current = state.validation_score
+        acceptable = [
+            name
+            for name, s in scores_of.items()
+            if s is None or current is None or s >= current - spec.revert_tolerance
+        ]
+        # The best score wins; a tie goes to the earlier candidate (the whole step before either kind).
+        order = list(candidates)
+        chosen = max(acceptable, key=lambda n: (scores_of[n] or 0.0, -order.index(n)), default=None)
+        decision = "no_change" if not candidates else ("kept" if chosen else "reverted")
+        score = scores_of[chosen] if chosen else state.validation_score
+        candidate = max((s for s in scores_of.values() if s is not None), default=None)
+        outcome = candidates[chosen] if chosen else lessons_outcome
+        kept_ops = {(op["op"], op["id"]) for op in outcome.applied} if chosen else set()
+        reverted: dict[tuple[str, str], dict[str, Any]] = {}
+        for o in candidates.values():
+            for op in o.applied:
+                if (op["op"], op["id"]) not in kept_ops:
+                    reverted.setdefault((op["op"], op["id"]), {**op, "step": number})
+        state.reverted += list(reverted.values())
         if decision == "kept":
             library = outcome.experiences
             for old, new in outcome.renamed.items():
@@ -569,7 +581,7 @@ class TfGrpoRun:
                     n[0] += c[0]
                     n[1] += c[1]
             state.operations += [{**op, "step": number} for op in outcome.applied]
-        state.rejected += [{**r, "step": number} for r in outcome.rejected]
+        state.rejected += [{**r, "step": number} for r in rejected]
         state.library = [self._with_confidence(e, state.counts) for e in library]
         state.validation_score = score
         wall = time.perf_counter() - started
@@ -585,10 +597,12 @@ class TfGrpoRun:
             "groups_skipped": skipped,
             "operations_proposed": len(proposed),
             "operations_applied": len(outcome.applied) if decision == "kept" else 0,
-            "operations_rejected": len(outcome.rejected),
+            "operations_rejected": len(rejected),
             "validation_score": score,
             "candidate_validation_score": candidate,
+            "candidates": scores_of,
             "decision": decision,
+            "chosen": chosen,
             "library_size": len(state.library),
             "json_retries": compare_stats.retries + merge_stats.retries - retries_before,
             "json_failures": compare_stats.failures + merge_stats.failures - failures_before,
@@ -598,6 +612,50 @@ class TfGrpoRun:
         state.curve.append(point)
         state.step = number
         await self.checkpoint(number, state.to_json(self.base_model), ("step_completed", point))
+
+    def _candidates(
+        self,
+        library: Sequence[Experience],
+        lessons: Outcome,
+        example_ops: Sequence[Proposal],
+        state: TrainState,
+    ) -> tuple[dict[str, Outcome], list[dict[str, Any]]]:
+        """The libraries a step may keep, by name, in the order a tie is broken: "both" (the step's lessons
+        and worked examples), "examples", "lessons"; or "prune" when the step proposed nothing that
+        applies (dropping harmful experiences may still change the library). Each is pruned; an unchanged
+        library or one equal to an earlier candidate is left out. Also returns the rejected operations."""
+        spec = self.spec
+        unchanged = Outcome(sorted(library, key=lambda e: e.id))
+        raw: dict[str, Outcome] = {}
+        rejected = list(lessons.rejected)
+        if example_ops:
+            deleted = {op["id"] for op in lessons.applied if op["op"] == "delete"}
+            both = add_examples(lessons, example_ops, self.make_example, deleted=deleted)
+            rejected = both.rejected
+            if lessons.applied:
+                raw["both"] = both
+            raw["examples"] = add_examples(unchanged, example_ops, self.make_example)
+        if lessons.applied:
+            raw["lessons"] = lessons
+        if not raw:
+            raw["prune"] = unchanged
+        out: dict[str, Outcome] = {}
+        seen = [unchanged.experiences]
+        for name, o in raw.items():
+            added = {op["id"] for op in o.applied if op["op"] in ("add", "merge") and "old_id" not in op}
+            kept, drops = prune(
+                o.experiences,
+                state.credit,
+                renamed=o.renamed,
+                cap=spec.max_library_size,
+                min_uses=spec.drop_after_uses,
+                protected=added,
+            )
+            if kept in seen:
+                continue
+            seen.append(kept)
+            out[name] = Outcome(kept, o.applied + drops, o.rejected, o.renamed)
+        return out, rejected
 
     def _with_confidence(self, e: Experience, counts: dict[str, list[int]]) -> Experience:
         c = counts.get(e.id)
@@ -637,6 +695,7 @@ def report(spec: TfGrpoSpec, state: TrainState, extra: dict[str, Any] | None = N
         "curve": state.curve,
         "operations": state.operations,
         "rejected_operations": state.rejected,
+        "reverted_operations": state.reverted,
         "experiences": [
             {
                 "id": e.id,

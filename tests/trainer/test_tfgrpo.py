@@ -668,6 +668,46 @@ def test_a_harmful_example_is_reverted(tmp_path: Path, embedder) -> None:
     assert decode_library(Path(result["library"]).read_bytes()).experiences == ()
 
 
+def test_a_steps_examples_are_kept_without_the_lesson_that_would_drag_them_down(
+    tmp_path: Path, embedder
+) -> None:
+    """The step's lessons and examples are validated apart as well as together: here the critic's rule
+    makes the model ignore the examples, so the examples alone win and the rule is reverted."""
+    misleading = "When asked for an item's code, write the word code and then its number."
+    shown = convention_policy(sampled_right_every=3)
+
+    def policy(call: Call) -> str:
+        if call.stage == "compare":
+            return ops_json({"op": "add", "text": misleading})
+        misled = any(misleading in m["content"] for m in call.messages if m["role"] == "system")
+        if call.stage == "rollout" and call.temperature == 0 and misled:
+            n = int(m.group(1)) if (m := CODE_RE.search(call.user)) else -1
+            return f"Answer: code {n}"
+        return shown(call)
+
+    run, result = run_job(tmp_path, embedder, policy, code_spec(tmp_path))
+    first = run.steps()[0]
+    assert first["decision"] == "kept" and first["chosen"] == "examples", first
+    assert first["candidates"] == {"both": 0.0, "examples": 1.0, "lessons": 0.0}
+    learned = decode_library(Path(result["library"]).read_bytes()).experiences
+    assert learned and {e.kind for e in learned} == {"example"}
+    report = json.loads(Path(result["report"]).read_text())
+    reverted = report["reverted_operations"]
+    assert any(op["text"] == misleading and op["step"] == 1 for op in reverted), reverted
+    assert not any(op.get("kind") == "example" for op in reverted if op["step"] == 1)
+
+
+def test_ties_go_to_the_whole_step(tmp_path: Path, embedder) -> None:
+    """When the step's lessons neither help nor hurt, both kinds are kept together."""
+    harmless = "When asked for an item's code, answer with the code alone."
+    policy = convention_policy(sampled_right_every=3, compare=ops_json({"op": "add", "text": harmless}))
+    run, result = run_job(tmp_path, embedder, policy, code_spec(tmp_path))
+    first = run.steps()[0]
+    assert first["chosen"] == "both" and first["candidates"]["both"] == first["candidates"]["examples"]
+    learned = decode_library(Path(result["library"]).read_bytes()).experiences
+    assert {e.kind for e in learned} == {"example", "lesson"}
+
+
 @pytest.mark.parametrize("kinds", ["examples", "lessons"])
 def test_kinds_pick_what_a_run_learns(tmp_path: Path, embedder, kinds: str) -> None:
     lesson = ops_json({"op": "add", "text": "When asked for an item's code, write ITEM- and its number."})
