@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from zoo.inference.backend import Backend, Chunk, GenerationRequest, ResponseFormat
+from zoo.inference.defaults import DEFAULT_EXPERIENCE_BUDGET, DEFAULT_LESSON_POSITION, LessonPosition
 from zoo.inference.prompt import assemble, parse_citations
 from zoo.registry.errors import ZooError
 
@@ -87,13 +88,15 @@ class InferenceEngine:
         backend: Backend,
         library: LibraryView,
         *,
-        experience_budget: int = 512,
+        experience_budget: int = DEFAULT_EXPERIENCE_BUDGET,
+        lesson_position: LessonPosition = DEFAULT_LESSON_POSITION,
         factor_builder: FactorBuilder | None = None,
         on_served: Callable[[list[str]], None] | None = None,
     ) -> None:
         self.backend = backend
         self.library = library
         self.experience_budget = experience_budget
+        self.lesson_position = lesson_position
         self.factor_builder = factor_builder
         self.on_served = on_served
 
@@ -131,6 +134,7 @@ class InferenceEngine:
             experience_budget=self.experience_budget,
             context_length=self.backend.context_length,
             max_tokens=p.max_tokens,
+            lesson_position=self.lesson_position,
         )
         processor = None
         if p.use_expert_factors and self.factor_builder is not None and assembled.used:

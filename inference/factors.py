@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor
 
+from zoo.inference.defaults import DEFAULT_FACTOR_CAP, DEFAULT_FACTOR_ETA
 from zoo.registry.experience import MAX_NAME_CHARS, MAX_TOKEN_ID, ExpertFactors
 
 logger = logging.getLogger(__name__)
@@ -218,7 +219,9 @@ def tokenizers_match(a: str, b: str) -> bool:
 # -- expert weights and the combined bias ------------------------------------------------------------
 
 
-def expert_weight(confidence: float, eta: float = 1.0, cap: float = 4.0) -> float:
+def expert_weight(
+    confidence: float, eta: float = DEFAULT_FACTOR_ETA, cap: float = DEFAULT_FACTOR_CAP
+) -> float:
     """Precision η_i of an expert with reliability q = confidence: eta · log(q / (1 - q)), in [-cap, cap].
 
     Zero at q = 0.5, negative below; q ≤ 0 gives -cap and q ≥ 1 gives cap (infinite log-odds), unless eta
@@ -327,8 +330,8 @@ def build_processor(
     experiences: Iterable[Any],
     tokenizer_name: str,
     vocab_size: int,
-    eta: float = 1.0,
-    cap: float = 4.0,
+    eta: float = DEFAULT_FACTOR_ETA,
+    cap: float = DEFAULT_FACTOR_CAP,
     device: torch.device | str | None = None,
 ) -> ExpertFactorLogitsProcessor | None:
     """The processor for the factors of these experiences, each weighted by expert_weight(confidence).

@@ -1,6 +1,7 @@
 """Context injection (HLLM paper §4.7) for both kinds of experience, within one token budget.
 
-Lessons (rules) go into the system turn as `[id] text` with an instruction to apply and cite them. Worked
+Lessons (rules) go in as `[id] text` with an instruction to apply and cite them: in the system turn, or
+(`lesson_position = "user"`) right before the question in the last user turn. Worked
 examples go in as earlier turns of the conversation, a user turn with the question and an assistant turn
 with the answer, because small models follow examples where they ignore rules; the best-ranked example
 sits closest to the real question, and the system turn lists the examples' ids so they can be cited too.
@@ -14,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from zoo.inference.defaults import DEFAULT_LESSON_POSITION, LESSON_POSITIONS, LessonPosition
 from zoo.registry.errors import ValidationError
 
 INSTRUCTION = (
@@ -21,11 +23,6 @@ INSTRUCTION = (
     "cite each one you use by writing its id in square brackets, like [exp-0123456789abcdef]."
 )
 EXAMPLES_LINE = "Worked examples (the earlier turns of this conversation): "
-# What a prompt carries unless configured otherwise: serving (inference.default_k,
-# inference.experience_budget_tokens) and learning jobs share these, so a library is validated under the
-# conditions it is served in.
-DEFAULT_K = 5
-DEFAULT_EXPERIENCE_BUDGET = 512
 CITATION_RE = re.compile(r"\[(exp-[0-9a-f]{16})\]")
 
 Messages = list[dict[str, str]]
@@ -47,15 +44,21 @@ def _is_example(hit: Any) -> bool:
     return getattr(hit.experience, "kind", "lesson") == "example"
 
 
-def experience_block(hits: Sequence[Any]) -> str:
-    """The system-turn text: the instruction and each lesson as `[id] text` (when there are lessons), and
-    the examples' ids (when there are examples)."""
+def lesson_block(hits: Sequence[Any]) -> str:
+    """The instruction and each lesson among `hits` as `[id] text`; empty without lessons."""
     lessons = [f"[{h.experience.id}] {h.experience.text}" for h in hits if not _is_example(h)]
-    lines = [INSTRUCTION, *lessons] if lessons else []
+    return "\n".join([INSTRUCTION, *lessons]) if lessons else ""
+
+
+def examples_line(hits: Sequence[Any]) -> str:
+    """The system-turn line listing the worked examples' ids (so they can be cited); empty without any."""
     examples = [f"[{h.experience.id}]" for h in hits if _is_example(h)]
-    if examples:
-        lines.append(EXAMPLES_LINE + " ".join(examples))
-    return "\n".join(lines)
+    return EXAMPLES_LINE + " ".join(examples) if examples else ""
+
+
+def experience_block(hits: Sequence[Any]) -> str:
+    """The system-turn text when lessons sit in the system turn: the lessons, then the examples' ids."""
+    return "\n".join(part for part in (lesson_block(hits), examples_line(hits)) if part)
 
 
 def example_turns(hits: Sequence[Any]) -> Messages:
@@ -68,18 +71,37 @@ def example_turns(hits: Sequence[Any]) -> Messages:
     return turns
 
 
-def with_experiences(messages: Messages, hits: Sequence[Any]) -> Messages:
-    """The messages with the experience block in the system turn (merged into one the client sent) and the
-    worked examples as turns right after it, before the client's own turns."""
+def _joined(*parts: str) -> str:
+    return "\n\n".join(p for p in parts if p)
+
+
+def with_experiences(
+    messages: Messages, hits: Sequence[Any], lesson_position: LessonPosition = DEFAULT_LESSON_POSITION
+) -> Messages:
+    """The messages with the experiences in: the system turn (merged into one the client sent) carries the
+    lessons (or, with lesson_position "user", the last user turn starts with them) and the examples' ids;
+    the worked examples are turns right after it, before the client's own turns."""
     if not hits:
         return list(messages)
-    block = experience_block(hits)
+    if lesson_position not in LESSON_POSITIONS:
+        raise ValueError(f"lesson_position must be one of {LESSON_POSITIONS} (got {lesson_position!r})")
+    messages = list(messages)
+    last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
+    if lesson_position == "user" and last_user is not None:
+        block = examples_line(hits)
+        turn = messages[last_user]
+        messages[last_user] = {**turn, "content": _joined(lesson_block(hits), turn["content"])}
+    else:
+        block = experience_block(hits)
     if messages and messages[0]["role"] == "system":
-        system = {"role": "system", "content": messages[0]["content"] + "\n\n" + block}
+        system = {"role": "system", "content": _joined(messages[0]["content"], block)}
         rest = messages[1:]
     else:
-        system, rest = {"role": "system", "content": block}, list(messages)
-    return [system, *example_turns(hits), *rest]
+        system, rest = {"role": "system", "content": block}, messages
+    turns = example_turns(hits)
+    if not system["content"]:
+        return [*turns, *rest]
+    return [system, *turns, *rest]
 
 
 def assemble(
@@ -90,6 +112,7 @@ def assemble(
     experience_budget: int,
     context_length: int,
     max_tokens: int,
+    lesson_position: LessonPosition = DEFAULT_LESSON_POSITION,
 ) -> Assembled:
     """Fit as many of the hits (sorted best first) as the budget and the context window allow."""
     base = count_tokens(messages)
@@ -104,7 +127,7 @@ def assemble(
     ranked = sorted(hits, key=lambda h: (-h.score, h.experience.id))
     kept = list(ranked)
     while kept:
-        candidate = with_experiences(messages, kept)
+        candidate = with_experiences(messages, kept, lesson_position)
         total = count_tokens(candidate)
         if total - base <= experience_budget and total + max_tokens <= context_length:
             return Assembled(candidate, kept, ranked[len(kept) :], total)

@@ -23,7 +23,15 @@ from pydantic import (
     model_validator,
 )
 
-from zoo.inference.prompt import DEFAULT_EXPERIENCE_BUDGET, DEFAULT_K
+from zoo.inference.defaults import (
+    DEFAULT_EXPERIENCE_BUDGET,
+    DEFAULT_FACTOR_CAP,
+    DEFAULT_FACTOR_ETA,
+    DEFAULT_K,
+    DEFAULT_LESSON_POSITION,
+    LessonPosition,
+    ServingDefaults,
+)
 
 ENV_PREFIX = "ZOO_NODE_"
 
@@ -242,10 +250,23 @@ class InferenceConfig(_Section):
     that is shorter ends the wait first)."""
     ann_threshold: int = Field(20_000, ge=1)
     """Libraries with at least this many experiences use the approximate index instead of exact search."""
-    factor_eta: float = Field(1.0, ge=0, le=100)
+    lesson_position: LessonPosition = DEFAULT_LESSON_POSITION
+    """Where lessons sit in a prompt: "system" (the system turn) or "user" (right before the question in
+    the last user turn). Worked examples are always earlier turns. Learning jobs use the same setting."""
+    factor_eta: float = Field(DEFAULT_FACTOR_ETA, ge=0, le=100)
     """Scale of decode-time expert factors: weight = eta * log(q / (1 - q)) for reliability q."""
-    factor_cap: float = Field(4.0, ge=0, le=1000)
+    factor_cap: float = Field(DEFAULT_FACTOR_CAP, ge=0, le=1000)
     """Bound of one experience's factor weight, either way (the weight lies in [-cap, cap])."""
+
+    def serving_defaults(self) -> ServingDefaults:
+        """What a learning job's unset prompt and factor settings become (train/serve parity)."""
+        return ServingDefaults(
+            self.default_k,
+            self.experience_budget_tokens,
+            self.lesson_position,
+            self.factor_eta,
+            self.factor_cap,
+        )
 
     @model_validator(mode="after")
     def _defaults_within_limits(self) -> InferenceConfig:

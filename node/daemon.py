@@ -187,7 +187,7 @@ def _job_runner(
         resources,
         max_queued=cfg.jobs.max_queued,
         metrics=metrics,
-        prompt_defaults=(cfg.inference.default_k, cfg.inference.experience_budget_tokens),
+        serving=cfg.inference.serving_defaults(),
     )
 
 
@@ -223,6 +223,7 @@ def build_engine(cfg: NodeConfig, supervisor: Supervisor, usage: UsageCounter, m
                 model.backend,
                 _LibraryViewProxy(library, retrieval),
                 experience_budget=cfg.inference.experience_budget_tokens,
+                lesson_position=cfg.inference.lesson_position,
                 factor_builder=_factor_builder(cfg, model.backend),
                 on_served=on_served,
             )

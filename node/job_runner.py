@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zoo.inference.defaults import ServingDefaults
 from zoo.node.components import Component, State
 from zoo.node.job_store import TERMINAL, JobRecord, JobState, JobStore
 from zoo.node.logs import get_logger
@@ -65,11 +66,11 @@ class JobRunner(Component):
         resources: Callable[[], Resources | None],
         max_queued: int = 16,
         metrics: Any = None,
-        prompt_defaults: tuple[int, int] | None = None,
+        serving: ServingDefaults | None = None,
     ) -> None:
         self.store = store
-        # (k, experience budget) of the node's serving; unset in a spec, a job is validated under them.
-        self.prompt_defaults = prompt_defaults
+        # How the node serves: what a spec leaves unset, so a job is validated under the serving conditions.
+        self.serving = serving
         self.jobs_dir = jobs_dir
         self.resources = resources
         self.max_queued = max_queued
@@ -83,8 +84,8 @@ class JobRunner(Component):
 
     def submit(self, kind: str, spec: dict[str, Any]) -> JobRecord:
         parsed = parse_spec(kind, spec)
-        if self.prompt_defaults is not None:
-            parsed = parsed.with_prompt_defaults(*self.prompt_defaults)
+        if self.serving is not None:
+            parsed = parsed.with_serving_defaults(self.serving)
         queued = self.store.list(limit=1000, states=[JobState.QUEUED])
         if len(queued) >= self.max_queued:
             from zoo.node.errors import Overloaded

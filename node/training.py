@@ -61,7 +61,7 @@ async def run_foreground(
         raise TrainingError(f"{out_dir} holds a run already: pass --resume to continue it, or another --out")
     try:
         spec = parse_spec("tf-grpo", checkpoint["spec"] if checkpoint else spec_fields)
-        spec = spec.with_prompt_defaults(cfg.inference.default_k, cfg.inference.experience_budget_tokens)
+        spec = spec.with_serving_defaults(cfg.inference.serving_defaults())
     except ZooError as e:
         raise TrainingError(str(e)) from None
     try:

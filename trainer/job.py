@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from zoo.inference.defaults import ServingDefaults
 from zoo.inference.embedder import Embedder
 from zoo.registry.canonical import encode_library
 from zoo.registry.experience import Library
@@ -44,6 +45,14 @@ class Base:
         return cls(
             library.version if library is not None else 0, root if library is not None else "", spec.base
         )
+
+
+def validated_with(serving: ServingDefaults) -> str:
+    """The serving conditions a library was validated under, as its description records them."""
+    return (
+        f"k={serving.k}, an experience budget of {serving.experience_budget_tokens} tokens, lessons in the "
+        f"{serving.lesson_position} turn"
+    )
 
 
 async def run_tf_grpo(
@@ -88,8 +97,7 @@ async def run_tf_grpo(
         parent_root=base.root,
         base_model=llm.model_id,
         experiences=final.library,
-        description=f"{spec.description or summary} (validated with k={run.k}, an experience budget of "
-        f"{run.experience_budget} tokens)",
+        description=f"{spec.description or summary} (validated with {validated_with(run.serving)})",
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     library_file = out_dir / "library.json"

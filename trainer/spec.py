@@ -7,12 +7,14 @@ back to the operator. `load_tasks` turns its dataset fields into the train and v
 from __future__ import annotations
 
 import math
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from zoo.inference.defaults import LessonPosition, ServingDefaults
 from zoo.registry.errors import ValidationError
 from zoo.trainer.tasks import Task, load_jsonl, load_shipped, split
 
@@ -54,6 +56,10 @@ class TfGrpoSpec(BaseModel):
         le=100_000,
         description="prompt tokens for experiences (default: inference.experience_budget_tokens)",
     )
+    lesson_position: LessonPosition | None = Field(
+        default=None,
+        description='where lessons sit: "system" or "user" turn (default: inference.lesson_position)',
+    )
     instruction: str | None = Field(
         default=None,
         min_length=1,
@@ -77,8 +83,17 @@ class TfGrpoSpec(BaseModel):
     revert_tolerance: float = Field(default=0.0, ge=0.0, le=1.0)
     merge_threshold: float = Field(default=0.85, ge=0.0, le=1.0, description="cosine to call two lessons one")
     max_json_retries: int = Field(default=2, ge=0, le=10)
-    distill_factors: bool = False
+    distill_factors: bool = Field(
+        default=False,
+        description="distill token-level expert factors (local models) and decode rollouts with them",
+    )
     factor_top_k: int = Field(default=32, ge=1, le=4096)
+    factor_eta: float | None = Field(
+        default=None, ge=0, le=100, description="factor weight scale (default: inference.factor_eta)"
+    )
+    factor_cap: float | None = Field(
+        default=None, ge=0, le=1000, description="factor weight bound (default: inference.factor_cap)"
+    )
     concurrency: int = Field(default=4, ge=1, le=256, description="LLM calls in flight at once")
 
     base: Literal["current", "empty"] = Field(
@@ -86,17 +101,17 @@ class TfGrpoSpec(BaseModel):
     )
     description: str = Field(default="", max_length=1000)
 
-    def with_prompt_defaults(self, k: int, experience_budget_tokens: int) -> TfGrpoSpec:
-        """This spec with unset prompt settings taken from the serving side (the node's config), so the
-        stored spec says what the library was validated with."""
-        return self.model_copy(
-            update={
-                "k": self.k if self.k is not None else k,
-                "experience_budget_tokens": self.experience_budget_tokens
-                if self.experience_budget_tokens is not None
-                else experience_budget_tokens,
-            }
-        )
+    def with_serving_defaults(self, defaults: ServingDefaults) -> TfGrpoSpec:
+        """This spec with its unset prompt and factor settings taken from the node's serving, so the stored
+        spec says what the library was validated with."""
+        unset = [f.name for f in fields(defaults) if getattr(self, f.name) is None]
+        return self.model_copy(update={name: getattr(defaults, name) for name in unset})
+
+    def serving(self) -> ServingDefaults:
+        """The prompt and factor settings this run uses: the spec's, else the built-in serving defaults."""
+        d = ServingDefaults()
+        given = {f.name: v for f in fields(d) if (v := getattr(self, f.name)) is not None}
+        return replace(d, **given)
 
     @field_validator("dataset", "validation")
     @classmethod
@@ -105,10 +120,18 @@ class TfGrpoSpec(BaseModel):
             raise ValueError("must be a file path or 'shipped'")
         return value
 
-    @field_validator("temperature", "top_p", "validation_fraction", "revert_tolerance", "merge_threshold")
+    @field_validator(
+        "temperature",
+        "top_p",
+        "validation_fraction",
+        "revert_tolerance",
+        "merge_threshold",
+        "factor_eta",
+        "factor_cap",
+    )
     @classmethod
-    def _finite(cls, value: float) -> float:
-        if not math.isfinite(value):
+    def _finite(cls, value: float | None) -> float | None:
+        if value is not None and not math.isfinite(value):
             raise ValueError("must be a finite number")
         return value
 

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from zoo.inference.embedder import Embedder
-from zoo.inference.prompt import DEFAULT_EXPERIENCE_BUDGET, DEFAULT_K, assemble, parse_citations
+from zoo.inference.prompt import assemble, parse_citations
 from zoo.inference.retrieval import Hit, RetrievalIndex
 from zoo.registry.canonical import decode_library, encode_library
 from zoo.registry.experience import MAX_ANSWER_CHARS, MAX_QUESTION_CHARS, Experience, ExpertFactors, Library
@@ -261,12 +261,8 @@ class TfGrpoRun:
         self.steps_total = total_steps(self.train, spec)
         self.per_epoch = math.ceil(len(self.train) / spec.batch_size)
         # Unset, the serving defaults: a library is validated under the conditions it is served in.
-        self.k = spec.k if spec.k is not None else DEFAULT_K
-        self.experience_budget = (
-            spec.experience_budget_tokens
-            if spec.experience_budget_tokens is not None
-            else DEFAULT_EXPERIENCE_BUDGET
-        )
+        self.serving = spec.serving()
+        self.k = self.serving.k
 
     # -- rewards and prompts ------------------------------------------------------------------------
 
@@ -323,9 +319,10 @@ class TfGrpoRun:
             base,
             hits,
             backend.count_prompt_tokens,
-            experience_budget=self.experience_budget,
+            experience_budget=self.serving.experience_budget_tokens,
             context_length=backend.context_length,
             max_tokens=self.spec.rollout_max_tokens,
+            lesson_position=self.serving.lesson_position,
         )
         return assembled.messages, [h.experience for h in assembled.used]
 

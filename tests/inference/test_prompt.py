@@ -154,3 +154,28 @@ def test_examples_go_before_the_clients_conversation() -> None:
     assert out[0]["content"] == f"Be brief.\n\n{EXAMPLES_LINE}[{EXAMPLES[0].experience.id}]"
     assert [m["role"] for m in out] == ["system", "user", "assistant", "user", "assistant", "user"]
     assert out[3:] == msgs[1:]
+
+
+def test_lessons_may_sit_right_before_the_question() -> None:
+    """lesson_position "user": the lessons start the last user turn; the examples stay earlier turns and
+    the system turn lists only their ids; the budget counts the lessons wherever they sit."""
+    msgs = [{"role": "system", "content": "Be brief."}, *USER, {"role": "assistant", "content": "42"},
+            {"role": "user", "content": "And 5 km?"}]  # fmt: skip
+    hits = [HITS[0], EXAMPLES[0]]
+    out = with_experiences(msgs, hits, "user")
+    assert out[0] == {
+        "role": "system",
+        "content": f"Be brief.\n\n{EXAMPLES_LINE}[{EXAMPLES[0].experience.id}]",
+    }
+    assert (
+        out[-1]["content"]
+        == f"{INSTRUCTION}\n[{HITS[0].experience.id}] {HITS[0].experience.text}\n\nAnd 5 km?"
+    )
+    assert out[3:-1] == msgs[1:-1], "earlier client turns are untouched"
+    # Without a system turn and without examples, none is added.
+    assert [m["role"] for m in with_experiences(USER, HITS[:1], "user")] == ["user"]
+    a = assemble(USER, HITS, words, experience_budget=1000, context_length=4096, max_tokens=64,
+                 lesson_position="user")  # fmt: skip
+    assert len(a.used) == 3 and a.messages[-1]["content"].endswith(USER[0]["content"])
+    with pytest.raises(ValueError, match="lesson_position"):
+        with_experiences(USER, HITS, "footer")  # type: ignore[arg-type]

@@ -25,6 +25,7 @@ from google.protobuf.struct_pb2 import Struct
 
 from tests.conftest import NodeProcess, base_config, launch, write_config
 from tests.trainer.scripted import ScriptedServer, arithmetic_policy, one_wrong_in, ops_json
+from zoo.inference.defaults import DEFAULT_LESSON_POSITION
 from zoo.node.client import NodeClient
 from zoo.registry.canonical import decode_library
 from zoo.trainer.tasks import Task, write_jsonl
@@ -245,7 +246,10 @@ def test_scripted_job_succeeds_and_cancel_after_the_end_is_refused(node: NodePro
         assert job.id in [j.id for j in listed]
         lib = decode_library((node.data_dir / "jobs" / job.id / "library.json").read_bytes())
         assert [e.text for e in lib.experiences] == [GOOD]
-        assert lib.description.endswith("(validated with k=5, an experience budget of 512 tokens)")
+        assert lib.description.endswith(
+            "(validated with k=5, an experience budget of 512 tokens, lessons in the "
+            f"{DEFAULT_LESSON_POSITION} turn)"
+        )
     metrics = httpx.get(node.metrics_url).text
     assert 'zoo_jobs_finished_total{kind="tf-grpo",state="succeeded"}' in metrics
     assert 'zoo_job_steps_total{kind="tf-grpo"}' in metrics

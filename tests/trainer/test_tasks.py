@@ -255,11 +255,24 @@ def test_convention_families_are_reproducible_balanced_and_disjoint(tmp_path: Pa
 
 
 def test_unset_prompt_settings_come_from_the_serving_side() -> None:
+    from zoo.inference.defaults import ServingDefaults
     from zoo.trainer.spec import TfGrpoSpec
 
+    served = ServingDefaults(k=3, experience_budget_tokens=256, lesson_position="user", factor_eta=0.5,
+                             factor_cap=2.0)  # fmt: skip
     spec = TfGrpoSpec.parse({})
-    assert (spec.k, spec.experience_budget_tokens) == (None, None)
-    filled = spec.with_prompt_defaults(3, 256)
-    assert (filled.k, filled.experience_budget_tokens) == (3, 256)
-    own = TfGrpoSpec.parse({"k": 7, "experience_budget_tokens": 900}).with_prompt_defaults(3, 256)
-    assert (own.k, own.experience_budget_tokens) == (7, 900), "a job may override them"
+    assert (spec.k, spec.experience_budget_tokens, spec.lesson_position) == (None, None, None)
+    assert spec.serving() == ServingDefaults(), "unset and outside a node: the built-in serving defaults"
+    filled = spec.with_serving_defaults(served)
+    assert filled.serving() == served
+    assert (filled.k, filled.experience_budget_tokens, filled.lesson_position) == (3, 256, "user")
+    own = TfGrpoSpec.parse({"k": 7, "experience_budget_tokens": 900, "lesson_position": "system",
+                            "factor_eta": 2.0}).with_serving_defaults(served)  # fmt: skip
+    assert (own.k, own.experience_budget_tokens, own.lesson_position) == (7, 900, "system"), (
+        "a job may override"
+    )
+    assert (own.factor_eta, own.factor_cap) == (2.0, 2.0)
+    with pytest.raises(ValidationError, match="lesson_position"):
+        TfGrpoSpec.parse({"lesson_position": "footer"})
+    with pytest.raises(ValidationError, match="factor_eta"):
+        TfGrpoSpec.parse({"factor_eta": float("nan")})
