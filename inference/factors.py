@@ -368,6 +368,28 @@ def build_processor(
     return ExpertFactorLogitsProcessor(torch.from_numpy(bias).to(device=device, dtype=torch.float32))
 
 
+FactorBuilder = Callable[[Sequence[Any]], ExpertFactorLogitsProcessor | None]
+
+
+def processor_builder(
+    backend: Any, eta: float = DEFAULT_FACTOR_ETA, cap: float = DEFAULT_FACTOR_CAP
+) -> FactorBuilder | None:
+    """experiences -> the logits processor of their factors, for this backend's model (serving and learning
+    jobs build it the same way); None when the backend cannot apply factors (no local tokenizer, or no
+    logits processors). The tokenizer's tag is computed once here, not per request."""
+    tokenizer = getattr(backend, "tokenizer", None)
+    if tokenizer is None or not getattr(backend, "supports_logits_processors", False):
+        return None
+    tag = tokenizer_tag(tokenizer)
+    config = getattr(getattr(backend, "model", None), "config", None)
+    vocab = int(config.vocab_size) if config is not None else len(tokenizer)
+
+    def build(experiences: Sequence[Any]) -> ExpertFactorLogitsProcessor | None:
+        return build_processor(experiences, tag, vocab, eta, cap)
+
+    return build
+
+
 # -- vLLM ---------------------------------------------------------------------------------------------
 
 

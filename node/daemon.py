@@ -250,23 +250,9 @@ class _LibraryViewProxy:
 
 
 def _factor_builder(cfg: NodeConfig, backend: Any) -> Any:
-    tokenizer = getattr(backend, "tokenizer", None)
-    if tokenizer is None:
-        return None
+    from zoo.inference.factors import processor_builder
 
-    def build(experiences: Any) -> Any:
-        from zoo.inference.factors import build_processor, tokenizer_tag
-
-        vocab = (
-            int(getattr(getattr(backend, "model", None), "config", None).vocab_size)
-            if hasattr(backend, "model")
-            else len(tokenizer)
-        )
-        return build_processor(
-            experiences, tokenizer_tag(tokenizer), vocab, cfg.inference.factor_eta, cfg.inference.factor_cap
-        )
-
-    return build
+    return processor_builder(backend, cfg.inference.factor_eta, cfg.inference.factor_cap)
 
 
 def _follower_factory(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, store: LibraryStore) -> Any:

@@ -80,6 +80,13 @@ def habitats(rng: random.Random) -> list[Task]:
 
 FAMILIES = {"lengths": lengths, "habitats": habitats}
 
+# Each family's convention as a person would state it: the rule an ideal lesson carries (benchmarks use it
+# to measure how far a correct rule moves a model, wherever it sits in the prompt; runs never see it).
+CONVENTIONS = {
+    "lengths": "When recording a length, convert it to centimetres and write only the number (3 m -> 300).",
+    "habitats": "When asked for an animal's label, answer WET if it lives in or by water, otherwise DRY.",
+}
+
 
 def generate(name: str, seed: int = 0) -> dict[str, list[Task]]:
     """The family's tasks cut into its splits (train, validation, test), in a fixed order."""

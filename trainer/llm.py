@@ -97,9 +97,16 @@ class LLM:
         top_p: float = 1.0,
         seed: int = 0,
         response_format: ResponseFormat | None = None,
+        logits_processor: Any = None,
     ) -> GenerationResult:
         request = GenerationRequest(
-            messages, max_tokens, temperature, top_p, seed, response_format=response_format
+            messages,
+            max_tokens,
+            temperature,
+            top_p,
+            seed,
+            logits_processor=logits_processor,
+            response_format=response_format,
         )
         async with self._slots:
             started = time.perf_counter()

@@ -4,9 +4,11 @@ Per epoch the training tasks are shuffled (seeded) and cut into batches; one bat
 
 1. Rollouts: G completions per task with the current library in the prompt (the same assembly as the
    inference engine: the top-k experiences retrieved for the task, ranked by similarity).
-2. Rewards per completion; the group-relative advantage A = (r - mean) / (std + eps). Each lesson in a
-   rollout's prompt (those it cited, when it cited any) counts as helpful when A > 0, harmful when A < 0;
-   its confidence becomes (helpful + 1) / (helpful + harmful + 2).
+2. Rewards per completion; the group-relative advantage A = (r - mean) / (std + eps). Each experience in
+   a rollout's prompt (those it cited, when it cited any) is credited with A; its confidence moves from
+   where it started by the shrunken mean of those advantages (confidence_of), and the report counts its
+   helpful (A > 0) and harmful (A < 0) uses. With `distill_factors`, rollouts and validation decode with
+   the factors of the experiences in the prompt, weighted by confidence exactly as serving weights them.
 3. Groups whose rewards are all equal carry no comparison signal and are skipped (no LLM calls), except
    a group that failed wholly on a task with a reference answer: the critic compares its rollouts with
    the reference. With G = 1 (the paper's ablation without group computation) the single rollout is
@@ -49,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from zoo.inference.embedder import Embedder
+from zoo.inference.factors import processor_builder
 from zoo.inference.prompt import assemble, parse_citations
 from zoo.inference.retrieval import Hit, RetrievalIndex
 from zoo.registry.canonical import decode_library, encode_library
@@ -89,6 +92,7 @@ class TrainState:
     baseline_validation_score: float | None = None
     counts: dict[str, list[int]] = field(default_factory=dict)  # id -> [helpful, harmful]
     credit: dict[str, list[float]] = field(default_factory=dict)  # id -> [sum of advantages, uses]
+    priors: dict[str, float] = field(default_factory=dict)  # id -> confidence when the run first saw it
     curve: list[dict[str, Any]] = field(default_factory=list)
     operations: list[dict[str, Any]] = field(default_factory=list)
     rejected: list[dict[str, Any]] = field(default_factory=list)
@@ -108,6 +112,7 @@ class TrainState:
             "baseline_validation_score": self.baseline_validation_score,
             "counts": self.counts,
             "credit": self.credit,
+            "priors": self.priors,
             "curve": self.curve,
             "operations": self.operations,
             "rejected": self.rejected,
@@ -130,6 +135,7 @@ class TrainState:
             baseline_validation_score=data.get("baseline_validation_score"),
             counts={k: [int(v[0]), int(v[1])] for k, v in (data.get("counts") or {}).items()},
             credit={k: [float(v[0]), float(v[1])] for k, v in (data.get("credit") or {}).items()},
+            priors={k: float(v) for k, v in (data.get("priors") or {}).items()},
             curve=list(data.get("curve") or []),
             operations=list(data.get("operations") or []),
             rejected=list(data.get("rejected") or []),
@@ -222,9 +228,30 @@ def advantages_of(scores: Sequence[float]) -> list[float]:
     return [(s - mean) / (std + ADVANTAGE_EPS) for s in scores]
 
 
-def confidence_of(helpful: int, harmful: int) -> float:
-    """Laplace-smoothed share of helpful uses; 0.5 for a lesson never seen in a contrasting group."""
-    return (helpful + 1) / (helpful + harmful + 2)
+# The confidence a newly distilled factor is tried at: log-odds 1, so it weighs η while validation decides.
+FACTOR_TRIAL_CONFIDENCE = 1.0 / (1.0 + math.exp(-1.0))
+# Candidates of a step in the order a tie is broken (each may have a "-no-factors" variant right after).
+CANDIDATE_ORDER = ("both", "examples", "lessons", "prune")
+# Pseudo-uses of an experience's starting confidence: how much evidence its first uses must outweigh.
+PRIOR_USES = 2.0
+
+
+def _logit(q: float) -> float:
+    q = min(max(q, 1e-6), 1 - 1e-6)
+    return math.log(q / (1 - q))
+
+
+def confidence_of(prior: float, advantage_sum: float, uses: float) -> float:
+    """An experience's reliability after `uses` rollouts whose advantages sum to `advantage_sum`: the
+    log-odds of `prior` (its confidence when the run first saw it), shrunk toward the mean advantage of its
+    uses, sigmoid((PRIOR_USES·logit(prior) + Σ A) / (PRIOR_USES + uses)).
+
+    Mean advantage, not helpful/harmful counts: an experience offered to every rollout of a group adds 0
+    to Σ A whatever the group's success rate, while counting A > 0 against A < 0 would make everything
+    offered to mostly failing groups look harmful. So the factor weight log(q / (1 - q)) it yields is the
+    shrunken mean advantage, and an experience that makes no difference drifts to q = 0.5 (weight 0)."""
+    z = (PRIOR_USES * _logit(prior) + advantage_sum) / (PRIOR_USES + uses)
+    return 1.0 / (1.0 + math.exp(-z))
 
 
 def batches(train: Sequence[Task], spec: TfGrpoSpec, epoch: int) -> list[list[Task]]:
@@ -263,6 +290,13 @@ class TfGrpoRun:
         # Unset, the serving defaults: a library is validated under the conditions it is served in.
         self.serving = spec.serving()
         self.k = self.serving.k
+        # With factors on, rollouts and validation decode with the factors of the experiences in the prompt,
+        # weighted as serving weights them, so validation can catch (and revert) harmful ones.
+        self._factor_builder = (
+            processor_builder(self.llm.backend, self.serving.factor_eta, self.serving.factor_cap)
+            if spec.distill_factors
+            else None
+        )
 
     # -- rewards and prompts ------------------------------------------------------------------------
 
@@ -311,6 +345,12 @@ class TfGrpoRun:
             return [Hit(e, 1.0) for e in library]
         return index.search(task.question, k=self.k)
 
+    def factors_for(self, experiences: Sequence[Experience]) -> Any:
+        """The logits processor of these experiences' factors (None: factors off, or none apply)."""
+        if self._factor_builder is None or not any(e.factors is not None for e in experiences):
+            return None
+        return self._factor_builder(experiences)
+
     def messages(self, task: Task, hits: Sequence[Hit]) -> tuple[list[dict[str, str]], list[Experience]]:
         instruction = instruction_for(task, self.spec.instruction)
         base = [{"role": "system", "content": instruction}, {"role": "user", "content": task.question}]
@@ -343,9 +383,10 @@ class TfGrpoRun:
         index = await asyncio.to_thread(self._index, library)
 
         async def one(task: Task) -> float:
-            messages, _ = self.messages(task, self.offered(task, library, index))
+            messages, used = self.messages(task, self.offered(task, library, index))
             reply = await self.llm.chat(
                 messages,
+                logits_processor=self.factors_for(used),
                 role="validation",
                 max_tokens=self.spec.rollout_max_tokens,
                 temperature=0.0,
@@ -377,6 +418,13 @@ class TfGrpoRun:
                 "library_size": len(state.library),
             },
         )
+        if self.spec.distill_factors and self._factor_builder is None and self.llm.tokenizer is not None:
+            note = (
+                f"distill_factors: the {self.llm.model_id} backend cannot apply logits processors; "
+                "rollouts and validation decode without the factors"
+            )
+            if note not in state.notes:
+                state.notes.append(note)
         if fresh:
             started = time.perf_counter()
             score = await self.evaluate(state.library, "baseline")
@@ -412,10 +460,12 @@ class TfGrpoRun:
 
         async def rollouts(task: Task) -> Group:
             messages, offered = self.messages(task, self.offered(task, library, index))
+            processor = self.factors_for(offered)
 
             async def one(g: int) -> str:
                 reply = await self.llm.chat(
                     messages,
+                    logits_processor=processor,
                     role="rollout",
                     max_tokens=spec.rollout_max_tokens,
                     temperature=spec.temperature,
@@ -561,7 +611,7 @@ class TfGrpoRun:
         reverted: dict[tuple[str, str], dict[str, Any]] = {}
         for o in candidates.values():
             for op in o.applied:
-                if (op["op"], op["id"]) not in kept_ops:
+                if op["op"] != "drop_factors" and (op["op"], op["id"]) not in kept_ops:
                     reverted.setdefault((op["op"], op["id"]), {**op, "step": number})
         state.reverted += list(reverted.values())
         if decision == "kept":
@@ -579,7 +629,7 @@ class TfGrpoRun:
                     n[1] += c[1]
             state.operations += [{**op, "step": number} for op in outcome.applied]
         state.rejected += [{**r, "step": number} for r in rejected]
-        state.library = [self._with_confidence(e, state.counts) for e in library]
+        state.library = [self._with_confidence(e, state) for e in library]
         state.validation_score = score
         wall = time.perf_counter() - started
         state.wall_s += wall
@@ -636,6 +686,13 @@ class TfGrpoRun:
             raw["lessons"] = lessons
         if not raw:
             raw["prune"] = unchanged
+        by_id = {e.id: e for e in library}
+        for name in list(raw):
+            trial, stripped = self._factor_trial(raw[name], by_id)
+            if stripped is not None:
+                raw[name] = trial
+                raw[f"{name}-no-factors"] = stripped
+        raw = {n: raw[n] for n in sorted(raw, key=lambda n: list(CANDIDATE_ORDER).index(n.split("-")[0]))}
         out: dict[str, Outcome] = {}
         seen = [unchanged.experiences]
         for name, o in raw.items():
@@ -654,11 +711,39 @@ class TfGrpoRun:
             out[name] = Outcome(kept, o.applied + drops, o.rejected, o.renamed)
         return out, rejected
 
-    def _with_confidence(self, e: Experience, counts: dict[str, list[int]]) -> Experience:
-        c = counts.get(e.id)
-        if c is None or c == [0, 0]:
+    def _factor_trial(self, o: Outcome, before: Mapping[str, Experience]) -> tuple[Outcome, Outcome | None]:
+        """(o with its new factors on trial, o without them), or (o, None) when it brings no new factors.
+
+        A new factor starts at FACTOR_TRIAL_CONFIDENCE, so validation decodes with it at weight η (at the
+        neutral 0.5 it would weigh nothing and validation could not tell whether it hurts); the variant
+        without it lets validation drop a harmful factor set and keep the lesson it came with."""
+        previous = {new: before[old] for old, new in o.renamed.items() if old in before}
+        trial: list[Experience] = []
+        stripped: list[Experience] = []
+        drops: list[dict[str, Any]] = []
+        for e in o.experiences:
+            old = before.get(e.id) or previous.get(e.id)
+            if e.factors is None or (old is not None and old.factors == e.factors):
+                trial.append(e)
+                stripped.append(e)
+                continue
+            trial.append(e.replace(confidence=FACTOR_TRIAL_CONFIDENCE))
+            stripped.append(e.replace(factors=old.factors if old is not None else None))
+            drops.append({"op": "drop_factors", "id": e.id, "text": e.text,
+                          "reason": "validation scored the step higher without them"})  # fmt: skip
+        if not drops:
+            return o, None
+        return (
+            Outcome(trial, o.applied, o.rejected, o.renamed),
+            Outcome(stripped, o.applied + drops, o.rejected, o.renamed),
+        )
+
+    def _with_confidence(self, e: Experience, state: TrainState) -> Experience:
+        prior = state.priors.setdefault(e.id, e.confidence)  # first seen: where its confidence starts
+        total, uses = state.credit.get(e.id, (0.0, 0.0))
+        if not uses:
             return e
-        confidence = confidence_of(c[0], c[1])
+        confidence = confidence_of(prior, total, uses)
         return e if abs(confidence - e.confidence) < 1e-6 else e.replace(confidence=confidence)
 
     def _factors(

@@ -28,6 +28,7 @@ class Call:
     messages: list[dict[str, str]]
     seed: int
     temperature: float
+    logits_processor: Any = None  # decode-time expert factors the caller asked for (ScriptedBackend)
 
     @property
     def system(self) -> str:
@@ -88,7 +89,7 @@ class ScriptedBackend:
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         import asyncio
 
-        call = Call(request.messages, request.seed, request.temperature)
+        call = Call(request.messages, request.seed, request.temperature, request.logits_processor)
         self.recorder.add(call)
         if self.delay_s:
             await asyncio.sleep(self.delay_s)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 import threading
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.trainer.scripted import Call, ScriptedBackend, arithmetic_policy, one_wrong_in, ops_json
+from tests.trainer.scripted import Call, ScriptedBackend, arithmetic_policy, boxed, one_wrong_in, ops_json
 from zoo.inference.embedder import SentenceTransformerEmbedder
 from zoo.registry.canonical import decode_library
 from zoo.registry.experience import Experience, Library
@@ -104,8 +105,17 @@ def test_advantages_and_confidence() -> None:
     a = advantages_of([1.0, 0.0])
     assert a[0] > 0 > a[1] and abs(a[0] + a[1]) < 1e-9
     assert advantages_of([0.5]) == [0.0]
-    assert confidence_of(0, 0) == 0.5
-    assert confidence_of(3, 1) == pytest.approx(4 / 6)
+    assert confidence_of(0.5, 0.0, 0) == pytest.approx(0.5)
+    assert confidence_of(0.8, 0.0, 0) == pytest.approx(0.8), "no uses: where it started"
+    # Offered to a whole group, an experience's advantages cancel: it drifts to neutral, whatever the
+    # group's success rate, instead of being condemned by a group that mostly failed.
+    assert confidence_of(0.5, sum(advantages_of([1, 0, 0, 0, 0])), 5) == pytest.approx(0.5)
+    assert confidence_of(0.8, 0.0, 50) == pytest.approx(0.5, abs=0.03)
+    # Used only by the better rollouts it rises; only by the worse ones it falls, below 0.5 (a negative
+    # factor weight).
+    assert confidence_of(0.5, 2.0, 2) == pytest.approx(1 / (1 + math.exp(-0.5)))
+    assert confidence_of(0.5, -2.0, 2) < 0.5 < confidence_of(0.5, 1.0, 1)
+    assert 0 < confidence_of(1.0, -100.0, 1) < confidence_of(0.0, 100.0, 1) < 1
 
 
 def test_one_epoch_learns_a_lesson_and_writes_outputs(tmp_path: Path, embedder) -> None:
@@ -387,45 +397,77 @@ def test_checkpoint_state_round_trips() -> None:
         TrainState.from_json({**data, "state_version": 99})
 
 
-def test_distilled_factors_attach_to_learned_lessons(tmp_path: Path, embedder) -> None:
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
     from transformers import AutoTokenizer
 
-    from zoo.inference.factors import tokenizer_tag
     from zoo.inference.models import prepare_bundled_chat_model
     from zoo.node.config import default_cache_dir
 
-    tokenizer = AutoTokenizer.from_pretrained(prepare_bundled_chat_model(default_cache_dir()).path)
-    backend = ScriptedBackend(
-        arithmetic_policy(correct=one_wrong_in(3), compare=lambda c: ops_json({"op": "add", "text": GOOD}))
-    )
+    return AutoTokenizer.from_pretrained(prepare_bundled_chat_model(default_cache_dir()).path)
+
+
+def factor_run(
+    tmp_path: Path, embedder, tokenizer, policy: Callable[[Call], str], **spec: Any
+) -> tuple[Run, dict[str, Any]]:
+    """A lessons run with distilled factors, on a scripted model that has the real tokenizer and takes
+    logits processors (the policy sees whether a call decodes with factors)."""
+    backend = ScriptedBackend(policy)
     backend.tokenizer = tokenizer  # type: ignore[attr-defined]
+    backend.supports_logits_processors = True  # type: ignore[misc]
     run = Run(backend)
-    spec = TfGrpoSpec.parse(
-        {
-            "dataset": str(tasks_file(tmp_path, 2)),
-            "validation_limit": 0,
-            "epochs": 1,
-            "batch_size": 2,
-            "group_size": 3,
-            "distill_factors": True,
-            "experience_kinds": "lessons",
-        }
-    )
-    result = asyncio.run(
-        run_tf_grpo(
-            spec,
-            LLM(backend),
-            embedder,
-            None,
-            "",
-            author="job:f",
-            out_dir=tmp_path / "f",
-            emit=run.emit,
-            save=run.save,
-        )
-    )
+    parsed = TfGrpoSpec.parse({"dataset": str(tasks_file(tmp_path, 4)), "epochs": 1, "batch_size": 2,
+                               "group_size": 3, "distill_factors": True, "experience_kinds": "lessons",
+                               **spec})  # fmt: skip
+    result = asyncio.run(run_tf_grpo(parsed, LLM(backend), embedder, None, "", author="job:f",
+                                     out_dir=tmp_path / "f", emit=run.emit, save=run.save))  # fmt: skip
+    return run, result
+
+
+def good_lesson(call: Call) -> str:
+    return ops_json({"op": "add", "text": GOOD})
+
+
+def test_distilled_factors_are_tried_and_then_decode_later_rollouts(
+    tmp_path: Path, embedder, tokenizer
+) -> None:
+    from zoo.inference.factors import tokenizer_tag
+
+    policy = arithmetic_policy(correct=one_wrong_in(3), compare=good_lesson)
+    run, result = factor_run(tmp_path, embedder, tokenizer, policy, validation_limit=0)
     (lesson,) = decode_library(Path(result["library"]).read_bytes()).experiences
     assert lesson.factors is not None and lesson.factors.tokenizer == tokenizer_tag(tokenizer)
+    first, _ = run.steps()
+    assert first["chosen"] == "lessons" and first["candidates"] == {
+        "lessons": None,
+        "lessons-no-factors": None,
+    }
+    # Step 2's rollouts decode with the kept lesson's factors, weighted as serving weighs them.
+    step2 = [c for c in run.backend.recorder.calls if c.stage == "rollout" and c.temperature > 0][6:]
+    assert step2 and all(c.logits_processor is not None for c in step2)
+    assert all(c.logits_processor.bias.abs().max() > 0 for c in step2)
+
+
+def test_a_harmful_factor_set_is_reverted_and_its_lesson_kept(tmp_path: Path, embedder, tokenizer) -> None:
+    """Validation decodes with the new factors (tried at weight eta): they make the model wrong, so the
+    step keeps the lesson without them and records the drop."""
+    sampled = arithmetic_policy(correct=one_wrong_in(3), compare=good_lesson)
+
+    def policy(call: Call) -> str:
+        if call.stage == "rollout" and call.temperature == 0 and call.logits_processor is not None:
+            return boxed(-1)  # decoding with the factors derails the answer
+        return sampled(call)
+
+    spec = {"validation": str(tasks_file(tmp_path, 2, "val.jsonl", 10)), "epochs": 1}
+    run, result = factor_run(tmp_path, embedder, tokenizer, policy, **spec)
+    first = run.steps()[0]
+    assert first["candidates"] == {"lessons": 0.0, "lessons-no-factors": 1.0}, first
+    assert first["decision"] == "kept" and first["chosen"] == "lessons-no-factors"
+    learned = decode_library(Path(result["library"]).read_bytes()).experiences
+    assert [e.text for e in learned] == [GOOD] and learned[0].factors is None
+    report = json.loads(Path(result["report"]).read_text())
+    assert any(op["op"] == "drop_factors" and op["step"] == 1 for op in report["operations"])
+    assert report["final_validation_score"] == 1.0
 
 
 def test_context_base_experiences_are_the_starting_library(tmp_path: Path, embedder) -> None:
