@@ -41,6 +41,7 @@ def test_file_then_env_then_overrides(tmp_path: Path) -> None:
         ('[chain]\nregistry_address = "0x12"\n', "chain.registry_address"),
         ('[server]\ntls_cert = "/x.pem"\n', "tls_cert and tls_key must be set together"),
         ("bogus = 1\n", "bogus: unknown key"),
+        ('[inference]\nlesson_position = "footer"\n', "inference.lesson_position"),
     ],
 )
 def test_bad_config_names_key_and_file(tmp_path: Path, toml: str, needle: str) -> None:

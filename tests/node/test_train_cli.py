@@ -65,12 +65,13 @@ def settled(server: ScriptedServer) -> int:
 class Trainer:
     """`zoo-node train tf-grpo` for one data dir whose model is a scripted server."""
 
-    def __init__(self, tmp: Path, server: ScriptedServer) -> None:
+    def __init__(self, tmp: Path, server: ScriptedServer, **sections: Any) -> None:
         self.server = server
         self.config = write_config(
             tmp / "node.toml",
             base_config(
-                tmp / "data", {"model": {"backend": "openai", "base_url": server.url, "name": "scripted"}}
+                tmp / "data",
+                {"model": {"backend": "openai", "base_url": server.url, "name": "scripted"}, **sections},
             ),
         )
         self.dataset = tasks_file(tmp, 4)
@@ -136,6 +137,24 @@ def test_train_writes_outputs_refuses_a_rerun_and_resumes_a_finished_run(trainer
     assert len(trainer.server.recorder.calls) == calls
     assert (out / "library.json").read_bytes() == library_bytes
     assert len(json.loads((out / "report.json").read_text())["curve"]) == 2
+
+
+@pytest.mark.parametrize("override", [None, "system"])
+def test_a_run_places_lessons_where_the_node_serves_them(tmp_path: Path, override: str | None) -> None:
+    """inference.lesson_position = "user": the run's rollouts carry the learned lesson right before the
+    question, and the spec records it; --lesson-position overrides the node's setting."""
+    with ScriptedServer(policy()) as server:
+        trainer = Trainer(tmp_path, server, inference={"lesson_position": "user"})
+        out = tmp_path / "run"
+        done = trainer(out, *(["--lesson-position", override] if override else []))
+        assert done.returncode == 0, done.stderr
+        position = override or "user"
+        assert json.loads((out / "checkpoint.json").read_text())["spec"]["lesson_position"] == position
+        assert position in decode_library((out / "library.json").read_bytes()).description
+        with_lesson = [c for c in server.recorder.calls if c.stage == "rollout" and GOOD in str(c.messages)]
+        assert with_lesson, "the step-2 rollouts carry the step-1 lesson"
+        assert all((GOOD in c.user) == (position == "user") for c in with_lesson)
+        assert all((GOOD in c.system) == (position == "system") for c in with_lesson)
 
 
 def test_an_interrupted_run_resumes_with_only_the_steps_left(tmp_path: Path) -> None:

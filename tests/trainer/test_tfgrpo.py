@@ -470,7 +470,8 @@ def test_a_harmful_factor_set_is_reverted_and_its_lesson_kept(tmp_path: Path, em
     assert report["final_validation_score"] == 1.0
 
 
-def test_context_base_experiences_are_the_starting_library(tmp_path: Path, embedder) -> None:
+@pytest.mark.parametrize("position", ["system", "user"])
+def test_context_base_experiences_are_the_starting_library(tmp_path: Path, embedder, position: str) -> None:
     e = Experience.create(
         text="When adding, line up the digits.",
         domain="math.arithmetic",
@@ -482,8 +483,9 @@ def test_context_base_experiences_are_the_starting_library(tmp_path: Path, embed
     backend = ScriptedBackend(arithmetic_policy(correct=lambda c: True, compare=lambda c: ops_json()))
     run = Run(backend)
     spec = TfGrpoSpec.parse(
-        {"dataset": str(tasks_file(tmp_path, 1)), "validation_limit": 0, "epochs": 1, "group_size": 2}
-    )
+        {"dataset": str(tasks_file(tmp_path, 1)), "validation_limit": 0, "epochs": 1, "group_size": 2,
+         "lesson_position": position}
+    )  # fmt: skip
     ctx = Context(
         LLM(backend),
         embedder,
@@ -502,7 +504,11 @@ def test_context_base_experiences_are_the_starting_library(tmp_path: Path, embed
         ).run()
     )
     assert state.library == [e]
-    assert all(e.text in c.system for c in backend.recorder.calls)
+    # Rollouts carry the lesson where the spec (by default the node's serving config) puts it.
+    rollouts = [c for c in backend.recorder.calls if c.stage == "rollout"]
+    assert rollouts and all((e.text in c.system) == (position == "system") for c in rollouts)
+    assert all((e.text in c.user) == (position == "user") for c in rollouts)
+    assert all(c.user.endswith("What is 1 plus 2?") for c in rollouts)
 
 
 def test_group_size_one_critiques_the_single_rollout(tmp_path: Path, embedder) -> None:
