@@ -254,6 +254,15 @@ def confidence_of(prior: float, advantage_sum: float, uses: float) -> float:
     return 1.0 / (1.0 + math.exp(-z))
 
 
+def choose(scores: Mapping[str, float | None], current: float | None, tolerance: float) -> str | None:
+    """The candidate a step keeps, from the validation scores of its candidates (in preference order):
+    the best one that scores at least `current - tolerance`, a tie going to the earlier one; None when
+    every one drops (the step is reverted). Without validation (scores None) the first one is kept."""
+    order = list(scores)
+    passing = [n for n, s in scores.items() if s is None or current is None or s >= current - tolerance]
+    return max(passing, key=lambda n: (scores[n] or 0.0, -order.index(n)), default=None)
+
+
 def batches(train: Sequence[Task], spec: TfGrpoSpec, epoch: int) -> list[list[Task]]:
     order = list(train)
     random.Random(seed_of("shuffle", spec.seed, epoch)).shuffle(order)
@@ -594,15 +603,7 @@ class TfGrpoRun:
                 *(self.evaluate(o.experiences, f"step-{number}-{name}") for name, o in candidates.items())
             )
             scores_of = dict(zip(candidates, evaluated, strict=True))
-        current = state.validation_score
-        acceptable = [
-            name
-            for name, s in scores_of.items()
-            if s is None or current is None or s >= current - spec.revert_tolerance
-        ]
-        # The best score wins; a tie goes to the earlier candidate (the whole step before either kind).
-        order = list(candidates)
-        chosen = max(acceptable, key=lambda n: (scores_of[n] or 0.0, -order.index(n)), default=None)
+        chosen = choose(scores_of, state.validation_score, spec.revert_tolerance)
         decision = "no_change" if not candidates else ("kept" if chosen else "reverted")
         score = scores_of[chosen] if chosen else state.validation_score
         candidate = max((s for s in scores_of.values() if s is not None), default=None)

@@ -26,7 +26,7 @@ from zoo.trainer.job import run_tf_grpo
 from zoo.trainer.llm import LLM
 from zoo.trainer.spec import TfGrpoSpec
 from zoo.trainer.tasks import Task, instruction_for, write_jsonl
-from zoo.trainer.tfgrpo import Context, TfGrpoRun, TrainState, advantages_of, confidence_of
+from zoo.trainer.tfgrpo import Context, TfGrpoRun, TrainState, advantages_of, choose, confidence_of
 
 GOOD = "When adding two numbers, add the ones digits first and then the tens digits."
 POISON = "When adding two numbers, always add one more to the total at the end."
@@ -116,6 +116,15 @@ def test_advantages_and_confidence() -> None:
     assert confidence_of(0.5, 2.0, 2) == pytest.approx(1 / (1 + math.exp(-0.5)))
     assert confidence_of(0.5, -2.0, 2) < 0.5 < confidence_of(0.5, 1.0, 1)
     assert 0 < confidence_of(1.0, -100.0, 1) < confidence_of(0.0, 100.0, 1) < 1
+
+
+def test_a_step_keeps_its_best_candidate_that_does_not_drop() -> None:
+    assert choose({"both": 0.5, "examples": 0.75, "lessons": 0.25}, 0.5, 0.0) == "examples"
+    assert choose({"both": 0.5, "examples": 0.5}, 0.5, 0.0) == "both", "a tie keeps more of the step"
+    assert choose({"both": 0.25, "examples": 0.4}, 0.5, 0.0) is None, "all drop: reverted"
+    assert choose({"both": 0.25, "examples": 0.4}, 0.5, 0.1) == "examples", "within the tolerance"
+    assert choose({"lessons": None, "lessons-no-factors": None}, None, 0.0) == "lessons", "no validation"
+    assert choose({}, 0.5, 0.0) is None
 
 
 def test_one_epoch_learns_a_lesson_and_writes_outputs(tmp_path: Path, embedder) -> None:
