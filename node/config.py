@@ -261,11 +261,11 @@ class InferenceConfig(_Section):
     def serving_defaults(self) -> ServingDefaults:
         """What a learning job's unset prompt and factor settings become (train/serve parity)."""
         return ServingDefaults(
-            self.default_k,
-            self.experience_budget_tokens,
-            self.lesson_position,
-            self.factor_eta,
-            self.factor_cap,
+            k=self.default_k,
+            experience_budget_tokens=self.experience_budget_tokens,
+            lesson_position=self.lesson_position,
+            factor_eta=self.factor_eta,
+            factor_cap=self.factor_cap,
         )
 
     @model_validator(mode="after")

@@ -4,7 +4,8 @@ An experience is of one of two kinds. A `lesson` is a rule, one sentence opening
 ..."): larger models follow rules. An `example` is a worked example: a question (`text`), its short correct
 `answer` and optional brief `reasoning`: small models follow examples (on the bundled 135M model a correct
 rule in the prompt moves a held-out score by 0.00, one worked example by 0.50). Both are retrieved, ranked
-and cited alike; prompt assembly puts lessons in the system turn and examples as earlier turns.
+and cited alike; prompt assembly puts lessons in the system turn (or before the question) and examples as
+earlier turns.
 
 Every value is normalised while it is validated (strings to Unicode NFC, confidence to millionths,
 factor scales to float32, timestamps to whole UTC seconds), so a model instance holds exactly what the

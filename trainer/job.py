@@ -47,12 +47,13 @@ class Base:
         )
 
 
-def validated_with(serving: ServingDefaults) -> str:
+def validated_with(serving: ServingDefaults, factors: bool = False) -> str:
     """The serving conditions a library was validated under, as its description records them."""
-    return (
+    said = (
         f"k={serving.k}, an experience budget of {serving.experience_budget_tokens} tokens, lessons in the "
         f"{serving.lesson_position} turn"
     )
+    return said + (f", factors at eta {serving.factor_eta:g}, cap {serving.factor_cap:g}" if factors else "")
 
 
 async def run_tf_grpo(
@@ -97,7 +98,8 @@ async def run_tf_grpo(
         parent_root=base.root,
         base_model=llm.model_id,
         experiences=final.library,
-        description=f"{spec.description or summary} (validated with {validated_with(run.serving)})",
+        description=f"{spec.description or summary} "
+        f"(validated with {validated_with(run.serving, spec.distill_factors)})",
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     library_file = out_dir / "library.json"

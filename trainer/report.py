@@ -4,7 +4,8 @@ A curve is a list of per-step points (plain JSON-serialisable dicts), in the ord
 
     {"epoch": 1, "step": 3, "reward_mean": 0.4, "reward_std": 0.2, "validation_score": 0.5 or None,
      "decision": "kept" | "reverted" | "no_change", "operations_applied": 2, "groups_skipped": 1,
-     "llm_calls": 12, "wall_s": 3.2}
+     "candidates": {"both": 0.5, "examples": 0.58}, "chosen": "examples" or None, "llm_calls": 12,
+     "wall_s": 3.2}
 
 plus, in the report, an optional "baseline_validation_score" (the library's score before step 1).
 The plot uses matplotlib's Agg canvas directly (no pyplot, no global backend state); matplotlib is

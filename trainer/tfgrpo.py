@@ -8,7 +8,8 @@ Per epoch the training tasks are shuffled (seeded) and cut into batches; one bat
    a rollout's prompt (those it cited, when it cited any) is credited with A; its confidence moves from
    where it started by the shrunken mean of those advantages (confidence_of), and the report counts its
    helpful (A > 0) and harmful (A < 0) uses. With `distill_factors`, rollouts and validation decode with
-   the factors of the experiences in the prompt, weighted by confidence exactly as serving weights them.
+   the factors of the experiences in the prompt, weighted by confidence as serving weighs them when a
+   client asks for factors.
 3. Groups whose rewards are all equal carry no comparison signal and are skipped (no LLM calls), except
    a group that failed wholly on a task with a reference answer: the critic compares its rollouts with
    the reference. With G = 1 (the paper's ablation without group computation) the single rollout is
@@ -22,7 +23,8 @@ Per epoch the training tasks are shuffled (seeded) and cut into batches; one bat
 5. Validation: the changed library is scored on the validation split (greedy, one completion a task);
    if the score drops by more than `revert_tolerance` the step is reverted (the library stays as it was).
    The paper asks for this; its public implementation does not do it. A step that proposes both kinds
-   offers three candidates, its lessons and examples together and each kind alone; the best-scoring one
+   offers its lessons and examples together and each kind alone as candidates (beside the library with
+   only the prune applied, and each candidate with new factors also without them); the best-scoring one
    that passes is kept (a tie keeps more of the step), so each kind earns its place on the model at hand
    and a rule that confuses a small model cannot take the examples down with it.
 
@@ -63,7 +65,7 @@ from zoo.trainer.rewards import BaseReward, RewardResult, ascore_group, get_rewa
 from zoo.trainer.spec import TfGrpoSpec
 from zoo.trainer.tasks import Task, instruction_for
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: confidence moves from a recorded prior by mean advantage (not by counts)
 ADVANTAGE_EPS = 1e-4
 INITIAL_CONFIDENCE = 0.5
 
@@ -126,7 +128,10 @@ class TrainState:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TrainState:
         if data.get("state_version") != STATE_VERSION:
-            raise ValueError(f"checkpoint state_version {data.get('state_version')} is not {STATE_VERSION}")
+            raise ValueError(
+                f"checkpoint state_version {data.get('state_version')} is not {STATE_VERSION}: it was "
+                "written by another zoo-node version; start the run again (a new --out or job)"
+            )
         lib = decode_library(str(data["library"]).encode())
         return cls(
             step=int(data["step"]),
@@ -230,8 +235,6 @@ def advantages_of(scores: Sequence[float]) -> list[float]:
 
 # The confidence a newly distilled factor is tried at: log-odds 1, so it weighs η while validation decides.
 FACTOR_TRIAL_CONFIDENCE = 1.0 / (1.0 + math.exp(-1.0))
-# Candidates of a step in the order a tie is broken (each may have a "-no-factors" variant right after).
-CANDIDATE_ORDER = ("both", "examples", "lessons", "prune")
 # Pseudo-uses of an experience's starting confidence: how much evidence its first uses must outweigh.
 PRIOR_USES = 2.0
 
@@ -258,9 +261,13 @@ def choose(scores: Mapping[str, float | None], current: float | None, tolerance:
     """The candidate a step keeps, from the validation scores of its candidates (in preference order):
     the best one that scores at least `current - tolerance`, a tie going to the earlier one; None when
     every one drops (the step is reverted). Without validation (scores None) the first one is kept."""
-    order = list(scores)
-    passing = [n for n, s in scores.items() if s is None or current is None or s >= current - tolerance]
-    return max(passing, key=lambda n: (scores[n] or 0.0, -order.index(n)), default=None)
+    best: str | None = None
+    for name, score in scores.items():
+        if score is not None and current is not None and score < current - tolerance:
+            continue
+        if best is None or (score is not None and score > (scores[best] or 0.0)):
+            best = name
+    return best
 
 
 def batches(train: Sequence[Task], spec: TfGrpoSpec, epoch: int) -> list[list[Task]]:
@@ -604,20 +611,22 @@ class TfGrpoRun:
             )
             scores_of = dict(zip(candidates, evaluated, strict=True))
         chosen = choose(scores_of, state.validation_score, spec.revert_tolerance)
-        decision = "no_change" if not candidates else ("kept" if chosen else "reverted")
-        score = scores_of[chosen] if chosen else state.validation_score
+        decision = "no_change" if not candidates else ("reverted" if chosen is None else "kept")
+        score = state.validation_score if chosen is None else scores_of[chosen]
         candidate = max((s for s in scores_of.values() if s is not None), default=None)
-        outcome = candidates[chosen] if chosen else lessons_outcome
-        kept_ops = {(op["op"], op["id"]) for op in outcome.applied} if chosen else set()
+        outcome = Outcome(library) if chosen is None else candidates[chosen]
+        kept_ops = {(op["op"], op["id"]) for op in outcome.applied}
         reverted: dict[tuple[str, str], dict[str, Any]] = {}
         for o in candidates.values():
             for op in o.applied:
-                if op["op"] != "drop_factors" and (op["op"], op["id"]) not in kept_ops:
+                if op["op"] not in ("drop", "drop_factors") and (op["op"], op["id"]) not in kept_ops:
                     reverted.setdefault((op["op"], op["id"]), {**op, "step": number})
         state.reverted += list(reverted.values())
         if decision == "kept":
             library = outcome.experiences
             for old, new in outcome.renamed.items():
+                if old in state.priors:  # a rewritten lesson keeps its record: where it started, its uses
+                    state.priors[new] = state.priors.pop(old)
                 if old in state.credit:
                     moved = state.credit.pop(old)
                     to = state.credit.setdefault(new, [0.0, 0.0])
@@ -669,34 +678,39 @@ class TfGrpoRun:
         state: TrainState,
     ) -> tuple[dict[str, Outcome], list[dict[str, Any]]]:
         """The libraries a step may keep, by name, in the order a tie is broken: "both" (the step's lessons
-        and worked examples), "examples", "lessons"; or "prune" when the step proposed nothing that
-        applies (dropping harmful experiences may still change the library). Each is pruned; an unchanged
-        library or one equal to an earlier candidate is left out. Also returns the rejected operations."""
+        and worked examples), "examples", "lessons", "prune" (only dropping harmful experiences); each with
+        its new expert factors on trial and, right after it, a "-no-factors" variant without them (when
+        validation can tell them apart). Each is pruned; an unchanged library or one equal to an earlier
+        candidate is left out. Also returns the rejected operations."""
         spec = self.spec
         unchanged = Outcome(sorted(library, key=lambda e: e.id))
-        raw: dict[str, Outcome] = {}
+        bases: dict[str, Outcome] = {}
         rejected = list(lessons.rejected)
         if example_ops:
             deleted = {op["id"] for op in lessons.applied if op["op"] == "delete"}
             both = add_examples(lessons, example_ops, self.make_example, deleted=deleted)
             rejected = both.rejected
             if lessons.applied:
-                raw["both"] = both
-            raw["examples"] = add_examples(unchanged, example_ops, self.make_example)
+                bases["both"] = both
+            bases["examples"] = add_examples(unchanged, example_ops, self.make_example)
         if lessons.applied:
-            raw["lessons"] = lessons
-        if not raw:
-            raw["prune"] = unchanged
+            bases["lessons"] = lessons
+        bases["prune"] = unchanged
+        # A factor trial needs factors that act (a backend that applies them, eta > 0) and a validation
+        # that scores: otherwise new factors start at the neutral confidence, where they weigh nothing.
+        trials = bool(
+            self._factor_builder is not None and self.serving.factor_eta > 0 and self._scored_validation()
+        )
         by_id = {e.id: e for e in library}
-        for name in list(raw):
-            trial, stripped = self._factor_trial(raw[name], by_id)
+        raw: list[tuple[str, Outcome]] = []
+        for name, base in bases.items():
+            trial, stripped = self._factor_trial(base, by_id) if trials else (base, None)
+            raw.append((name, trial))
             if stripped is not None:
-                raw[name] = trial
-                raw[f"{name}-no-factors"] = stripped
-        raw = {n: raw[n] for n in sorted(raw, key=lambda n: list(CANDIDATE_ORDER).index(n.split("-")[0]))}
+                raw.append((f"{name}-no-factors", stripped))
         out: dict[str, Outcome] = {}
         seen = [unchanged.experiences]
-        for name, o in raw.items():
+        for name, o in raw:
             added = {op["id"] for op in o.applied if op["op"] in ("add", "merge") and "old_id" not in op}
             kept, drops = prune(
                 o.experiences,

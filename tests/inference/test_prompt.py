@@ -179,3 +179,13 @@ def test_lessons_may_sit_right_before_the_question() -> None:
     assert len(a.used) == 3 and a.messages[-1]["content"].endswith(USER[0]["content"])
     with pytest.raises(ValueError, match="lesson_position"):
         with_experiences(USER, HITS, "footer")  # type: ignore[arg-type]
+
+
+def test_lessons_for_the_user_turn_fall_back_to_the_system_turn_without_one() -> None:
+    only_system = [{"role": "system", "content": "Be brief."}]
+    out = with_experiences(only_system, HITS[:1], "user")
+    lesson = f"[{HITS[0].experience.id}] {HITS[0].experience.text}"
+    assert out == [{"role": "system", "content": f"Be brief.\n\n{INSTRUCTION}\n{lesson}"}]
+    empty_system = [{"role": "system", "content": ""}, *USER]
+    out = with_experiences(empty_system, EXAMPLES[:1], "user")
+    assert out[0] == {"role": "system", "content": f"{EXAMPLES_LINE}[{EXAMPLES[0].experience.id}]"}

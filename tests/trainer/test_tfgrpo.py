@@ -381,12 +381,14 @@ def test_resume_from_a_checkpoint_makes_the_same_library(tmp_path: Path, embedde
     assert [s["step"] for s in resumed.steps()] == [2, 3]
     a = decode_library(Path(full_result["library"]).read_bytes())
     b = decode_library(Path(resumed_result["library"]).read_bytes())
-    assert [e.id for e in a.experiences] == [e.id for e in b.experiences] and a.experiences
+    assert a.experiences == b.experiences and a.experiences, "the same experiences, confidences included"
     assert resumed_result["llm_calls"] == full_result["llm_calls"]  # the ledger continued, not restarted
     full_report = json.loads(Path(full_result["report"]).read_text())
     resumed_report = json.loads(Path(resumed_result["report"]).read_text())
     strip = [{k: v for k, v in p.items() if k != "wall_s"} for p in full_report["curve"]]
     assert [{k: v for k, v in p.items() if k != "wall_s"} for p in resumed_report["curve"]] == strip
+    for key in ("operations", "reverted_operations", "rejected_operations", "experiences"):
+        assert resumed_report[key] == full_report[key], key
 
 
 def test_checkpoint_state_round_trips() -> None:
@@ -398,10 +400,13 @@ def test_checkpoint_state_round_trips() -> None:
         base_model=MODEL,
         created_at="2026-01-01T00:00:00Z",
     )
-    state = TrainState(step=3, library=[e], validation_score=0.5, counts={e.id: [2, 1]}, curve=[{"step": 3}])
+    state = TrainState(step=3, library=[e], validation_score=0.5, counts={e.id: [2, 1]}, curve=[{"step": 3}],
+                       credit={e.id: [1.5, 3.0]}, priors={e.id: 0.25},
+                       reverted=[{"op": "add", "id": e.id, "step": 2}])  # fmt: skip
     data = json.loads(json.dumps(state.to_json(MODEL)))
     back = TrainState.from_json(data)
     assert back.library == [e] and back.counts == {e.id: [2, 1]} and back.step == 3
+    assert back.credit == state.credit and back.priors == state.priors and back.reverted == state.reverted
     with pytest.raises(ValueError, match="state_version"):
         TrainState.from_json({**data, "state_version": 99})
 
@@ -441,20 +446,31 @@ def test_distilled_factors_are_tried_and_then_decode_later_rollouts(
     tmp_path: Path, embedder, tokenizer
 ) -> None:
     from zoo.inference.factors import tokenizer_tag
+    from zoo.trainer.tfgrpo import FACTOR_TRIAL_CONFIDENCE
 
     policy = arithmetic_policy(correct=one_wrong_in(3), compare=good_lesson)
-    run, result = factor_run(tmp_path, embedder, tokenizer, policy, validation_limit=0)
+    val = str(tasks_file(tmp_path, 2, "val.jsonl", 10))
+    run, result = factor_run(tmp_path, embedder, tokenizer, policy, validation=val)
     (lesson,) = decode_library(Path(result["library"]).read_bytes()).experiences
     assert lesson.factors is not None and lesson.factors.tokenizer == tokenizer_tag(tokenizer)
     first, _ = run.steps()
-    assert first["chosen"] == "lessons" and first["candidates"] == {
-        "lessons": None,
-        "lessons-no-factors": None,
-    }
-    # Step 2's rollouts decode with the kept lesson's factors, weighted as serving weighs them.
+    assert first["chosen"] == "lessons" and first["candidates"] == {"lessons": 1.0, "lessons-no-factors": 1.0}
+    # Validation tried the factor at log-odds 1 (a tie keeps it): step 2's rollouts decode with it.
     step2 = [c for c in run.backend.recorder.calls if c.stage == "rollout" and c.temperature > 0][6:]
     assert step2 and all(c.logits_processor is not None for c in step2)
     assert all(c.logits_processor.bias.abs().max() > 0 for c in step2)
+    assert abs(lesson.confidence - 0.5) > 0.01 or lesson.confidence == pytest.approx(FACTOR_TRIAL_CONFIDENCE)
+
+
+def test_unvalidated_factors_start_where_they_weigh_nothing(tmp_path: Path, embedder, tokenizer) -> None:
+    policy = arithmetic_policy(correct=one_wrong_in(3), compare=good_lesson)
+    run, result = factor_run(tmp_path, embedder, tokenizer, policy, validation_limit=0)
+    (lesson,) = decode_library(Path(result["library"]).read_bytes()).experiences
+    assert lesson.factors is not None and lesson.confidence == 0.5
+    assert run.steps()[0]["candidates"] == {"lessons": None}, "no trial without validation"
+    assert not any("-no-factors" in name for s in run.steps() for name in s["candidates"])
+    rollouts = [c for c in run.backend.recorder.calls if c.stage == "rollout"]
+    assert rollouts and all(c.logits_processor is None for c in rollouts), "weight 0: no processor"
 
 
 def test_a_harmful_factor_set_is_reverted_and_its_lesson_kept(tmp_path: Path, embedder, tokenizer) -> None:
@@ -518,6 +534,34 @@ def test_context_base_experiences_are_the_starting_library(tmp_path: Path, embed
     assert rollouts and all((e.text in c.system) == (position == "system") for c in rollouts)
     assert all((e.text in c.user) == (position == "user") for c in rollouts)
     assert all(c.user.endswith("What is 1 plus 2?") for c in rollouts)
+
+
+def test_a_rewritten_lesson_keeps_its_record(tmp_path: Path, embedder) -> None:
+    """Step 2 rewrites the starting lesson: the new id carries the old one's uses and its starting
+    confidence, so its confidence is what one uninterrupted record gives (not the evidence counted twice)."""
+    old = Experience.create(text="When adding, line up the digits.", domain="math.arithmetic", confidence=0.8,
+                            author="job:x", base_model=MODEL, created_at="2026-01-01T00:00:00Z")  # fmt: skip
+    compares = [0]
+    lock = threading.Lock()
+
+    def compare(call: Call) -> str:
+        with lock:
+            compares[0] += 1
+            n = compares[0]
+        return ops_json({"op": "modify", "id": old.id, "text": GOOD}) if n > 2 else ops_json()
+
+    policy = arithmetic_policy(correct=one_wrong_in(3), compare=compare)
+    spec = {"dataset": str(tasks_file(tmp_path, 4)), "validation_limit": 0, "epochs": 1, "batch_size": 2,
+            "group_size": 3}  # fmt: skip
+    run, result = run_job(tmp_path, embedder, policy, spec,
+                          current=Library.create(version=1, base_model=MODEL, experiences=[old]))  # fmt: skip
+    assert [s["decision"] for s in run.steps()] == ["no_change", "kept"]
+    (new,) = decode_library(Path(result["library"]).read_bytes()).experiences
+    assert new.text == GOOD and new.id != old.id
+    # Every rollout of both steps saw the lesson (uncited): uses whose advantages cancel, from 0.8.
+    uses = sum(s["rollouts"] for s in run.steps())
+    assert uses == 9  # 3 training tasks (the split holds one back), G = 3
+    assert new.confidence == pytest.approx(confidence_of(0.8, 0.0, uses), abs=1e-6)
 
 
 def test_group_size_one_critiques_the_single_rollout(tmp_path: Path, embedder) -> None:
