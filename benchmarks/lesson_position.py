@@ -40,7 +40,7 @@ def examples_for(train: list[Task], n: int) -> list[Task]:
 
 
 def experience(text: str, domain: str, model: str, **kind: Any) -> Experience:
-    return Experience.create(text=text, domain=domain, confidence=0.5, author="bench", base_model=model,
+    return Experience.create(text=text, domain=domain, confidence=0.5, author="job:bench", base_model=model,
                              created_at=datetime(2026, 1, 1, tzinfo=UTC), **kind)  # fmt: skip
 
 
