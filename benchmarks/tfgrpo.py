@@ -13,8 +13,9 @@ brings with --dataset/--validation/--test) and in one process with one loaded mo
    - g1: both kinds with G = 1 (no group computation: each lone rollout is critiqued on its own).
 
 Printed per family: the test score (mean and standard deviation over seeds) and its gain over zero-shot,
-experiences kept / reverted / dropped by kind, the critic's usable-operations rate (JSON replies that
-parsed and validated), LLM calls and seconds per step. Written: curves-<family>.png (test and validation
+experiences kept / reverted / dropped by kind, the critic's JSON replies that parsed ("JSON ok") and its
+usable-operations rate (operations that made a valid change: a lesson the library accepts, an existing
+id), LLM calls and seconds per step. Written: curves-<family>.png (test and validation
 score per step, mean over seeds, per ablation) and results.json in --out.
 
 The held-out score is measured exactly as the loop's validation (same prompt assembly, k and budget), on
@@ -161,6 +162,8 @@ async def run_family(name: str, paths: dict[str, Path], args: argparse.Namespace
                 "s_per_step": report["cost"]["wall_s_per_step"], "json_failures": compare["failures"],
                 "json_retries": compare["retries"], "report": result["report"],
                 "compares": sum(p["groups"] - p["groups_skipped"] for p in report["curve"]),
+                "critic_ops": sum(p.get("critic_operations", 0) for p in report["curve"]),
+                "critic_ops_usable": sum(p.get("critic_operations_usable", 0) for p in report["curve"]),
             })  # fmt: skip
             print(f"  {ablation} seed {seed}: held-out {score:.3f}, {result['experiences']} experiences, "
                   f"{train_s:.0f} s", flush=True)  # fmt: skip
@@ -172,7 +175,8 @@ def summary(name: str, results: dict[str, Any]) -> None:
     zero = results["zero_shot"]
     print(f"\n{name}: held-out score (mean ± std over seeds) and gain over zero-shot {zero:.3f}")
     print(
-        f"  {'run':<10}{'score':>14}{'gain':>8}{'s/step':>8}{'calls/step':>11}{'usable ops':>11}  experiences"
+        f"  {'run':<10}{'score':>14}{'gain':>8}{'s/step':>8}{'calls/step':>11}{'JSON ok':>9}"
+        f"{'usable ops':>11}  experiences"
     )
     for ablation, runs in results["runs"].items():
         scores = [r["score"] for r in runs]
@@ -184,9 +188,12 @@ def summary(name: str, results: dict[str, Any]) -> None:
         failures = sum(r["json_failures"] for r in runs)
         calls = statistics.fmean(r["llm_calls_per_step"] for r in runs)
         compares = sum(r["compares"] for r in runs)
-        usable = f"{compares - failures}/{compares}" if compares else "-"
+        parsed = f"{compares - failures}/{compares}" if compares else "-"
+        proposed = sum(r.get("critic_ops", 0) for r in runs)
+        usable = f"{sum(r.get('critic_ops_usable', 0) for r in runs)}/{proposed}" if proposed else "-"
+        s_step = statistics.fmean(r["s_per_step"] for r in runs)
         print(f"  {ablation:<10}{mean:>8.3f} ±{std:.3f}{mean - zero:>+8.3f}"
-              f"{statistics.fmean(r['s_per_step'] for r in runs):>8.1f}{calls:>11.1f}{usable:>11}  "
+              f"{s_step:>8.1f}{calls:>11.1f}{parsed:>9}{usable:>11}  "
               + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))  # fmt: skip
 
 

@@ -9,7 +9,8 @@
 
 On a backend that constrains decoding (the local transformers and vLLM backends), each JSON stage is asked
 with a JSON Schema as its response format, so even the bundled 135M model always answers with the right
-shape (ids limited to the library's, lesson texts bounded). Elsewhere, models wrap JSON in prose or code
+shape: ids limited to the library's (a modify only of a lesson: worked examples are not rewritten), every
+lesson text one the library accepts (its trigger word first, a bounded number of bounded words). Elsewhere, models wrap JSON in prose or code
 fences, or break it: `ask_json` takes the first JSON object that parses
 and validates; otherwise it asks again with a stricter instruction that quotes the error, up to
 `max_retries` times, and then gives up with None. Retries and give-ups are counted in `JsonStats` and end
@@ -28,7 +29,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from zoo.inference.backend import ResponseFormat
-from zoo.registry.experience import MAX_WORDS, TRIGGER_WORDS, Experience
+from zoo.registry.experience import MAX_TEXT_CHARS, MAX_WORDS, MIN_WORDS, TRIGGER_WORDS, Experience
 from zoo.trainer.llm import LLM
 
 M = TypeVar("M", bound=BaseModel)
@@ -56,26 +57,41 @@ class MergeReply(BaseModel):
     text: str = Field(min_length=1, max_length=2000)
 
 
-LESSON_MAX_CHARS = 12 * MAX_WORDS  # generous for MAX_WORDS words; the grammar closes the string by then
+# A lesson as the registry accepts it, as a JSON Schema pattern the grammar holds the critic to: its trigger
+# word first, then single-spaced words of at most WORD_CHARS characters, as many as fit MAX_TEXT_CHARS
+# (xgrammar ignores maxLength beside a pattern, so the pattern itself bounds the length; without a bound a
+# small model runs one endless "word" into the token limit).
+WORD_CHARS = 15
+_MORE_WORDS = min(MAX_WORDS - 1, (MAX_TEXT_CHARS - max(map(len, TRIGGER_WORDS)) - 1) // (WORD_CHARS + 1))
+LESSON_PATTERN = (
+    rf"^({'|'.join(TRIGGER_WORDS)})[,:;]?( [^\s]{{1,{WORD_CHARS}}}){{{MIN_WORDS - 1},{_MORE_WORDS}}}$"
+)
+LESSON_TEXT: dict[str, Any] = {"type": "string", "pattern": LESSON_PATTERN}
 
 
-def operations_schema(library_ids: Sequence[str], max_ops: int) -> dict[str, Any]:
-    """The compare stage's reply as a JSON Schema: at most max_ops operations, ids only of lessons that
-    exist (without any, only additions are possible)."""
-    op: dict[str, Any] = {
-        "type": "object",
-        "properties": {
-            "op": {"enum": ["add", "modify", "delete"] if library_ids else ["add"]},
-            "text": {"type": "string", "minLength": 1, "maxLength": LESSON_MAX_CHARS},
-        },
-        "required": ["op"],
-        "additionalProperties": False,
-    }
-    if library_ids:
-        op["properties"]["id"] = {"enum": sorted(library_ids)}
+def operations_schema(lesson_ids: Sequence[str], ids: Sequence[str], max_ops: int) -> dict[str, Any]:
+    """The compare stage's reply as a JSON Schema: at most max_ops operations, each a valid lesson text;
+    a modify names an existing lesson (a worked example is never rewritten), a delete any existing
+    experience (without any, only additions are possible)."""
+
+    def shape(op: str, **fields: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "properties": {"op": {"const": op}, **fields},
+            "required": ["op", *fields],
+            "additionalProperties": False,
+        }
+
+    shapes = [shape("add", text=LESSON_TEXT)]
+    if lesson_ids:
+        shapes.append(shape("modify", id={"enum": sorted(lesson_ids)}, text=LESSON_TEXT))
+    if ids:
+        shapes.append(shape("delete", id={"enum": sorted(ids)}))
     return {
         "type": "object",
-        "properties": {"operations": {"type": "array", "items": op, "maxItems": max(1, max_ops)}},
+        "properties": {
+            "operations": {"type": "array", "items": {"anyOf": shapes}, "maxItems": max(1, max_ops)}
+        },
         "required": ["operations"],
         "additionalProperties": False,
     }
@@ -83,7 +99,7 @@ def operations_schema(library_ids: Sequence[str], max_ops: int) -> dict[str, Any
 
 MERGE_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "properties": {"text": {"type": "string", "minLength": 1, "maxLength": LESSON_MAX_CHARS}},
+    "properties": {"text": LESSON_TEXT},
     "required": ["text"],
     "additionalProperties": False,
 }
@@ -293,7 +309,9 @@ async def compare(
         max_retries=max_retries,
         max_tokens=max_tokens,
         seed=seed,
-        schema=operations_schema([e.id for e in experiences], max_ops),
+        schema=operations_schema(
+            [e.id for e in experiences if e.kind == "lesson"], [e.id for e in experiences], max_ops
+        ),
     )
     return None if reply is None else reply.operations[:max_ops]
 

@@ -199,6 +199,7 @@ async def consolidate(
             {
                 "op": "delete",
                 "id": old_id,
+                "kind": by_id[old_id].kind,
                 "text": by_id[old_id].text,
                 "sources": sorted({p.source for p in ps}),
             }

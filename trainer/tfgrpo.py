@@ -655,6 +655,8 @@ class TfGrpoRun:
             "operations_proposed": len(proposed),
             "operations_applied": len(outcome.applied) if decision == "kept" else 0,
             "operations_rejected": len(rejected),
+            "critic_operations": len(lesson_ops),  # what the critic proposed (examples are not its)
+            "critic_operations_usable": len(lesson_ops) - len(lessons_outcome.rejected),
             "validation_score": score,
             "candidate_validation_score": candidate,
             "candidates": scores_of,

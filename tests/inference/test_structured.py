@@ -1,5 +1,6 @@
 """Structured output with the real bundled model: grammar-constrained decoding (xgrammar) makes the
-TF-GRPO operations reply always parse and fit its schema; bad formats are refused with the reason."""
+TF-GRPO operations reply always parse and fit its schema, every lesson in it one the library accepts; bad
+formats are refused with the reason."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ from zoo.inference.structured import parse_response_format
 from zoo.inference.transformers_backend import TransformersBackend
 from zoo.node.config import default_cache_dir
 from zoo.registry.errors import ValidationError
-from zoo.trainer.critic import LESSON_MAX_CHARS, OperationsReply, operations_schema
+from zoo.registry.experience import Experience
+from zoo.trainer.critic import OperationsReply, operations_schema
 
 IDS = ["exp-0123456789abcdef", "exp-fedcba9876543210"]
+LESSON_IDS = IDS[:1]  # the other one is a worked example: it may be deleted, never rewritten
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +46,7 @@ def ops_request(seed: int = 0, temperature: float = 0.0) -> GenerationRequest:
             f"Library: [{IDS[0]}] When multiplying, check the table. [{IDS[1]}] When adding, carry.",
         },
     ]
-    schema = json.dumps(operations_schema(IDS, max_ops=3))
+    schema = json.dumps(operations_schema(LESSON_IDS, IDS, max_ops=3))
     return GenerationRequest(
         messages, max_tokens=200, temperature=temperature, seed=seed,
         response_format=ResponseFormat("json_schema", schema),
@@ -54,7 +57,9 @@ def check_operations(text: str) -> OperationsReply:
     reply = OperationsReply.model_validate(json.loads(text))  # parses, and has the pydantic shape
     assert len(reply.operations) <= 3
     for op in reply.operations:
-        assert op.id in ("", *IDS) and len(op.text) <= LESSON_MAX_CHARS
+        assert op.id in (("",) if op.op == "add" else LESSON_IDS if op.op == "modify" else IDS)
+        if op.op != "delete":  # a lesson the registry accepts: trigger first, 3 to 32 words
+            Experience.create(text=op.text, domain="math", confidence=0.5, author="job:t", base_model="m")
     return reply
 
 

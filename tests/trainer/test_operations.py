@@ -65,7 +65,9 @@ def test_a_worked_example_is_kept_or_deleted_whole(embedder: SentenceTransformer
 
     deleted = run([worked, rule], [Proposal(op="delete", target=worked.id, source="t3")], embedder)
     assert deleted.experiences == [rule]
-    assert deleted.applied == [{"op": "delete", "id": worked.id, "text": worked.text, "sources": ["t3"]}]
+    assert deleted.applied == [
+        {"op": "delete", "id": worked.id, "kind": "example", "text": worked.text, "sources": ["t3"]}
+    ]
 
 
 def test_prune_drops_experiences_whose_rollouts_did_worse_than_their_groups() -> None:
