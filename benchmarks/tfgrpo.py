@@ -241,7 +241,7 @@ async def main() -> None:
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--k", type=int, default=None, help="experiences per prompt (default: serving's)")
     ap.add_argument("--rollout-max-tokens", type=int, default=48)
-    ap.add_argument("--critic-max-tokens", type=int, default=96)
+    ap.add_argument("--critic-max-tokens", type=int, default=192)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--backend", choices=("transformers", "openai"), default="transformers")
     ap.add_argument("--base-url")

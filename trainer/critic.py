@@ -10,9 +10,9 @@
 On a backend that constrains decoding (the local transformers and vLLM backends), each JSON stage is asked
 with a JSON Schema as its response format, so even the bundled 135M model always answers with the right
 shape: ids limited to the library's (a modify only of a lesson: worked examples are not rewritten), every
-lesson text one the library accepts (its trigger word first, a bounded number of bounded words). Elsewhere, models wrap JSON in prose or code
-fences, or break it: `ask_json` takes the first JSON object that parses
-and validates; otherwise it asks again with a stricter instruction that quotes the error, up to
+lesson text one the library accepts (its trigger word first, a bounded number of bounded words).
+Elsewhere, models wrap JSON in prose or code fences, or break it: `ask_json` takes the first JSON object
+that parses and validates; otherwise it asks again with a stricter instruction that quotes the error, up to
 `max_retries` times, and then gives up with None. Retries and give-ups are counted in `JsonStats` and end
 up in the job report: never a crash, never a silent drop.
 """
