@@ -10,6 +10,9 @@ decides keep or revert) and test (held out: only the benchmark scores it):
 
 - conventions.lengths (`lengths-*.jsonl`): lengths are recorded in centimetres. "A shelf is 3 m long. How
   long is the shelf in the record?" has the answer 300 (exact_match reads "300 cm" as 300, "3 m" as 3).
+  Each task carries its working as `reasoning` ("3 m 25 cm = 3 × 100 + 25 = 325 cm."), as a dataset with
+  worked solutions does: three quarters of the tasks add centimetres to metres, arithmetic the bundled
+  model gets wrong from a bare answer but copies from shown working.
 - conventions.habitats (`habitats-*.jsonl`): animals are filed under one of two labels, WET (lives in or
   by water) or DRY. "Under which label is the otter filed?" has the answer WET.
 
@@ -47,18 +50,21 @@ _DRY = [
 
 def lengths(rng: random.Random) -> list[Task]:
     """Lengths in metres (and metres with centimetres) whose recorded answer is in centimetres."""
-    pairs: set[tuple[str, int]] = set()
+    pairs: set[tuple[str, int, str]] = set()
     while len(pairs) < sum(n for _, n in SPLITS):
         thing = rng.choice(_OBJECTS)
         metres = rng.randint(1, 9)
         extra = rng.choice([0, 0, 10, 20, 25, 40, 50, 75])
         said = f"{metres} m" if not extra else f"{metres} m {extra} cm"
-        pairs.add((f"A {thing} is {said} long. How long is the {thing} in the record?", 100 * metres + extra))
+        working = f"{metres} × 100" if not extra else f"{metres} × 100 + {extra}"
+        answer = 100 * metres + extra
+        question = f"A {thing} is {said} long. How long is the {thing} in the record?"
+        pairs.add((question, answer, f"{said} = {working} = {answer} cm."))
     ordered = sorted(pairs)
     rng.shuffle(ordered)
     return [
-        Task(id=f"len-{i + 1:03d}", question=q, answer=str(a), domain="conventions.lengths")
-        for i, (q, a) in enumerate(ordered)
+        Task(id=f"len-{i + 1:03d}", question=q, answer=str(a), domain="conventions.lengths", reasoning=r)
+        for i, (q, a, r) in enumerate(ordered)
     ]
 
 

@@ -2,6 +2,9 @@
 
 Deterministic given the proposals, the embeddings and the merge replies:
 
+0. Before any of this, `screen_lesson` turns away a critic text that cannot be a lesson however it is
+   worded: an unfilled template ("When [insert text here]") or a restatement of the group's own question
+   ("When the fence is 1 m long" for "A fence is 1 m long. ..."), which teaches nothing beyond that task.
 1. modify/delete naming an id the library lacks are rejected; several deletes of one id are one delete.
 2. Conflicts: delete beats modify (an id anyone deletes is not modified).
 3. Duplicates are found by embedding similarity (cosine ≥ threshold), never by string equality alone:
@@ -11,8 +14,9 @@ Deterministic given the proposals, the embeddings and the merge replies:
    to the first valid text when the LLM gives nothing usable.
 4. Every resulting text must make a valid experience (trigger word first, ≤ 32 words): an invalid one
    gets one LLM rewrite, and is rejected (and reported) when that fails too.
-5. Worked-example candidates (an `add` of kind "example": a question and its answer) are added as they
-   are unless the library already holds that example; they are never clustered or merged with lessons.
+5. Worked-example candidates (an `add` of kind "example": a question, its answer and optional reasoning)
+   are added by `add_examples` as they are unless the library already holds that example; they are never
+   clustered or merged with lessons.
 6. The new library = survivors + modified + added; ids are content-derived, so unchanged lessons keep
    their ids across steps and nothing is renumbered.
 7. `prune` keeps the library sharp: it drops an experience whose rollouts did worse than their groups on
@@ -22,6 +26,7 @@ Deterministic given the proposals, the embeddings and the merge replies:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,8 +51,38 @@ class Proposal:
     domain: str = "general"
     source: str = ""  # the task id of the group
     group: int = -1  # index of the group in the step (to find its rollouts for factor distillation)
-    kind: str = "lesson"  # "example": `text` is the question and `answer` its answer
+    kind: str = "lesson"  # "example": `text` is the question, `answer` its answer, `reasoning` its working
     answer: str = ""
+    reasoning: str = ""
+
+
+# Text a model left as a template: bracketed or angled slots, ellipses, "insert ..." instructions.
+_PLACEHOLDER = re.compile(
+    r"\[[^\]]*\]|<[A-Za-z_][^<>]{0,40}>|\.\.\.|…|\binsert\b|\bplaceholder\b", re.IGNORECASE
+)
+_WORD = re.compile(r"[a-z0-9]+")
+# Words that carry no content, so "When the fence is 1 m long" is compared on {fence, 1, m, long}.
+_FILLER = frozenset(
+    ["a", "an", "the", "is", "are", "was", "were", "be", "been", "it", "its", "this", "that", "these",
+     "those", "of", "in", "on", "at", "to", "for", "by", "with", "as", "and", "or", "if", "when", "whenever",
+     "while", "so", "then", "than", "there", "here", "what", "which", "who", "how", "do", "does", "did",
+     "has", "have", "had", "ask", "asks", "asked"]
+)  # fmt: skip
+RESTATEMENT_SHARE = 0.8  # at least this share of a lesson's content words appear in the question
+
+
+def screen_lesson(text: str, question: str) -> str | None:
+    """Why a critic's lesson text is no lesson at all, or None when it may be one: an unfilled template,
+    or a restatement of the question it was drawn from (nearly all its content words are the question's,
+    with at least two of them). Validation would keep such a text when it merely does no harm, and it then
+    takes a retrieval slot a real lesson or example could use."""
+    if _PLACEHOLDER.search(text):
+        return "an unfilled template, not a lesson"
+    content = [w for w in _WORD.findall(text.lower())[1:] if w not in _FILLER]  # [1:]: the trigger word
+    asked = set(_WORD.findall(question.lower()))
+    if len(content) >= 2 and sum(w in asked for w in content) >= RESTATEMENT_SHARE * len(content):
+        return "restates the question instead of teaching something beyond it"
+    return None
 
 
 @dataclass
@@ -97,24 +132,22 @@ async def consolidate(
     make: Callable[[str, str], Experience],
     threshold: float,
     factors_for: FactorsFn | None = None,
-    make_example: Callable[[str, str, str], Experience] | None = None,
 ) -> Outcome:
     """Consolidate `proposals` against `library` and return the new experience list (see module doc).
 
     `make(text, domain)` builds a new experience (raising ValidationError for a bad text); a modified
     lesson keeps its confidence and provenance except the text (and its factors when new ones are given).
-    `make_example(question, answer, domain)` builds a worked example (needed when examples are proposed).
+    Proposals are the critic's lesson operations; worked examples need no merging (see add_examples).
     """
     by_id = {e.id: e for e in library}
     outcome = Outcome(experiences=[])
 
     deletes: dict[str, list[Proposal]] = {}
     changes: list[Proposal] = []  # adds and modifies of lessons, in proposal order
-    examples: list[Proposal] = []
     for p in proposals:
         if p.kind == "example":
-            examples.append(p)
-        elif p.op in ("modify", "delete") and p.target not in by_id:
+            raise ValueError("consolidate() takes lesson operations; add worked examples with add_examples()")
+        if p.op in ("modify", "delete") and p.target not in by_id:
             outcome.rejected.append({"op": p.op, "id": p.target, "source": p.source, "reason": "unknown id"})
         elif p.op == "modify" and by_id[p.target].kind != "lesson":
             # A critic rewrites rules; a worked example is kept or deleted whole, never turned into a rule.
@@ -211,17 +244,13 @@ async def consolidate(
     for e in added:
         result.setdefault(e.id, e)
     outcome.experiences = sorted(result.values(), key=lambda e: e.id)
-    if examples:
-        if make_example is None:
-            raise ValueError("an example was proposed but consolidate() was given no make_example")
-        return add_examples(outcome, examples, make_example, deleted=deletes.keys())
     return outcome
 
 
 def add_examples(
     outcome: Outcome,
     proposals: Sequence[Proposal],
-    make_example: Callable[[str, str, str], Experience],
+    make_example: Callable[[Proposal], Experience],
     *,
     deleted: Collection[str] = (),
 ) -> Outcome:
@@ -235,7 +264,7 @@ def add_examples(
         if p.kind != "example":
             continue
         try:
-            worked = make_example(p.text, p.answer, p.domain)
+            worked = make_example(p)
         except ValidationError as err:
             rejected.append({"op": "add", "kind": "example", "text": p.text[:300], "source": p.source,
                              "reason": f"not a valid example: {err}"})  # fmt: skip

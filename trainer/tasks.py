@@ -3,15 +3,17 @@
 One task per JSONL line:
 
     {"id": "arith-001", "question": "...", "answer": "12", "domain": "math.arithmetic",
-     "verifier": "exact_match", "verifier_args": {}, "instruction": "..."}
+     "verifier": "exact_match", "verifier_args": {}, "instruction": "...", "reasoning": "..."}
 
 Only `question` is required. `answer` may be left out (label-free tasks: the reward is agreement with the
 group's majority answer, see rewards.MajorityVote); a number is accepted and kept as its JSON text.
 `domain` uses the experience library's domain syntax (dotted lower-case words) so lessons learnt on a task
 land in the matching library domain. `verifier` names a reward in rewards.REWARDS and `verifier_args` are
 that reward's per-task arguments (for `unit_tests`, the test code). `instruction` is the system turn the
-task is asked under (see `instruction_for` for the default). A missing `id` is derived from the content,
-so re-generating an unchanged task keeps its id.
+task is asked under (see `instruction_for` for the default). `reasoning` is optional brief working that
+leads to the reference answer (as datasets such as GSM8K carry it): a worked example made from the task
+shows it before the answer. A missing `id` is derived from the content, so re-generating an unchanged task
+keeps its id.
 
 Loading reports the first problem as zoo.registry.errors.ValidationError with the field prefixed by the
 1-based line number (e.g. "line 7: answer"), so a hand-edited file can be fixed without guessing.
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from zoo.registry.errors import ValidationError
 from zoo.registry.experience import DOMAIN_RE
@@ -40,6 +42,7 @@ ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 MAX_QUESTION_CHARS = 20_000
 MAX_ANSWER_CHARS = 100_000  # coding tasks carry a whole reference solution or patch
 MAX_INSTRUCTION_CHARS = 4_000
+MAX_REASONING_CHARS = 1_000  # as an example experience's reasoning (zoo.registry.experience)
 DEFAULT_DOMAIN = "general"
 DEFAULT_VERIFIER = "exact_match"
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -57,6 +60,7 @@ class Task(BaseModel):
     verifier: str = DEFAULT_VERIFIER
     verifier_args: dict[str, Any] = Field(default_factory=dict)
     instruction: str | None = Field(default=None, max_length=MAX_INSTRUCTION_CHARS)
+    reasoning: str | None = Field(default=None, max_length=MAX_REASONING_CHARS)
 
     @field_validator("question")
     @classmethod
@@ -65,11 +69,18 @@ class Task(BaseModel):
             raise ValueError("is blank")
         return value
 
-    @field_validator("instruction")
+    @field_validator("instruction", "reasoning")
     @classmethod
-    def _instruction_not_blank(cls, value: str | None) -> str | None:
+    def _optional_not_blank(cls, value: str | None) -> str | None:
         if value is not None and not value.strip():
-            raise ValueError("is blank (leave it out for the default)")
+            raise ValueError("is blank (leave it out)")
+        return value
+
+    @field_validator("reasoning")
+    @classmethod
+    def _reasoning_needs_answer(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and info.data.get("answer") is None:
+            raise ValueError("leads to a reference answer; a task without one cannot have it")
         return value
 
     @field_validator("answer", mode="before")
@@ -134,7 +145,7 @@ def task_id(question: str, domain: str = DEFAULT_DOMAIN) -> str:
 def _field_of(err: pydantic.ValidationError) -> tuple[str, str]:
     problem = err.errors(include_url=False)[0]
     field = ".".join(str(part) for part in problem["loc"]) or "task"
-    message = str(problem["msg"])
+    message = str(problem["msg"]).removeprefix("Value error, ")
     if problem["type"] == "extra_forbidden":
         message = "unknown field"
     return field, message
@@ -200,8 +211,9 @@ def load_jsonl(path: str | os.PathLike[str]) -> list[Task]:
 def dump_task(task: Task) -> str:
     """One JSONL line (without the newline); key order is the schema's, so files diff cleanly."""
     data = task.model_dump(mode="json")
-    if data["instruction"] is None:  # optional, and most tasks have none: files stay as they were
-        del data["instruction"]
+    for optional in ("instruction", "reasoning"):  # most tasks have neither: files stay as they were
+        if data[optional] is None:
+            del data[optional]
     return json.dumps(data, ensure_ascii=False, separators=(", ", ": "))
 
 

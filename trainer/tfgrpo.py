@@ -40,6 +40,7 @@ never sees them), and validation is off when it has none.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import math
 import random
@@ -60,7 +61,7 @@ from zoo.registry.canonical import decode_library, encode_library
 from zoo.registry.experience import MAX_ANSWER_CHARS, MAX_QUESTION_CHARS, Experience, ExpertFactors, Library
 from zoo.trainer import critic
 from zoo.trainer.llm import LLM, Ledger
-from zoo.trainer.operations import Outcome, Proposal, add_examples, consolidate, prune
+from zoo.trainer.operations import Outcome, Proposal, add_examples, consolidate, prune, screen_lesson
 from zoo.trainer.rewards import BaseReward, RewardResult, ascore_group, get_reward
 from zoo.trainer.spec import TfGrpoSpec
 from zoo.trainer.tasks import Task, instruction_for
@@ -190,32 +191,40 @@ def failed_with_reference(group: Group, spec: TfGrpoSpec) -> bool:
     return not spec.label_free and group.task.answer is not None and all(r.score == 0 for r in group.results)
 
 
-def example_candidate(group: Group, spec: TfGrpoSpec) -> tuple[str, str] | None:
-    """The worked example (question, answer) a group teaches, or None.
+def example_candidate(group: Group, spec: TfGrpoSpec) -> Proposal | None:
+    """The worked example a group teaches (an "add" of kind "example"), or None.
 
-    A group with a clear winner (its best reward above its worst) teaches its best rollout's final answer,
-    as the rollout wrote it and the verifier accepted it. A group that failed wholly on a task with a
-    reference teaches the reference. Only short-answer tasks make examples (not code or patches), and
-    validation decides, as for every candidate, whether the example stays.
+    A group with a clear winner (its best reward above its worst) teaches its best rollout's answer: the
+    task's reference answer when the winner scored full marks (the verifier accepted "100 feet" as 100, but
+    the example must show the answer as it should be written), else the final answer the rollout wrote. A
+    group that failed wholly on a task with a reference teaches the reference. The task's own reasoning,
+    when it carries some, goes with the answer. Label-free runs never see a reference. Only short-answer
+    tasks make examples (not code or patches), and validation decides, as for every candidate, whether the
+    example stays.
     """
     task = group.task
     verifier = "majority_vote" if spec.label_free else (spec.reward or task.verifier)
     if verifier not in EXAMPLE_VERIFIERS:
         return None
+    reference = None if spec.label_free else task.answer
     scores = [r.score for r in group.results]
     answer: str | None = None
     if max(scores) > min(scores):
         best = max(range(len(scores)), key=lambda i: (scores[i], -i))
         extracted = group.results[best].details.get("extracted")
-        answer = extracted if isinstance(extracted, str) else None
+        if reference is not None and scores[best] >= 1.0:
+            answer = reference
+        elif isinstance(extracted, str):
+            answer = extracted
     elif failed_with_reference(group, spec):
-        answer = task.answer
+        answer = reference
     if answer is None:
         return None
     answer = " ".join(answer.split())
     if not 0 < len(answer) <= MAX_ANSWER_CHARS or len(task.question) > MAX_QUESTION_CHARS:
         return None
-    return task.question, answer
+    reasoning = task.reasoning.strip() if reference is not None and task.reasoning else ""
+    return Proposal("add", task.question, "", task.domain, task.id, -1, "example", answer, reasoning)
 
 
 def seed_of(*parts: object) -> int:
@@ -343,8 +352,10 @@ class TfGrpoRun:
             **kind,  # type: ignore[arg-type]
         )
 
-    def make_example(self, question: str, answer: str, domain: str) -> Experience:
-        return self.make_experience(question, domain, kind="example", answer=answer)
+    def make_example(self, p: Proposal) -> Experience:
+        """The worked example an "example" proposal describes."""
+        reasoning = {"reasoning": p.reasoning} if p.reasoning else {}
+        return self.make_experience(p.text, p.domain, kind="example", answer=p.answer, **reasoning)
 
     def _index(self, library: Sequence[Experience]) -> RetrievalIndex | None:
         # Ranked by similarity even when every experience fits: the prompt puts the closest worked
@@ -565,17 +576,23 @@ class TfGrpoRun:
                 max_tokens=spec.critic_max_tokens,
                 seed=seed_of("compare", spec.seed, number, g.task.id),
             )
-            return [Proposal(o.op, o.text, o.id, g.task.domain, g.task.id, gi) for o in (ops or [])]
+            out = []
+            for o in ops or []:
+                flaw = screen_lesson(o.text, g.task.question) if o.op != "delete" else None
+                if flaw is None:
+                    out.append(Proposal(o.op, o.text, o.id, g.task.domain, g.task.id, gi))
+                else:
+                    screened.append({"op": o.op, "text": o.text[:300], "source": g.task.id, "reason": flaw})
+            return out
+
+        screened: list[dict[str, Any]] = []
 
         proposed = [p for ps in await asyncio.gather(*(propose(i) for i in informative)) for p in ps]
         if spec.experience_kinds != "lessons":
             for gi, g in enumerate(groups):
                 candidate = example_candidate(g, spec)
                 if candidate is not None:
-                    question, answer = candidate
-                    proposed.append(
-                        Proposal("add", question, "", g.task.domain, g.task.id, gi, "example", answer)
-                    )
+                    proposed.append(dataclasses.replace(candidate, group=gi))
 
         merges = [0]
 
@@ -604,6 +621,7 @@ class TfGrpoRun:
             factors_for=self._factors(groups, state) if spec.distill_factors and lesson_ops else None,
         )
         candidates, rejected = self._candidates(library, lessons_outcome, example_ops, state)
+        rejected = screened + rejected
         scores_of: dict[str, float | None] = {}
         if candidates:
             evaluated = await asyncio.gather(
@@ -655,7 +673,8 @@ class TfGrpoRun:
             "operations_proposed": len(proposed),
             "operations_applied": len(outcome.applied) if decision == "kept" else 0,
             "operations_rejected": len(rejected),
-            "critic_operations": len(lesson_ops),  # what the critic proposed (examples are not its)
+            # What the critic proposed (examples are not its), and what made a valid change.
+            "critic_operations": len(lesson_ops) + len(screened),
             "critic_operations_usable": len(lesson_ops) - len(lessons_outcome.rejected),
             "validation_score": score,
             "candidate_validation_score": candidate,

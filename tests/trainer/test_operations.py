@@ -8,7 +8,7 @@ import pytest
 
 from zoo.inference.embedder import SentenceTransformerEmbedder
 from zoo.registry.experience import Experience
-from zoo.trainer.operations import Proposal, consolidate
+from zoo.trainer.operations import Proposal, consolidate, screen_lesson
 
 BASE = "scripted"
 
@@ -107,3 +107,31 @@ def test_a_rewritten_lesson_keeps_the_record_of_the_one_it_replaces() -> None:
     kept, drops = prune([reworded], credit, cap=10, min_uses=4, renamed={old.id: reworded.id})
     assert kept == [] and drops[0]["id"] == reworded.id and "over 4 uses" in drops[0]["reason"]
     assert prune([reworded], credit, cap=10, min_uses=4) == ([reworded], [])  # without the link it escapes
+
+
+def test_consolidation_takes_lessons_only(embedder: SentenceTransformerEmbedder) -> None:
+    worked = Proposal(op="add", text="What is 3 km here?", kind="example", answer="3000 m", source="t")
+    with pytest.raises(ValueError, match="add_examples"):
+        run([], [worked], embedder)
+
+
+QUESTION = "A fence is 1 m long. How long is the fence in the record?"
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("When the fence is 1 m long.", "restates the question"),
+        ("When how long is the fence in the record?", "restates the question"),
+        ("When [insert text here]", "unfilled template"),
+        ("When the answer is <answer>, write it.", "unfilled template"),
+        ("When converting lengths, write ... in cm.", "unfilled template"),
+        ("When a length is given in metres, record it in centimetres.", None),
+        ("When asked how long a fence is in the record, give centimetres.", None),
+        ("When x < 5 and y > 3, add them.", None),
+        ("When long.", None),  # one content word is too little to call it a restatement
+    ],
+)
+def test_screen_lesson_turns_away_what_teaches_nothing(text: str, reason: str | None) -> None:
+    found = screen_lesson(text, QUESTION)
+    assert found == reason if reason is None else (found is not None and reason in found), found

@@ -145,6 +145,23 @@ def test_bad_instruction_is_refused(instruction: str, words: str) -> None:
     assert caught.value.field == "instruction" and words in str(caught.value)
 
 
+def test_a_tasks_reasoning_round_trips_and_is_checked(tmp_path: Path) -> None:
+    worked = Task(
+        id="w", question="A rope is 2 m long. Record?", answer="200", reasoning="2 m = 2 × 100 = 200 cm."
+    )
+    write_jsonl(tmp_path / "t.jsonl", [worked, Task(id="bare", question="q", answer="1")])
+    assert load_jsonl(tmp_path / "t.jsonl")[0] == worked
+    assert "reasoning" not in (tmp_path / "t.jsonl").read_text().splitlines()[1], "an unset field is written"
+    for bad, words in [
+        ({"question": "x", "reasoning": "no answer to lead to"}, "leads to a reference answer"),
+        ({"question": "x", "answer": "1", "reasoning": " "}, "is blank"),
+        ({"question": "x", "answer": "1", "reasoning": "x" * 1001}, "at most 1000"),
+    ]:
+        with pytest.raises(ValidationError) as caught:
+            parse_task(bad)
+        assert caught.value.field == "reasoning" and words in str(caught.value), caught.value
+
+
 def test_parse_task_without_line() -> None:
     with pytest.raises(ValidationError) as caught:
         parse_task({"question": "x", "verifier": "nope"})
@@ -252,6 +269,11 @@ def test_convention_families_are_reproducible_balanced_and_disjoint(tmp_path: Pa
     # The reference answers are what the verifier accepts, as a person would write them.
     length = load_jsonl(families.path("lengths", "test"))[0]
     assert get_reward("exact_match").score(length, f"Answer: {length.answer} cm").score == 1.0
+    # The lengths' working is right: it ends at the answer, and the arithmetic it shows gives it.
+    for task in load_jsonl(families.path("lengths", "train")):
+        assert task.reasoning is not None and task.reasoning.endswith(f"= {task.answer} cm.")
+        shown = task.reasoning.split(" = ")[1].replace("\N{MULTIPLICATION SIGN}", "*")
+        assert eval(shown) == int(task.answer), task.reasoning
 
 
 def test_unset_prompt_settings_come_from_the_serving_side() -> None:

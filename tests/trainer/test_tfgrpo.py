@@ -24,9 +24,19 @@ from zoo.registry.canonical import decode_library
 from zoo.registry.experience import Experience, Library
 from zoo.trainer.job import run_tf_grpo
 from zoo.trainer.llm import LLM
+from zoo.trainer.rewards import RewardResult
 from zoo.trainer.spec import TfGrpoSpec
 from zoo.trainer.tasks import Task, instruction_for, write_jsonl
-from zoo.trainer.tfgrpo import Context, TfGrpoRun, TrainState, advantages_of, choose, confidence_of
+from zoo.trainer.tfgrpo import (
+    Context,
+    Group,
+    TfGrpoRun,
+    TrainState,
+    advantages_of,
+    choose,
+    confidence_of,
+    example_candidate,
+)
 
 GOOD = "When adding two numbers, add the ones digits first and then the tens digits."
 POISON = "When adding two numbers, always add one more to the total at the end."
@@ -796,6 +806,58 @@ def test_a_steps_examples_are_kept_without_the_lesson_that_would_drag_them_down(
     reverted = report["reverted_operations"]
     assert any(op["text"] == misleading and op["step"] == 1 for op in reverted), reverted
     assert not any(op.get("kind") == "example" for op in reverted if op["step"] == 1)
+
+
+def test_an_example_shows_the_reference_and_its_working(tmp_path: Path) -> None:
+    """A full-marks winner teaches the answer as it should be written (the verifier also accepted "300
+    feet"), with the task's working; a part-marks winner teaches what it wrote; a label-free run never
+    sees the reference or the working."""
+    task = Task(
+        id="len", question="A rope is 3 m long. Record?", answer="300", reasoning="3 m = 3 × 100 = 300 cm."
+    )
+    spec = TfGrpoSpec.parse({"dataset": str(tasks_file(tmp_path, 1))})
+
+    def group(*graded: tuple[float, str]) -> Group:
+        results = [RewardResult(score, "", {"extracted": said}) for score, said in graded]
+        n = len(results)
+        return Group(task, [f"Answer: {said}" for _, said in graded], results, [0.0] * n, [[]] * n, [])
+
+    won = example_candidate(group((0.0, "3"), (1.0, "300 feet")), spec)
+    assert won is not None and (won.kind, won.text, won.answer) == ("example", task.question, "300")
+    assert won.reasoning == task.reasoning and won.source == "len"
+    partial = example_candidate(group((0.0, "3"), (0.5, "300 m")), spec)
+    assert partial is not None and (partial.answer, partial.reasoning) == ("300 m", task.reasoning)
+    failed = example_candidate(group((0.0, "3"), (0.0, "30")), spec)
+    assert failed is not None and (failed.answer, failed.reasoning) == ("300", task.reasoning)
+    assert example_candidate(group((1.0, "300"), (1.0, "300")), spec) is None, "no winner, no failure"
+    label_free = TfGrpoSpec.parse({"dataset": str(tasks_file(tmp_path, 1)), "label_free": True})
+    agreed = example_candidate(group((0.0, "3"), (1.0, "300 feet")), label_free)
+    assert agreed is not None and (agreed.answer, agreed.reasoning) == ("300 feet", "")
+    assert example_candidate(group((0.0, "3"), (0.0, "30")), label_free) is None
+
+
+def test_lessons_that_teach_nothing_are_screened_and_reported(tmp_path: Path, embedder) -> None:
+    template = "When [insert the item] is asked, answer it."
+    kept = "When asked for an item's code, write ITEM- and its number."
+    shown = convention_policy(sampled_right_every=3)
+
+    def policy(call: Call) -> str:
+        if call.stage != "compare":
+            return shown(call)
+        n = int(m.group(1)) if (m := CODE_RE.search(call.user)) else -1
+        restated = {"op": "add", "text": f"When the code of item {n} is asked."}  # the group's own question
+        return ops_json(restated, {"op": "add", "text": template}, {"op": "add", "text": kept})
+
+    run, result = run_job(tmp_path, embedder, policy, code_spec(tmp_path, experience_kinds="lessons"))
+    report = json.loads(Path(result["report"]).read_text())
+    reasons = {r["text"]: r["reason"] for r in report["rejected_operations"]}
+    restatements = [t for t in reasons if t.startswith("When the code of item")]
+    assert restatements and all("restates the question" in reasons[t] for t in restatements), reasons
+    assert "template" in reasons[template] and kept not in reasons
+    texts = {e.text for e in decode_library(Path(result["library"]).read_bytes()).experiences}
+    assert kept in texts and not any(t.startswith("When the code of item") or "[" in t for t in texts)
+    first = run.steps()[0]
+    assert first["critic_operations"] > first["critic_operations_usable"] > 0, first
 
 
 def test_ties_go_to_the_whole_step(tmp_path: Path, embedder) -> None:
