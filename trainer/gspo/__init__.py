@@ -1,0 +1,2 @@
+"""GSPO: LoRA reinforcement learning with sequence-level importance ratios
+(GSPO paper; TRL's importance_sampling_level="sequence")."""
