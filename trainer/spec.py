@@ -1,7 +1,9 @@
-"""The TF-GRPO job spec: every knob of a run, validated at the boundary (gRPC, CLI, checkpoint).
+"""Training job specs: every knob of a run, validated at the boundary (gRPC, CLI, checkpoint).
 
 A spec is plain JSON-like data so it can travel in a gRPC Struct, sit in the job database and be shown
-back to the operator. `load_tasks` turns its dataset fields into the train and validation task lists.
+back to the operator. `TaskSource` holds what every kind of job shares (where its tasks come from, the
+seed, `parse`); `TfGrpoSpec` is the training-free run's, `zoo.trainer.gspo.spec.GspoSpec` the LoRA run's.
+`load_tasks` turns the dataset fields into the train and validation task lists.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -21,8 +23,8 @@ from zoo.trainer.tasks import Task, load_jsonl, load_shipped, split
 SHIPPED = "shipped"
 
 
-class TfGrpoSpec(BaseModel):
-    """What a TF-GRPO run does. Defaults follow the HLLM paper's setting (G=5, 3 epochs, ≤3 ops a group)."""
+class TaskSource(BaseModel):
+    """Where a training job's tasks come from, and its seed; the base of every job spec."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -35,6 +37,42 @@ class TfGrpoSpec(BaseModel):
     train_limit: int | None = Field(default=None, ge=1, le=100_000)
     validation_limit: int | None = Field(default=None, ge=0, le=100_000)
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
+
+    @field_validator("dataset", "validation")
+    @classmethod
+    def _path_or_shipped(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("must be a file path or 'shipped'")
+        return value
+
+    @model_validator(mode="after")
+    def _shipped_pairs(self) -> Self:
+        if self.validation == SHIPPED and self.dataset != SHIPPED:
+            raise ValueError("validation 'shipped' goes with dataset 'shipped'")
+        return self
+
+    @classmethod
+    def parse(cls, data: Any) -> Self:
+        """Validate a mapping; the first problem raises ValidationError naming the field."""
+        if not isinstance(data, dict):
+            raise ValidationError("spec", f"expected an object, got {type(data).__name__}")
+        data = {k: _int_if_whole(v) for k, v in data.items()}
+        try:
+            return cls.model_validate(data)
+        except pydantic.ValidationError as err:
+            problem = err.errors(include_url=False)[0]
+            field = ".".join(["spec", *(str(p) for p in problem["loc"])])
+            message = str(problem["msg"]).removeprefix("Value error, ")
+            if problem["type"] == "extra_forbidden":
+                message = "unknown field"
+            raise ValidationError(field, message) from None
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+class TfGrpoSpec(TaskSource):
+    """What a TF-GRPO run does. Defaults follow the HLLM paper's setting (G=5, 3 epochs, ≤3 ops a group)."""
 
     epochs: int = Field(default=3, ge=1, le=100)
     batch_size: int = Field(default=4, ge=1, le=256, description="tasks per step")
@@ -113,13 +151,6 @@ class TfGrpoSpec(BaseModel):
         given = {f.name: v for f in fields(d) if (v := getattr(self, f.name)) is not None}
         return replace(d, **given)
 
-    @field_validator("dataset", "validation")
-    @classmethod
-    def _path_or_shipped(cls, value: str | None) -> str | None:
-        if value is not None and not value.strip():
-            raise ValueError("must be a file path or 'shipped'")
-        return value
-
     @field_validator(
         "temperature",
         "top_p",
@@ -134,29 +165,6 @@ class TfGrpoSpec(BaseModel):
         if value is not None and not math.isfinite(value):
             raise ValueError("must be a finite number")
         return value
-
-    @model_validator(mode="after")
-    def _shipped_pairs(self) -> TfGrpoSpec:
-        if self.validation == SHIPPED and self.dataset != SHIPPED:
-            raise ValueError("validation 'shipped' goes with dataset 'shipped'")
-        return self
-
-    @classmethod
-    def parse(cls, data: Any) -> TfGrpoSpec:
-        """Validate a mapping; the first problem raises ValidationError naming the field."""
-        if not isinstance(data, dict):
-            raise ValidationError("spec", f"expected an object, got {type(data).__name__}")
-        data = {k: _int_if_whole(v) for k, v in data.items()}
-        try:
-            return cls.model_validate(data)
-        except pydantic.ValidationError as err:
-            problem = err.errors(include_url=False)[0]
-            field = ".".join(str(p) for p in problem["loc"]) or "spec"
-            message = "unknown field" if problem["type"] == "extra_forbidden" else str(problem["msg"])
-            raise ValidationError(f"spec.{field}", message) from None
-
-    def to_json(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
 
 
 def _int_if_whole(value: Any) -> Any:
@@ -176,7 +184,7 @@ def _load(path: str, field: str) -> list[Task]:
         raise ValidationError(f"{field} ({p}) {e.field}", e.message.removeprefix(f"{e.field}: ")) from None
 
 
-def load_tasks(spec: TfGrpoSpec) -> tuple[list[Task], list[Task]]:
+def load_tasks(spec: TaskSource) -> tuple[list[Task], list[Task]]:
     """The run's (train, validation) tasks, with the spec's limits applied; train is never empty."""
     if spec.dataset == SHIPPED:
         train = load_shipped("train")

@@ -40,14 +40,11 @@ never sees them), and validation is off when it has none.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import hashlib
 import math
-import random
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -63,6 +60,7 @@ from zoo.trainer import critic
 from zoo.trainer.llm import LLM, Ledger
 from zoo.trainer.operations import Outcome, Proposal, add_examples, consolidate, prune, screen_lesson
 from zoo.trainer.rewards import BaseReward, RewardResult, ascore_group, get_reward
+from zoo.trainer.schedule import batches, seed_of, total_steps
 from zoo.trainer.spec import TfGrpoSpec
 from zoo.trainer.tasks import Task, instruction_for
 
@@ -227,12 +225,6 @@ def example_candidate(group: Group, spec: TfGrpoSpec) -> Proposal | None:
     return Proposal("add", task.question, "", task.domain, task.id, -1, "example", answer, reasoning)
 
 
-def seed_of(*parts: object) -> int:
-    """A stable 63-bit seed from the parts (the same on every machine and Python version)."""
-    digest = hashlib.sha256("\x00".join(str(p) for p in parts).encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
-
-
 def advantages_of(scores: Sequence[float]) -> list[float]:
     """Group-relative advantages (r - mean) / (std + eps), std with Bessel's correction (as in TRL)."""
     if len(scores) < 2:
@@ -279,16 +271,6 @@ def choose(scores: Mapping[str, float | None], current: float | None, tolerance:
     return best
 
 
-def batches(train: Sequence[Task], spec: TfGrpoSpec, epoch: int) -> list[list[Task]]:
-    order = list(train)
-    random.Random(seed_of("shuffle", spec.seed, epoch)).shuffle(order)
-    return [order[i : i + spec.batch_size] for i in range(0, len(order), spec.batch_size)]
-
-
-def total_steps(train: Sequence[Task], spec: TfGrpoSpec) -> int:
-    return spec.epochs * math.ceil(len(train) / spec.batch_size)
-
-
 class TfGrpoRun:
     def __init__(
         self,
@@ -310,7 +292,7 @@ class TfGrpoRun:
         self.base_model = ctx.base.base_model
         self._rewards: dict[str, BaseReward] = {}
         self._vectors = MemoryVectors()
-        self.steps_total = total_steps(self.train, spec)
+        self.steps_total = total_steps(len(self.train), spec.batch_size, spec.epochs)
         self.per_epoch = math.ceil(len(self.train) / spec.batch_size)
         # Unset, the serving defaults: a library is validated under the conditions it is served in.
         self.serving = spec.serving()
@@ -467,7 +449,7 @@ class TfGrpoRun:
         spec = self.spec
         index_in_run = state.step
         epoch, b = divmod(index_in_run, self.per_epoch)
-        batch = batches(self.train, spec, epoch)[b]
+        batch = batches(self.train, spec.batch_size, spec.seed, epoch)[b]
         number = index_in_run + 1
         started = time.perf_counter()
         calls_before = self.llm.ledger.calls
@@ -592,7 +574,7 @@ class TfGrpoRun:
             for gi, g in enumerate(groups):
                 candidate = example_candidate(g, spec)
                 if candidate is not None:
-                    proposed.append(dataclasses.replace(candidate, group=gi))
+                    proposed.append(replace(candidate, group=gi))
 
         merges = [0]
 
