@@ -1,4 +1,4 @@
-"""A TF-GRPO job's learning-curve report: report.json, a curve.png plot and cost totals.
+"""A training job's learning-curve report: report.json, a curve.png plot and cost totals.
 
 A curve is a list of per-step points (plain JSON-serialisable dicts), in the order the steps ran:
 
@@ -118,7 +118,9 @@ def plot_curve(
     write_atomic(path, buffer.getvalue())
 
 
-def write_report(out_dir: Path, report: Mapping[str, Any]) -> dict[str, str]:
+def write_report(
+    out_dir: Path, report: Mapping[str, Any], title: str = "TF-GRPO learning curve"
+) -> dict[str, str]:
     """Write `out_dir`/report.json (indent 2, sorted keys, strict JSON) and `out_dir`/curve.png.
 
     `report` needs a list "curve" of point mappings; "baseline_validation_score" (number or None) is
@@ -146,7 +148,7 @@ def write_report(out_dir: Path, report: Mapping[str, Any]) -> dict[str, str]:
     report_path = out_dir / REPORT_FILE
     png_path = out_dir / CURVE_FILE
     write_atomic(report_path, (text + "\n").encode("utf-8"))
-    plot_curve(curve, None if baseline is None else float(baseline), png_path)
+    plot_curve(curve, None if baseline is None else float(baseline), png_path, title)
     return {"report": str(report_path), "curve": str(png_path)}
 
 

@@ -1,0 +1,155 @@
+"""GSPO runs on the bundled model: the policy gradient moves the right way, runs are reproducible, a run
+resumes from its checkpoint to the adapters it would have reached anyway, and bad specs are refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from zoo.inference.models import prepare_bundled_chat_model
+from zoo.node.config import default_cache_dir
+from zoo.registry.errors import ValidationError
+from zoo.trainer.gspo.job import run_gspo
+from zoo.trainer.gspo.policy import LoraPolicy
+from zoo.trainer.gspo.rollouts import completion_mask_of, generate
+from zoo.trainer.gspo.run import CHECKPOINTS, GspoRun
+from zoo.trainer.gspo.spec import GspoSpec
+from zoo.trainer.rewards import REWARDS, BaseReward, RewardResult, register
+from zoo.trainer.tasks import Task, write_jsonl
+
+if "test_parity" not in REWARDS:
+
+    @register("test_parity")
+    class Parity(BaseReward):
+        """1 for a completion of even length: a reward the sampled completions of one prompt disagree on,
+        so every group carries a learning signal (what it teaches does not matter here)."""
+
+        def score(self, task: Task, completion: str) -> RewardResult:
+            return RewardResult(float(len(completion) % 2 == 0), "parity")
+
+
+@pytest.fixture(scope="module")
+def model_path() -> Path:
+    torch.set_num_threads(2)
+    return prepare_bundled_chat_model(default_cache_dir()).path
+
+
+def tasks_file(tmp_path: Path, n: int, name: str, start: int = 0) -> Path:
+    tasks = [Task(id=f"t{i}", question=f"Name an animal that starts with the letter {'abcdefgh'[i]}.",
+                  answer="x") for i in range(start, start + n)]  # fmt: skip
+    write_jsonl(tmp_path / name, tasks)
+    return tmp_path / name
+
+
+def small_spec(tmp_path: Path, **changes: object) -> GspoSpec:
+    return GspoSpec.parse({
+        "dataset": str(tasks_file(tmp_path, 4, "train.jsonl")),
+        "validation": str(tasks_file(tmp_path, 2, "val.jsonl", 4)),
+        "reward": "test_parity", "batch_size": 2, "group_size": 3, "max_new_tokens": 6,
+        "learning_rate": 1e-3, "target_modules": ["q_proj", "v_proj"], "micro_batch_size": 4,
+        "lora_rank": 4, **changes,
+    })  # fmt: skip
+
+
+def adapter_weights(directory: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(directory / "adapter_model.safetensors"))
+
+
+def test_completion_mask_ends_at_the_first_eos() -> None:
+    ids = torch.tensor([[5, 6, 2, 7, 2], [5, 6, 7, 8, 9], [2, 0, 0, 0, 0]])
+    assert completion_mask_of(ids, [2]).tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]]
+
+
+def test_a_step_raises_the_logprob_of_better_completions(model_path: Path, tmp_path: Path) -> None:
+    spec = small_spec(tmp_path, num_iterations=1, learning_rate=5e-3)
+    torch.manual_seed(0)
+    policy = LoraPolicy.load(model_path, spec)
+    task = Task(id="q", question="Say something about cats.", answer="x")
+    rollouts = generate(policy, [task], group_size=4, max_new_tokens=8, temperature=1.0, top_p=1.0, seed=1)
+    advantages = torch.tensor([1.0, -1.0, 1.0, -1.0])
+
+    def mean_logps() -> torch.Tensor:
+        with torch.no_grad():
+            logp = policy.token_logprobs(rollouts.sequences, rollouts.attention_mask, rollouts.prompt_length)
+        return (logp * rollouts.completion_mask).sum(-1) / rollouts.completion_mask.sum(-1)
+
+    before = mean_logps()
+    with torch.no_grad():  # the fused log-probs (chunked over the vocabulary) are the plain ones
+        fused = policy.token_logprobs(
+            rollouts.sequences, rollouts.attention_mask, rollouts.prompt_length, fused=True
+        )
+        plain = policy.token_logprobs(rollouts.sequences, rollouts.attention_mask, rollouts.prompt_length)
+    assert torch.allclose(fused, plain, atol=1e-4)
+    run = GspoRun(spec, policy, [task], [], tmp_path / "out")
+    metrics = run.optimise(rollouts, advantages)
+    change = mean_logps() - before
+    assert metrics["grad_norm"] > 0 and metrics["clip_fraction"] == 0.0  # one pass: the ratio is exactly 1
+    assert change[0] > 0 and change[2] > 0 and change[1] < 0 and change[3] < 0, change
+    # The reference policy (adapters off) is the untouched base model: its log-probs did not move.
+    with policy.reference(), torch.no_grad():
+        reference = policy.token_logprobs(rollouts.sequences, rollouts.attention_mask, rollouts.prompt_length)
+    base = LoraPolicy.load(model_path, spec)  # fresh adapters start at zero: the same as the base model
+    with torch.no_grad():
+        fresh = base.token_logprobs(rollouts.sequences, rollouts.attention_mask, rollouts.prompt_length)
+    mask = rollouts.completion_mask.bool()
+    assert torch.allclose(reference[mask], fresh[mask], atol=1e-5)
+
+
+def test_a_killed_run_resumes_to_the_adapters_of_a_whole_one(model_path: Path, tmp_path: Path) -> None:
+    spec = small_spec(tmp_path, checkpoint_every=1)
+    whole = run_gspo(spec, model_path, tmp_path / "whole")
+    report = json.loads(Path(whole["report"]).read_text())
+    assert report["steps"] == 2 and [p["step"] for p in report["curve"]] == [1, 2]
+    first = report["curve"][0]
+    assert first["updated"] and first["groups_zero_variance"] < first["groups"]
+    assert 0.0 <= first["clip_fraction"] <= 1.0 and first["tokens"] > 0 and first["grad_norm"] > 0
+    assert report["baseline_validation_score"] is not None and Path(whole["curve"]).stat().st_size > 0
+
+    a = adapter_weights(Path(whole["adapter"]))
+    assert any(v.abs().sum() > 0 for k, v in a.items() if "lora_B" in k), "the adapters never moved"
+
+    # Killed after step 1 (its checkpoint written): the resumed run ends with the adapters of `whole`, bit for
+    # bit, so a run is reproducible from its seed too (this one redid step 1 from scratch).
+    class Killed(Exception):
+        pass
+
+    def kill_after_first(point: dict) -> None:
+        if point["step"] == 1:
+            raise Killed
+
+    cut = tmp_path / "cut"
+    with pytest.raises(Killed):
+        run_gspo(spec, model_path, cut, on_step=kill_after_first)
+    assert sorted(p.name for p in (cut / CHECKPOINTS).glob("step-*")) == ["step-000001"]
+    resumed = run_gspo(spec, model_path, cut)
+    c = adapter_weights(Path(resumed["adapter"]))
+    assert all(torch.equal(a[k], c[k]) for k in a), "the resumed run drifted from the uninterrupted one"
+
+    def timeless(curve: list[dict]) -> list[dict]:
+        return [{k: v for k, v in p.items() if k != "wall_s"} for p in curve]
+
+    resumed_curve = json.loads(Path(resumed["report"]).read_text())["curve"]
+    assert timeless(resumed_curve) == timeless(report["curve"]), "the resumed run saw other rollouts"
+    # A checkpoint is only resumed under the spec that wrote it.
+    with pytest.raises(ValueError, match="another spec"):
+        run_gspo(spec.model_copy(update={"learning_rate": 1e-4}), model_path, cut)
+
+
+def test_bad_specs_are_refused(tmp_path: Path, model_path: Path) -> None:
+    for bad, field in [
+        ({"group_size": 1}, "spec.group_size"),
+        ({"eps_low": -1}, "spec.eps_low"),
+        ({"target_modules": ["q proj"]}, "spec.target_modules"),
+        ({"loss": "magic"}, "spec.loss"),
+        ({"lora_rank": 0}, "spec.lora_rank"),
+    ]:
+        with pytest.raises(ValidationError) as caught:
+            GspoSpec.parse({"dataset": "shipped", **bad})
+        assert caught.value.field == field, caught.value
+    spec = small_spec(tmp_path, target_modules=["no_such_proj"])
+    with pytest.raises(ValueError, match="no module named no_such_proj"):
+        LoraPolicy.load(model_path, spec)

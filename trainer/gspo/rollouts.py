@@ -1,0 +1,113 @@
+"""GSPO rollouts: G sampled completions per prompt in one batched `generate`, and the masks the loss needs.
+
+Prompts are left-padded to one length, so every row's completion starts at the same column. A completion
+counts up to and including its first end-of-sequence token; what generate pads after it is masked out.
+The chat template and the task's instruction are those TF-GRPO and serving use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from zoo.trainer.gspo.policy import LoraPolicy
+from zoo.trainer.tasks import Task, instruction_for
+
+
+@dataclass
+class Rollouts:
+    """Completions of a batch of prompts, group after group (row i belongs to prompt i // group_size)."""
+
+    sequences: torch.Tensor  # (N, P + T) prompt and completion ids
+    attention_mask: torch.Tensor  # (N, P + T)
+    prompt_length: int  # P
+    completion_mask: torch.Tensor  # (N, T) 1 on the completion's own tokens
+    completions: list[str]
+
+    @property
+    def tokens(self) -> int:
+        return int(self.completion_mask.sum())
+
+    def rows(self, index: slice) -> Rollouts:
+        return Rollouts(
+            self.sequences[index],
+            self.attention_mask[index],
+            self.prompt_length,
+            self.completion_mask[index],
+            self.completions[index],
+        )
+
+
+def messages_for(task: Task, instruction: str | None) -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": instruction_for(task, instruction)},
+        {"role": "user", "content": task.question},
+    ]
+
+
+def completion_mask_of(completion_ids: torch.Tensor, eos_ids: Sequence[int]) -> torch.Tensor:
+    """1 up to and including each row's first end-of-sequence token, 0 after it."""
+    is_eos = torch.isin(completion_ids, torch.tensor(list(eos_ids), device=completion_ids.device))
+    # Tokens strictly after the first eos: an eos occurred at an earlier position.
+    after = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
+    return (~after).long()
+
+
+def eos_ids_of(policy: LoraPolicy) -> list[int]:
+    config = policy.model.get_base_model().generation_config
+    eos = config.eos_token_id if config is not None else None
+    ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
+    if policy.tokenizer.eos_token_id is not None:
+        ids.append(policy.tokenizer.eos_token_id)
+    return sorted({int(i) for i in ids})
+
+
+@torch.no_grad()
+def generate(
+    policy: LoraPolicy,
+    tasks: Sequence[Task],
+    *,
+    group_size: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    seed: int,
+    instruction: str | None = None,
+    greedy: bool = False,
+) -> Rollouts:
+    """`group_size` completions of every task (greedy: one each, group_size ignored), seeded."""
+    tokenizer = policy.tokenizer
+    chats = [messages_for(t, instruction) for t in tasks]
+    texts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
+    encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(policy.device)
+    prompt_length = int(encoded["input_ids"].shape[1])
+    n = 1 if greedy else group_size
+    torch.manual_seed(seed)
+    # top_k=0: sample from the whole distribution (transformers' default top_k=50 would truncate it).
+    sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature,
+                                                     "top_p": top_p, "top_k": 0}  # fmt: skip
+    was_training = policy.model.training
+    policy.model.eval()
+    try:
+        sequences = policy.model.generate(
+            **encoded,
+            max_new_tokens=max_new_tokens,
+            num_return_sequences=n,
+            pad_token_id=tokenizer.pad_token_id,
+            **sampling,
+        )
+    finally:
+        policy.model.train(was_training)
+    completion_ids = sequences[:, prompt_length:]
+    if completion_ids.shape[1] == 0:  # nothing generated at all (max_new_tokens reached at once)
+        raise RuntimeError("generation produced no tokens")
+    mask = completion_mask_of(completion_ids, eos_ids_of(policy))
+    prompt_mask = encoded["attention_mask"].repeat_interleave(n, dim=0)
+    attention_mask = torch.cat([prompt_mask, mask], dim=1)
+    completions = [
+        tokenizer.decode(row[: int(m.sum())], skip_special_tokens=True)
+        for row, m in zip(completion_ids, mask, strict=True)
+    ]
+    return Rollouts(sequences, attention_mask, prompt_length, mask, completions)

@@ -1,0 +1,298 @@
+"""A GSPO run: sample, reward, and take clipped sequence-level policy-gradient steps on LoRA adapters.
+
+One step, for a batch of prompts (trainer/schedule.py orders them):
+1. G completions per prompt from the current policy (rollouts.py), scored by each task's verifier;
+2. group advantages Aᵢ = (rᵢ - mean)/(std + ε) (zero-variance groups give 0 and are counted);
+3. with num_iterations > 1, the completions' log-probs under the sampling policy (π_old), kept fixed;
+4. num_iterations optimisation passes, each accumulating the GSPO loss (loss.py) over micro-batches into
+   one optimiser step, with gradient clipping; on the first pass π_θ = π_old, so the ratio is 1 and
+   clipping starts to act from the second;
+5. metrics (reward mean/std, advantage std, clip fraction, KL, loss, grad norm, tokens, step time).
+
+A checkpoint (every `checkpoint_every` steps and at the end) is a directory written whole and renamed
+into place: the adapters (safetensors), the optimiser state, the RNG states and the curve so far. A run
+killed at any moment resumes from its last checkpoint and, in fp32, ends with the same adapters as a run
+never interrupted. The validation score (greedy, one completion per task) is taken before the first step,
+every `validate_every` steps and after the last.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import shutil
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zoo.registry.fsutil import write_atomic
+from zoo.trainer.gspo.fused import triton_available
+from zoo.trainer.gspo.loss import GspoLossConfig, group_advantages, gspo_loss
+from zoo.trainer.gspo.policy import LoraPolicy
+from zoo.trainer.gspo.rollouts import Rollouts, generate
+from zoo.trainer.gspo.spec import GspoSpec
+from zoo.trainer.rewards import BaseReward, get_reward, score_group
+from zoo.trainer.schedule import batches, seed_of, total_steps
+from zoo.trainer.tasks import Task
+
+CHECKPOINTS = "checkpoints"
+STATE_FILE = "trainer_state.pt"
+STATE_VERSION = 1
+
+OnStep = Callable[[dict[str, Any]], None]
+
+
+class GspoRun:
+    def __init__(
+        self,
+        spec: GspoSpec,
+        policy: LoraPolicy,
+        train: Sequence[Task],
+        validation: Sequence[Task],
+        out_dir: Path,
+        *,
+        on_step: OnStep | None = None,
+    ) -> None:
+        self.spec = spec
+        self.policy = policy
+        self.train = list(train)
+        self.validation = list(validation)
+        self.out_dir = out_dir
+        self.on_step = on_step
+        self.steps_total = total_steps(len(self.train), spec.batch_size, spec.epochs)
+        self.per_epoch = math.ceil(len(self.train) / spec.batch_size)
+        self.loss_config = GspoLossConfig(spec.eps_low, spec.eps_high, spec.beta)
+        # auto: the fused loss where its Triton kernels run (a CUDA GPU), plain torch elsewhere; "fused"
+        # forces it (off a GPU its chunked-torch path: slower, but it never holds tokens x vocab logits).
+        self.fused = spec.loss == "fused" or (spec.loss == "auto" and triton_available(policy.device))
+        torch.manual_seed(spec.seed)
+        self.optimizer = torch.optim.AdamW(
+            policy.trainable_parameters(), lr=spec.learning_rate, weight_decay=spec.weight_decay
+        )
+        self._rewards: dict[str, BaseReward] = {}
+        self.step = 0
+        self.curve: list[dict[str, Any]] = []
+        self.baseline_validation_score: float | None = None
+        self.validation_score: float | None = None
+        self.wall_s = 0.0
+
+    # -- rollouts and rewards --------------------------------------------------------------------------
+
+    def reward_for(self, task: Task) -> BaseReward:
+        name = self.spec.reward or task.verifier
+        if name not in self._rewards:
+            self._rewards[name] = get_reward(name)
+        return self._rewards[name]
+
+    def scores(self, tasks: Sequence[Task], rollouts: Rollouts, per_task: int) -> list[float]:
+        out: list[float] = []
+        for i, task in enumerate(tasks):
+            group = rollouts.completions[i * per_task : (i + 1) * per_task]
+            out += [r.score for r in score_group(self.reward_for(task), task, group)]
+        return out
+
+    def evaluate(self, tag: str) -> float | None:
+        """The mean greedy score on the validation tasks (None without any)."""
+        if not self.validation:
+            return None
+        scores: list[float] = []
+        for i in range(0, len(self.validation), self.spec.micro_batch_size):
+            chunk = self.validation[i : i + self.spec.micro_batch_size]
+            rollouts = generate(
+                self.policy,
+                chunk,
+                group_size=1,
+                max_new_tokens=self.spec.max_new_tokens,
+                temperature=1.0,
+                top_p=1.0,
+                seed=seed_of("validation", self.spec.seed, tag, i),
+                instruction=self.spec.instruction,
+                greedy=True,
+            )
+            scores += self.scores(chunk, rollouts, 1)
+        return statistics.fmean(scores)
+
+    # -- the optimisation ------------------------------------------------------------------------------
+
+    def _logprobs(self, part: Rollouts) -> torch.Tensor:
+        return self.policy.token_logprobs(
+            part.sequences,
+            part.attention_mask,
+            part.prompt_length,
+            fused=self.fused,
+            autocast_bf16=self.spec.bf16,
+        )
+
+    def _micro_batches(self, n: int) -> list[slice]:
+        size = self.spec.micro_batch_size
+        return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+    def optimise(self, rollouts: Rollouts, advantages: torch.Tensor) -> dict[str, float]:
+        """num_iterations passes over the batch; returns the last pass's metrics."""
+        spec = self.spec
+        n = len(rollouts.completions)
+        parts = self._micro_batches(n)
+        old: list[torch.Tensor | None] = [None] * len(parts)
+        ref: list[torch.Tensor | None] = [None] * len(parts)
+        with torch.no_grad():
+            for j, s in enumerate(parts):
+                if spec.num_iterations > 1:
+                    old[j] = self._logprobs(rollouts.rows(s))
+                if spec.beta > 0:
+                    with self.policy.reference():
+                        ref[j] = self._logprobs(rollouts.rows(s))
+        self.policy.model.train()
+        metrics: dict[str, float] = {}
+        for _ in range(spec.num_iterations):
+            self.optimizer.zero_grad(set_to_none=True)
+            totals: dict[str, float] = {}
+            for j, s in enumerate(parts):
+                part = rollouts.rows(s)
+                logp = self._logprobs(part)
+                sampled = old[j] if old[j] is not None else logp.detach()
+                loss, m = gspo_loss(
+                    logp, sampled, advantages[s], part.completion_mask, self.loss_config, ref_logp=ref[j]
+                )
+                share = (s.stop - s.start) / n  # micro-batch means -> the mean over the whole batch
+                (loss * share).backward()
+                for key, value in m.items():
+                    totals[key] = totals.get(key, 0.0) + float(value) * share
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.trainable_parameters(), spec.max_grad_norm)
+            self.optimizer.step()
+            metrics = {**totals, "grad_norm": float(grad_norm)}
+        self.optimizer.zero_grad(set_to_none=True)
+        return metrics
+
+    def train_step(self, number: int, batch: Sequence[Task]) -> dict[str, Any]:
+        spec = self.spec
+        started = time.perf_counter()
+        rollouts = generate(
+            self.policy,
+            batch,
+            group_size=spec.group_size,
+            max_new_tokens=spec.max_new_tokens,
+            temperature=spec.temperature,
+            top_p=spec.top_p,
+            seed=seed_of("rollout", spec.seed, number),
+            instruction=spec.instruction,
+        )
+        scores = self.scores(batch, rollouts, spec.group_size)
+        rewards = torch.tensor(scores, dtype=torch.float32)
+        advantages, flat_groups = group_advantages(rewards, spec.group_size)
+        advantages = advantages.to(self.policy.device)
+        metrics = self.optimise(rollouts, advantages) if flat_groups < len(batch) else {}
+        return {
+            "step": number,
+            "steps_total": self.steps_total,
+            "epoch": (number - 1) // self.per_epoch + 1,
+            "reward_mean": statistics.fmean(scores),
+            "reward_std": statistics.pstdev(scores),
+            "advantage_std": float(advantages.std(correction=0)),
+            "groups": len(batch),
+            "groups_zero_variance": flat_groups,
+            "clip_fraction": metrics.get("clip_fraction", 0.0),
+            "ratio_mean": metrics.get("ratio_mean", 1.0),
+            "kl": metrics.get("kl"),
+            "loss": metrics.get("loss"),
+            "grad_norm": metrics.get("grad_norm"),
+            "updated": bool(metrics),  # False: every group had equal rewards, nothing to learn from
+            "tokens": rollouts.tokens,
+            "wall_s": round(time.perf_counter() - started, 3),
+        }
+
+    # -- the loop, checkpoints -------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Train from the last checkpoint in out_dir (or from the start) to the last step."""
+        self.resume()
+        if self.step == 0:
+            self.baseline_validation_score = self.validation_score = self.evaluate("baseline")
+        for number in range(self.step + 1, self.steps_total + 1):
+            epoch, b = divmod(number - 1, self.per_epoch)
+            batch = batches(self.train, self.spec.batch_size, self.spec.seed, epoch)[b]
+            point = self.train_step(number, batch)
+            last = number == self.steps_total
+            if last or (self.spec.validate_every and number % self.spec.validate_every == 0):
+                self.validation_score = self.evaluate(f"step-{number}")
+                point["validation_score"] = self.validation_score
+            self.curve.append(point)
+            self.step = number
+            self.wall_s += point["wall_s"]
+            if last or number % self.spec.checkpoint_every == 0:
+                self.checkpoint()
+            if self.on_step is not None:
+                self.on_step(point)
+
+    def checkpoint(self) -> Path:
+        """Write the state after `self.step` as checkpoints/step-NNNNNN (whole, then renamed into place)."""
+        root = self.out_dir / CHECKPOINTS
+        final = root / f"step-{self.step:06d}"
+        tmp = root / f".step-{self.step:06d}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self.policy.save_adapter(tmp)
+        state = {
+            "version": STATE_VERSION,
+            "spec": self.spec.to_json(),
+            "step": self.step,
+            "curve": self.curve,
+            "baseline_validation_score": self.baseline_validation_score,
+            "validation_score": self.validation_score,
+            "wall_s": self.wall_s,
+            "optimizer": self.optimizer.state_dict(),
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+        }
+        torch.save(state, tmp / STATE_FILE)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        write_atomic(root / "latest", final.name.encode())
+        return final
+
+    def latest_checkpoint(self) -> Path | None:
+        root = self.out_dir / CHECKPOINTS
+        done = sorted(p for p in root.glob("step-*") if (p / STATE_FILE).is_file()) if root.is_dir() else []
+        return done[-1] if done else None
+
+    def resume(self) -> bool:
+        """Load the last checkpoint, if any; True when one was loaded."""
+        found = self.latest_checkpoint()
+        if found is None:
+            return False
+        state = torch.load(found / STATE_FILE, map_location=self.policy.device, weights_only=False)
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"{found}: checkpoint version {state.get('version')}, expected {STATE_VERSION}")
+        if GspoSpec.parse(state["spec"]) != self.spec:
+            raise ValueError(f"{found}: the checkpoint was written by a run with another spec")
+        self.policy.load_adapter_weights(found)
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+        self.step = int(state["step"])
+        self.curve = list(state["curve"])
+        self.baseline_validation_score = state["baseline_validation_score"]
+        self.validation_score = state["validation_score"]
+        self.wall_s = float(state["wall_s"])
+        return True
+
+    def report(self) -> dict[str, Any]:
+        tokens = sum(p["tokens"] for p in self.curve)
+        return {
+            "kind": "gspo",
+            "spec": self.spec.to_json(),
+            "steps": self.step,
+            "baseline_validation_score": self.baseline_validation_score,
+            "final_validation_score": self.validation_score,
+            "curve": self.curve,
+            "loss": "fused" if self.fused else "torch",
+            "cost": {
+                "wall_s": round(self.wall_s, 3),
+                "wall_s_per_step": round(self.wall_s / self.step, 3) if self.step else 0.0,
+                "completion_tokens": tokens,
+            },
+        }

@@ -1,0 +1,74 @@
+"""The GSPO job spec: LoRA shape, sampling, the clipped objective and the optimiser, checked at the boundary.
+
+Defaults follow the GSPO paper and TRL where they apply (clip range 3e-4 / 4e-4, no KL, Bessel-std group
+advantages) and keep a CPU run small; `num_iterations` defaults to 2 so that the importance ratio and the
+clipping act (with one pass the ratio is exactly 1).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from zoo.trainer.spec import TaskSource
+
+# Attention and MLP projections of Llama-family models (SmolLM2, Qwen, Llama, Mistral).
+DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class GspoSpec(TaskSource):
+    """What a GSPO run does."""
+
+    epochs: int = Field(default=1, ge=1, le=100)
+    batch_size: int = Field(default=4, ge=1, le=1024, description="prompts per step")
+    group_size: int = Field(default=4, ge=2, le=64, description="G: completions sampled per prompt")
+    max_new_tokens: int = Field(default=64, ge=1, le=32_768)
+    temperature: float = Field(default=1.0, gt=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    instruction: str | None = Field(
+        default=None, min_length=1, max_length=4000, description="system turn for tasks without their own"
+    )
+    reward: str | None = Field(default=None, description="override every task's verifier")
+
+    lora_rank: int = Field(default=8, ge=1, le=1024)
+    lora_alpha: float = Field(default=16.0, gt=0.0, le=4096.0)
+    lora_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    target_modules: tuple[str, ...] = Field(default=DEFAULT_TARGET_MODULES, min_length=1, max_length=64)
+
+    eps_low: float = Field(default=3e-4, ge=0.0, lt=1.0, description="clip below at 1 - eps_low")
+    eps_high: float = Field(default=4e-4, ge=0.0, le=10.0, description="clip above at 1 + eps_high")
+    beta: float = Field(default=0.0, ge=0.0, le=10.0, description="KL weight to the reference (adapters off)")
+    num_iterations: int = Field(default=2, ge=1, le=16, description="optimisation passes over each batch")
+    micro_batch_size: int = Field(
+        default=8, ge=1, le=4096, description="sequences per forward/backward; gradients accumulate"
+    )
+    learning_rate: float = Field(default=1e-5, gt=0.0, le=1.0)
+    weight_decay: float = Field(default=0.0, ge=0.0, le=1.0)
+    max_grad_norm: float = Field(default=1.0, gt=0.0, le=1e6)
+    bf16: bool = Field(default=False, description="bf16 autocast for forward passes (GPU); fp32 otherwise")
+    loss: Literal["auto", "torch", "fused"] = Field(
+        default="auto", description="log-probs fused with the LM head (Triton; auto: on a GPU) or plain torch"
+    )
+
+    checkpoint_every: int = Field(default=1, ge=1, le=100_000, description="steps between checkpoints")
+    validate_every: int = Field(
+        default=0, ge=0, le=100_000, description="steps between validation scores (0: before and after only)"
+    )
+    description: str = Field(default="", max_length=1000)
+
+    @field_validator("temperature", "top_p", "lora_alpha", "eps_low", "eps_high", "beta", "learning_rate")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("must be a finite number")
+        return value
+
+    @field_validator("target_modules")
+    @classmethod
+    def _module_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if not name or not name.replace("_", "").replace(".", "").isalnum():
+                raise ValueError(f"{name!r} is not a module name (letters, digits, '_' and '.')")
+        return value
