@@ -15,7 +15,8 @@ import json
 from collections.abc import Callable, Iterable
 from datetime import UTC
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 import typer
 from rich.console import Console
@@ -74,7 +75,32 @@ _SPEC_OPTIONS: list[tuple[str, str, Any, str]] = [
 ]
 
 
-def _spec_from(values: dict[str, Any], spec_file: Path | None, sets: list[str] | None) -> dict[str, Any]:
+def options_of(model: Any) -> list[tuple[str, str, Any, str]]:
+    """Spec options generated from a pydantic spec's fields: every scalar field becomes --kebab-name
+    (booleans --name/--no-name, choices as text) with the field's description as help; the rest (lists)
+    are set with --set. The dataset fields come first, as the model declares them."""
+    options: list[tuple[str, str, Any, str]] = []
+    for name, info in model.model_fields.items():
+        kind = info.annotation
+        if get_origin(kind) in (Union, UnionType):  # X | None: the option is X (unset = spec default)
+            kinds = [a for a in get_args(kind) if a is not type(None)]
+            kind = kinds[0] if len(kinds) == 1 else None
+        flag = "--" + name.replace("_", "-")
+        if kind is bool:
+            options.append((f"{flag}/--no-{flag[2:]}", name, bool, info.description or ""))
+        elif kind in (int, float, str) or get_origin(kind) is Literal:
+            choices = f" ({', '.join(map(str, get_args(kind)))})" if get_origin(kind) is Literal else ""
+            typ = str if choices else kind
+            options.append((flag, name, typ, (info.description or "") + choices))
+    return options
+
+
+def _spec_from(
+    values: dict[str, Any],
+    spec_file: Path | None,
+    sets: list[str] | None,
+    options: list[tuple[str, str, Any, str]] = _SPEC_OPTIONS,
+) -> dict[str, Any]:
     spec: dict[str, Any] = {}
     if spec_file is not None:
         try:
@@ -92,7 +118,7 @@ def _spec_from(values: dict[str, Any], spec_file: Path | None, sets: list[str] |
             spec[key] = json.loads(raw)
         except json.JSONDecodeError:
             spec[key] = raw
-    for _opt, field, _type, _help in _SPEC_OPTIONS:
+    for _opt, field, _type, _help in options:
         if values.get(field) is not None:
             spec[field] = values[field]
     # The daemon may run in another directory: dataset paths travel absolute.
@@ -103,7 +129,9 @@ def _spec_from(values: dict[str, Any], spec_file: Path | None, sets: list[str] |
     return spec
 
 
-def with_spec_options(command: Callable[..., None]) -> Callable[..., None]:
+def with_spec_options(
+    command: Callable[..., None], options: list[tuple[str, str, Any, str]] = _SPEC_OPTIONS
+) -> Callable[..., None]:
     """Add the spec options to a command: it receives them as `spec: dict` (typer reads __signature__).
 
     Written by hand because typer has no shared option groups; this keeps one list for both commands.
@@ -116,7 +144,7 @@ def with_spec_options(command: Callable[..., None]) -> Callable[..., None]:
             default=typer.Option(None, opt, help=help_),
             annotation=typ | None,
         )
-        for opt, field, typ, help_ in _SPEC_OPTIONS
+        for opt, field, typ, help_ in options
     ]
     extra += [
         inspect.Parameter(
@@ -132,11 +160,11 @@ def with_spec_options(command: Callable[..., None]) -> Callable[..., None]:
             annotation=list[str] | None,
         ),
     ]
-    names = {field for _o, field, _t, _h in _SPEC_OPTIONS} | {"spec_file", "sets"}
+    names = {field for _o, field, _t, _h in options} | {"spec_file", "sets"}
 
     def wrapper(**kwargs: Any) -> None:
         values = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
-        spec = _spec_from(values, values.pop("spec_file", None), values.pop("sets", None))
+        spec = _spec_from(values, values.pop("spec_file", None), values.pop("sets", None), options)
         command(spec=spec, **kwargs)
 
     wrapper.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
@@ -408,3 +436,84 @@ def _train_tf_grpo(
 
 
 train_app.command("tf-grpo")(_train_tf_grpo)
+
+
+class GspoView:
+    """Renders a GSPO run: a bar for steps and a line per step."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=console,
+        )  # fmt: skip
+        self.steps = self.progress.add_task("GSPO steps", total=None)
+
+    def __enter__(self) -> GspoView:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def start(self, spec: Any) -> None:
+        self.console.print(
+            f"GSPO: LoRA r={spec.lora_rank} on {', '.join(spec.target_modules)}; G={spec.group_size}, "
+            f"{spec.batch_size} prompts a step, {spec.num_iterations} pass(es), lr {spec.learning_rate:g}",
+            highlight=False,
+        )
+
+    def step(self, d: dict[str, Any]) -> None:
+        self.progress.update(self.steps, total=d.get("steps_total"), completed=d.get("step"))
+        line = (
+            f"step {d['step']}: reward {_fmt(d.get('reward_mean'))} ± {_fmt(d.get('reward_std'))}, "
+            f"{d.get('groups_zero_variance')}/{d.get('groups')} groups without signal, "
+            f"clip {_fmt(d.get('clip_fraction'))}, loss {_fmt(d.get('loss'))}, "
+            f"grad norm {_fmt(d.get('grad_norm'))}, {d.get('tokens')} tokens, {d.get('wall_s')} s"
+        )
+        if "validation_score" in d:
+            line += f", validation {_fmt(d.get('validation_score'))}"
+        self.progress.console.print(line, highlight=False)
+
+    def done(self, result: dict[str, Any]) -> None:
+        self.progress.console.print(
+            f"[green]completed[/green]: {result['steps']} steps; validation "
+            f"{_fmt(result.get('baseline_validation_score'))} -> {_fmt(result.get('validation_score'))}; "
+            f"adapter {result['adapter']}; report {result['report']}",
+            highlight=False,
+        )
+
+
+def _train_gspo(
+    spec: dict[str, Any],
+    out_dir: Path = typer.Option(
+        Path("gspo-run"), "--out", help="Directory for the adapter and checkpoints."
+    ),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in --out."),
+    config: Path | None = ConfigOpt,
+    data_dir: Path | None = DataDirOpt,
+) -> None:
+    """Train LoRA adapters with GSPO on the configured local model (no daemon); kill it any time and
+    continue with --resume from its last checkpoint."""
+    from zoo.node.cli import load
+    from zoo.node.training import TrainingError, run_gspo_foreground
+    from zoo.trainer.gspo.spec import GspoSpec  # noqa: F401  (documents where the options come from)
+
+    cfg = load(config, data_dir=data_dir and str(data_dir))
+    try:
+        code = run_gspo_foreground(cfg, spec, out_dir, resume, GspoView(err))
+    except TrainingError as e:
+        raise _fail(str(e), 2) from None
+    except KeyboardInterrupt:
+        err.print(f"interrupted; continue with the same command and --resume (checkpoints in {out_dir})")
+        raise typer.Exit(130) from None
+    raise typer.Exit(code)
+
+
+def _gspo_options() -> list[tuple[str, str, Any, str]]:
+    from zoo.trainer.gspo.spec import GspoSpec
+
+    return options_of(GspoSpec)
+
+
+train_app.command("gspo")(with_spec_options(_train_gspo, _gspo_options()))

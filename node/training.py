@@ -106,3 +106,61 @@ async def run_foreground(
     finally:
         await backend.close()
     return 0
+
+
+SPEC_FILE = "spec.json"
+
+
+def gspo_spec_for(out_dir: Path, spec_fields: dict[str, Any], resume: bool) -> Any:
+    """The validated spec of a foreground GSPO run in `out_dir`: the one it was started with on --resume
+    (OUT/spec.json), else the given fields; a directory holding another run needs --resume."""
+    from zoo.trainer.gspo.spec import GspoSpec
+
+    stored = out_dir / SPEC_FILE
+    if resume:
+        try:
+            fields = json.loads(stored.read_text())
+        except FileNotFoundError:
+            raise TrainingError(f"--resume: no GSPO run in {out_dir} (no {SPEC_FILE})") from None
+        except json.JSONDecodeError as e:
+            raise TrainingError(f"--resume: {stored} is corrupt: {e}") from None
+    elif stored.exists():
+        raise TrainingError(f"{out_dir} holds a run already: pass --resume to continue it, or another --out")
+    else:
+        fields = spec_fields
+    try:
+        return GspoSpec.parse(fields)
+    except ZooError as e:
+        raise TrainingError(str(e)) from None
+
+
+def run_gspo_foreground(
+    cfg: NodeConfig, spec_fields: dict[str, Any], out_dir: Path, resume: bool, view: Any
+) -> int:
+    """Run GSPO on the configured local model; returns the exit code (0 when it completed)."""
+    from zoo.node.daemon import StartupError, resolve_model_path
+    from zoo.trainer.gspo.job import run_gspo
+
+    out_dir = out_dir.expanduser().resolve()
+    spec = gspo_spec_for(out_dir, spec_fields, resume)
+    if cfg.model.backend != "transformers":
+        raise TrainingError(
+            f"GSPO trains LoRA adapters on a local model: model.backend is {cfg.model.backend!r}, "
+            "it must be 'transformers' (with model.path, or unset for the bundled model)"
+        )
+    try:
+        path = resolve_model_path(cfg)
+    except StartupError as e:
+        raise TrainingError(str(e)) from None
+    assert path is not None  # only the openai backend has no local path
+    if cfg.model.threads:
+        import torch
+
+        torch.set_num_threads(cfg.model.threads)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(out_dir / SPEC_FILE, json.dumps(spec.to_json(), indent=2).encode())
+    with view:
+        view.start(spec)
+        result = run_gspo(spec, path, out_dir, device=cfg.model.device, on_step=view.step)
+        view.done(result)
+    return 0
