@@ -216,6 +216,9 @@ class ProgressView:
             p.reset(self.rollouts, total=None)
         elif type_ == "rollouts":
             p.update(self.rollouts, total=data.get("total"), completed=data.get("done"))
+        elif type_ == "step_completed" and "groups_zero_variance" in data:  # a GSPO step
+            p.update(self.steps, total=data.get("steps_total"), completed=data.get("step"))
+            p.console.print(gspo_step_line(data), highlight=False)
         elif type_ == "step_completed":
             p.update(self.steps, completed=data.get("step"))
             d = data
@@ -293,14 +296,7 @@ def _events(stream: Iterable[Any]) -> Iterable[Any]:
         raise _fail(f"{e.code().name}: {e.details()}") from None
 
 
-@with_spec_options
-def _submit_tf_grpo(
-    spec: dict[str, Any],
-    watch: bool = typer.Option(False, "--watch", "-w", help="Follow the job's progress until it ends."),
-    config: Path | None = ConfigOpt,
-    data_dir: Path | None = DataDirOpt,
-) -> None:
-    """Submit a TF-GRPO job (training-free: learns a library draft from group rollouts)."""
+def _submit(kind: str, spec: dict[str, Any], watch: bool, config: Path | None, data_dir: Path | None) -> None:
     from google.protobuf.struct_pb2 import Struct
 
     from zoo.v1 import jobs_pb2
@@ -310,7 +306,7 @@ def _submit_tf_grpo(
     struct.update(spec)
     job = _rpc(
         lambda: client.jobs.SubmitJob(
-            jobs_pb2.SubmitJobRequest(kind="tf-grpo", spec=struct),
+            jobs_pb2.SubmitJobRequest(kind=kind, spec=struct),
             metadata=client.admin_metadata(),
             timeout=client.timeout_s,
         )
@@ -320,7 +316,31 @@ def _submit_tf_grpo(
         raise typer.Exit(_watch(client, job.id))
 
 
+WatchOpt = typer.Option(False, "--watch", "-w", help="Follow the job's progress until it ends.")
+
+
+@with_spec_options
+def _submit_tf_grpo(
+    spec: dict[str, Any],
+    watch: bool = WatchOpt,
+    config: Path | None = ConfigOpt,
+    data_dir: Path | None = DataDirOpt,
+) -> None:
+    """Submit a TF-GRPO job (training-free: learns a library draft from group rollouts)."""
+    _submit("tf-grpo", spec, watch, config, data_dir)
+
+
 submit_app.command("tf-grpo")(_submit_tf_grpo)
+
+
+def _submit_gspo(
+    spec: dict[str, Any],
+    watch: bool = WatchOpt,
+    config: Path | None = ConfigOpt,
+    data_dir: Path | None = DataDirOpt,
+) -> None:
+    """Submit a GSPO job (LoRA adapters trained on the node's local model; outputs in DATA_DIR/jobs/ID)."""
+    _submit("gspo", spec, watch, config, data_dir)
 
 
 @app.command()
@@ -438,6 +458,18 @@ def _train_tf_grpo(
 train_app.command("tf-grpo")(_train_tf_grpo)
 
 
+def gspo_step_line(d: dict[str, Any]) -> str:
+    line = (
+        f"step {d.get('step')}: reward {_fmt(d.get('reward_mean'))} ± {_fmt(d.get('reward_std'))}, "
+        f"{d.get('groups_zero_variance')}/{d.get('groups')} groups without signal, "
+        f"clip {_fmt(d.get('clip_fraction'))}, loss {_fmt(d.get('loss'))}, "
+        f"grad norm {_fmt(d.get('grad_norm'))}, {d.get('tokens')} tokens, {d.get('wall_s')} s"
+    )
+    if d.get("validation_score") is not None:
+        line += f", validation {_fmt(d.get('validation_score'))}"
+    return line
+
+
 class GspoView:
     """Renders a GSPO run: a bar for steps and a line per step."""
 
@@ -465,15 +497,7 @@ class GspoView:
 
     def step(self, d: dict[str, Any]) -> None:
         self.progress.update(self.steps, total=d.get("steps_total"), completed=d.get("step"))
-        line = (
-            f"step {d['step']}: reward {_fmt(d.get('reward_mean'))} ± {_fmt(d.get('reward_std'))}, "
-            f"{d.get('groups_zero_variance')}/{d.get('groups')} groups without signal, "
-            f"clip {_fmt(d.get('clip_fraction'))}, loss {_fmt(d.get('loss'))}, "
-            f"grad norm {_fmt(d.get('grad_norm'))}, {d.get('tokens')} tokens, {d.get('wall_s')} s"
-        )
-        if "validation_score" in d:
-            line += f", validation {_fmt(d.get('validation_score'))}"
-        self.progress.console.print(line, highlight=False)
+        self.progress.console.print(gspo_step_line(d), highlight=False)
 
     def done(self, result: dict[str, Any]) -> None:
         self.progress.console.print(
@@ -517,3 +541,4 @@ def _gspo_options() -> list[tuple[str, str, Any, str]]:
 
 
 train_app.command("gspo")(with_spec_options(_train_gspo, _gspo_options()))
+submit_app.command("gspo")(with_spec_options(_submit_gspo, _gspo_options()))

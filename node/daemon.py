@@ -178,7 +178,10 @@ def _job_runner(
         # A job waits (queued) until the model and the embedder have loaded.
         if model.backend is None or retrieval.retriever is None:
             return None
-        return Resources(model.backend, retrieval.retriever.embedder, lambda: library.active)
+        local = model.path if cfg.model.backend == "transformers" else None
+        return Resources(
+            model.backend, retrieval.retriever.embedder, lambda: library.active, local, cfg.model.device
+        )
 
     store = JobStore(data_dir.path / "jobs.sqlite")
     return JobRunner(
@@ -188,6 +191,10 @@ def _job_runner(
         max_queued=cfg.jobs.max_queued,
         metrics=metrics,
         serving=cfg.inference.serving_defaults(),
+        gspo_refusal=None
+        if cfg.model.backend == "transformers"
+        else f"GSPO trains LoRA adapters on local weights: model.backend is {cfg.model.backend!r}, "
+        "it must be 'transformers'",
     )
 
 

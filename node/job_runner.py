@@ -5,14 +5,17 @@ store in one transaction with its event; when the daemon dies (even kill -9) the
 again at the next start and continues from its last checkpoint. Watchers (WatchJob) read the events from
 the store and are woken as new ones are written.
 
-A job's files live in DATA_DIR/jobs/<id>/ (library.json, report.json, curve.png). The node's current
-library is never touched by a job: what a job learns is a draft that an operator proposes on chain.
+A job's files live in DATA_DIR/jobs/<id>/: a TF-GRPO job's library.json (a draft that an operator
+proposes on chain: the node's current library is never touched by a job), a GSPO job's adapter/ and
+checkpoints/ (it trains LoRA adapters on its own fp32 copy of the local model, in a worker thread, and
+resumes from its last checkpoint there), and both kinds' report.json and curve.png.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,30 +29,39 @@ from zoo.registry.errors import ValidationError
 
 log = get_logger(__name__)
 
-KINDS = ("tf-grpo",)
-PLANNED_KINDS = {"gspo": "GSPO jobs arrive with the GSPO trainer"}
+KINDS = ("tf-grpo", "gspo")
 
 
 @dataclass
 class Resources:
-    """What a job borrows from the node: the generation backend, the embedder, the current library."""
+    """What a job borrows from the node: the generation backend, the embedder, the current library, and
+    for GSPO the local model's files and device."""
 
     backend: Any
     embedder: Any
     current: Callable[[], Any]  # -> StoredVersion | None
+    model_path: Path | None = None  # None: a remote (openai) backend, which GSPO cannot train
+    device: str = "cpu"
+
+
+class StopRequested(Exception):
+    """Raised in a GSPO job's worker thread at a step boundary once the job is to stop."""
 
 
 def parse_spec(kind: str, spec: dict[str, Any]) -> Any:
     """The typed spec of a job kind; ValidationError for an unknown kind or a bad spec."""
-    if kind in PLANNED_KINDS:
-        from zoo.node.errors import Unimplemented
+    from zoo.trainer.spec import load_tasks
 
-        raise Unimplemented(f"job kind {kind!r} is not available yet: {PLANNED_KINDS[kind]}")
-    if kind != "tf-grpo":
+    if kind == "tf-grpo":
+        from zoo.trainer.spec import TfGrpoSpec
+
+        parsed: Any = TfGrpoSpec.parse(spec)
+    elif kind == "gspo":
+        from zoo.trainer.gspo.spec import GspoSpec
+
+        parsed = GspoSpec.parse(spec)
+    else:
         raise ValidationError("kind", f"unknown job kind {kind!r}; valid kinds: {', '.join(KINDS)}")
-    from zoo.trainer.spec import TfGrpoSpec, load_tasks
-
-    parsed = TfGrpoSpec.parse(spec)
     load_tasks(parsed)  # a missing or malformed dataset is the submitter's error, reported now
     return parsed
 
@@ -67,8 +79,10 @@ class JobRunner(Component):
         max_queued: int = 16,
         metrics: Any = None,
         serving: ServingDefaults | None = None,
+        gspo_refusal: str | None = None,
     ) -> None:
         self.store = store
+        self.gspo_refusal = gspo_refusal  # why this node cannot run GSPO jobs (a remote backend), if so
         # How the node serves: what a spec leaves unset, so a job is validated under the serving conditions.
         self.serving = serving
         self.jobs_dir = jobs_dir
@@ -84,7 +98,11 @@ class JobRunner(Component):
 
     def submit(self, kind: str, spec: dict[str, Any]) -> JobRecord:
         parsed = parse_spec(kind, spec)
-        if self.serving is not None:
+        if kind == "gspo" and self.gspo_refusal is not None:
+            from zoo.inference.engine import Unsupported
+
+            raise Unsupported(self.gspo_refusal)
+        if self.serving is not None and kind == "tf-grpo":
             parsed = parsed.with_serving_defaults(self.serving)
         queued = self.store.list(limit=1000, states=[JobState.QUEUED])
         if len(queued) >= self.max_queued:
@@ -176,7 +194,8 @@ class JobRunner(Component):
         out_dir = self.jobs_dir / job_id
         log.info("job started", job=job_id, kind=record.kind, from_step=record.step)
         try:
-            result = await self._run_tf_grpo(record, resources, out_dir)
+            run = self._run_gspo if record.kind == "gspo" else self._run_tf_grpo
+            result = await run(record, resources, out_dir)
         except asyncio.CancelledError:
             if self.store.get(job_id).cancel_requested:
                 step = self.store.get(job_id).step
@@ -236,3 +255,44 @@ class JobRunner(Component):
             save=save,
             resume=self.store.load_checkpoint(job_id),
         )
+
+    async def _run_gspo(self, record: JobRecord, resources: Resources, out_dir: Path) -> dict[str, Any]:
+        """The GSPO run in a worker thread. A cancel (or the daemon stopping) asks it to stop at its next
+        step boundary and waits for it, so two jobs never train at once; the job store records every
+        step with its event, the run's own checkpoints (in out_dir) are what a restart resumes from."""
+        from zoo.trainer.gspo.job import run_gspo
+        from zoo.trainer.gspo.spec import GspoSpec
+
+        if resources.model_path is None:
+            raise RuntimeError(self.gspo_refusal or "GSPO needs a local model")
+        spec = GspoSpec.parse(record.spec)
+        job_id = record.id
+        loop = asyncio.get_running_loop()
+        stop = threading.Event()
+
+        def on_step(point: dict[str, Any]) -> None:  # in the worker thread
+            if point["step"] >= self.store.get(job_id).step:
+                self.store.checkpoint(
+                    job_id, point["step"], {"out_dir": str(out_dir)}, ("step_completed", point)
+                )
+            else:  # redoing steps after the run's own last checkpoint (checkpoint_every > 1)
+                self.store.append_event(job_id, "step_completed", point)
+            loop.call_soon_threadsafe(self._notify, job_id)
+            if self.metrics is not None:
+                self.metrics.job_steps.labels(record.kind).inc()
+            if stop.is_set() or self.store.get(job_id).cancel_requested:
+                raise StopRequested
+
+        work = asyncio.ensure_future(
+            asyncio.to_thread(run_gspo, spec, resources.model_path, out_dir, device=resources.device,
+                              on_step=on_step)
+        )  # fmt: skip
+        try:
+            return await asyncio.shield(work)
+        except StopRequested:
+            raise asyncio.CancelledError from None
+        except asyncio.CancelledError:
+            stop.set()
+            with contextlib.suppress(StopRequested, Exception):
+                await work
+            raise

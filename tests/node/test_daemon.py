@@ -137,12 +137,16 @@ def test_token_file_is_private(node: NodeProcess) -> None:
     assert len(node.admin_token) >= 32
 
 
-def test_planned_job_kind_answers_unimplemented(node: NodeProcess) -> None:
+def test_a_bad_gspo_spec_is_refused_naming_the_field(node: NodeProcess) -> None:
+    from google.protobuf.struct_pb2 import Struct
+
+    spec = Struct()
+    spec.update({"lora_rank": 0})
     with NodeClient(node.address, admin_token=node.admin_token) as c:
         with pytest.raises(grpc.RpcError) as e:
-            c.jobs.SubmitJob(jobs_pb2.SubmitJobRequest(kind="gspo"), metadata=c.admin_metadata())
-        assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
-        assert "gspo" in e.value.details()
+            c.jobs.SubmitJob(jobs_pb2.SubmitJobRequest(kind="gspo", spec=spec), metadata=c.admin_metadata())
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "spec.lora_rank" in e.value.details()
         # The node is still fine afterwards.
         assert c.health("") == "SERVING"
 

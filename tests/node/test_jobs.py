@@ -107,7 +107,7 @@ def node(tmp_path_factory: pytest.TempPathFactory, server: ScriptedServer) -> It
 # -- the real model ------------------------------------------------------------------------------------
 
 
-def test_tf_grpo_job_with_the_bundled_model_streams_events_in_order(tmp_path: Path) -> None:
+def test_tf_grpo_and_gspo_jobs_with_the_bundled_model(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     n = launch(write_config(tmp_path / "node.toml", base_config(data_dir)), data_dir)
     try:
@@ -166,6 +166,31 @@ def test_tf_grpo_job_with_the_bundled_model_streams_events_in_order(tmp_path: Pa
         assert len(report["curve"]) == 1 and report["cost"]["calls"] >= step["llm_calls"]
         assert Path(result["curve"]).read_bytes()[:4] == b"\x89PNG"
         assert Path(job.output_dir) == data_dir / "jobs" / job_id
+
+        # A GSPO job on the same node: LoRA adapters trained on the local model, in the job's directory.
+        gspo = {"dataset": spec["dataset"], "validation": spec["validation"], "batch_size": 1,
+                "group_size": 2, "max_new_tokens": 4, "lora_rank": 2,
+                "target_modules": ["q_proj"]}  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-m", "zoo.node.cli", "job", "submit", "gspo", "--data-dir", str(data_dir),
+             *(f"--set={k}={json.dumps(v)}" for k, v in gspo.items())],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        gspo_id = out.stdout.strip().splitlines()[-1]
+        with NodeClient(n.address, admin_token=n.admin_token) as c:
+            events = list(watch(c, gspo_id, timeout_s=600))
+            job = get(c, gspo_id)
+        types = [t for _, t, _ in events]
+        assert types[0] == "submitted" and types[-1] == "completed", n.log()[-3000:]
+        steps = [d for _, t, d in events if t == "step_completed"]
+        assert [d["step"] for d in steps] == [1, 2] and all(d["groups"] == 1 for d in steps)
+        assert state(job) == "SUCCEEDED" and job.step == 2
+        result = json_format.MessageToDict(job.result)
+        adapter = Path(result["adapter"])
+        assert adapter == data_dir / "jobs" / gspo_id / "adapter"
+        assert json.loads((adapter / "adapter_config.json").read_text())["r"] == 2
+        assert json.loads(Path(result["report"]).read_text())["kind"] == "gspo"
     finally:
         n.stop()
 
@@ -187,7 +212,9 @@ def test_job_rpcs_validate_input(node: NodeProcess, tmp_path: Path) -> None:
             ({"no_such_knob": 1}, "tf-grpo", grpc.StatusCode.INVALID_ARGUMENT, "unknown field"),
             ({}, "sft", grpc.StatusCode.INVALID_ARGUMENT, "unknown job kind"),
             ({}, "", grpc.StatusCode.INVALID_ARGUMENT, "kind"),
-            ({}, "gspo", grpc.StatusCode.UNIMPLEMENTED, "gspo"),
+            # GSPO needs local weights; this node's model is a remote (openai) one.
+            ({}, "gspo", grpc.StatusCode.FAILED_PRECONDITION, "must be 'transformers'"),
+            ({"group_size": 1}, "gspo", grpc.StatusCode.INVALID_ARGUMENT, "group_size"),
         ]
         for spec, kind, code, words in cases:
             with pytest.raises(grpc.RpcError) as e:
