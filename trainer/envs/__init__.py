@@ -1,0 +1,1 @@
+"""Environments a policy acts in over several turns (tools, episodes), for GSPO and TF-GRPO."""
