@@ -47,9 +47,9 @@ def tasks_file(tmp_path: Path, n: int, name: str, start: int = 0) -> Path:
 
 def small_spec(tmp_path: Path, **changes: object) -> GspoSpec:
     return GspoSpec.parse({
-        "dataset": str(tasks_file(tmp_path, 4, "train.jsonl")),
-        "validation": str(tasks_file(tmp_path, 2, "val.jsonl", 4)),
-        "reward": "test_parity", "batch_size": 2, "group_size": 3, "max_new_tokens": 6,
+        "dataset": str(tasks_file(tmp_path, 2, "train.jsonl")),
+        "validation": str(tasks_file(tmp_path, 1, "val.jsonl", 4)),
+        "reward": "test_parity", "batch_size": 1, "group_size": 3, "max_new_tokens": 6,
         "learning_rate": 1e-3, "target_modules": ["q_proj", "v_proj"], "micro_batch_size": 4,
         "lora_rank": 4, **changes,
     })  # fmt: skip
@@ -85,7 +85,7 @@ def test_a_step_raises_the_logprob_of_better_completions(model_path: Path, tmp_p
         plain = policy.token_logprobs(rollouts.sequences, rollouts.attention_mask, rollouts.prompt_length)
     assert torch.allclose(fused, plain, atol=1e-4)
     run = GspoRun(spec, policy, [task], [], tmp_path / "out")
-    metrics = run.optimise(rollouts, advantages)
+    metrics = run.optimise(rollouts, advantages, len(rollouts.completions))
     change = mean_logps() - before
     assert metrics["grad_norm"] > 0 and metrics["clip_fraction"] == 0.0  # one pass: the ratio is exactly 1
     assert change[0] > 0 and change[2] > 0 and change[1] < 0 and change[3] < 0, change

@@ -1,8 +1,11 @@
 """GSPO rollouts: G sampled completions per prompt in one batched `generate`, and the masks the loss needs.
 
-Prompts are left-padded to one length, so every row's completion starts at the same column. A completion
-counts up to and including its first end-of-sequence token; what generate pads after it is masked out.
-The chat template and the task's instruction are those TF-GRPO and serving use.
+Each prompt's group is sampled on its own with a seed of its own (`seed_of(run seed, step, task id)`), so
+what a prompt gets does not depend on which other prompts share its batch or process: one process and
+N processes sharing a batch sample the same completions. `stack` then lays the groups into one batch,
+prompts left-padded to one length so every completion starts at the same column. A completion counts up
+to and including its first end-of-sequence token; what follows it is masked out. The chat template and
+the task's instruction are those TF-GRPO and serving use.
 """
 
 from __future__ import annotations
@@ -111,3 +114,23 @@ def generate(
         for row, m in zip(completion_ids, mask, strict=True)
     ]
     return Rollouts(sequences, attention_mask, prompt_length, mask, completions)
+
+
+def stack(groups: Sequence[Rollouts], pad_id: int) -> Rollouts:
+    """One batch of several prompts' rollouts: prompts left-padded to the longest, completions right-padded
+    to the longest (padding masked out everywhere)."""
+    if not groups:
+        raise ValueError("no rollouts to stack")
+    p_max = max(g.prompt_length for g in groups)
+    t_max = max(g.completion_mask.shape[1] for g in groups)
+    sequences, attention, completion = [], [], []
+    for g in groups:
+        left, right = p_max - g.prompt_length, t_max - g.completion_mask.shape[1]
+        rows = g.sequences.shape[0]
+        pad = g.sequences.new_full
+        sequences.append(torch.cat([pad((rows, left), pad_id), g.sequences, pad((rows, right), pad_id)], 1))
+        zeros = g.attention_mask.new_zeros
+        attention.append(torch.cat([zeros((rows, left)), g.attention_mask, zeros((rows, right))], 1))
+        completion.append(torch.cat([g.completion_mask, g.completion_mask.new_zeros((rows, right))], 1))
+    completions = [c for g in groups for c in g.completions]
+    return Rollouts(torch.cat(sequences), torch.cat(attention), p_max, torch.cat(completion), completions)

@@ -34,7 +34,8 @@ from zoo.registry.fsutil import write_atomic
 from zoo.trainer.gspo.fused import triton_available
 from zoo.trainer.gspo.loss import GspoLossConfig, group_advantages, gspo_loss
 from zoo.trainer.gspo.policy import LoraPolicy
-from zoo.trainer.gspo.rollouts import Rollouts, generate
+from zoo.trainer.gspo.processes import Processes
+from zoo.trainer.gspo.rollouts import Rollouts, generate, stack
 from zoo.trainer.gspo.spec import GspoSpec
 from zoo.trainer.rewards import BaseReward, get_reward, score_group
 from zoo.trainer.schedule import batches, seed_of, total_steps
@@ -45,6 +46,11 @@ STATE_FILE = "trainer_state.pt"
 STATE_VERSION = 1
 
 OnStep = Callable[[dict[str, Any]], None]
+METRIC_KEYS = ("loss", "ratio_mean", "clip_fraction", "clip_fraction_high", "clip_fraction_low", "kl")
+
+
+def advantages_of_batch(scores: Sequence[float], group_size: int) -> torch.Tensor:
+    return group_advantages(torch.tensor(list(scores), dtype=torch.float32), group_size)[0]
 
 
 class GspoRun:
@@ -57,8 +63,10 @@ class GspoRun:
         out_dir: Path,
         *,
         on_step: OnStep | None = None,
+        processes: Processes | None = None,
     ) -> None:
         self.spec = spec
+        self.processes = processes or Processes()
         self.policy = policy
         self.train = list(train)
         self.validation = list(validation)
@@ -89,33 +97,35 @@ class GspoRun:
             self._rewards[name] = get_reward(name)
         return self._rewards[name]
 
-    def scores(self, tasks: Sequence[Task], rollouts: Rollouts, per_task: int) -> list[float]:
-        out: list[float] = []
-        for i, task in enumerate(tasks):
-            group = rollouts.completions[i * per_task : (i + 1) * per_task]
-            out += [r.score for r in score_group(self.reward_for(task), task, group)]
-        return out
+    def group_scores(self, task: Task, completions: Sequence[str]) -> list[float]:
+        return [r.score for r in score_group(self.reward_for(task), task, completions)]
+
+    def sample(self, tasks: Sequence[Task], tag: str, *, greedy: bool = False) -> list[Rollouts]:
+        """Each task's group (one greedy completion when `greedy`), seeded by the task, not the batch."""
+        spec = self.spec
+        return [
+            generate(
+                self.policy,
+                [task],
+                group_size=spec.group_size,
+                max_new_tokens=spec.max_new_tokens,
+                temperature=spec.temperature,
+                top_p=spec.top_p,
+                seed=seed_of(tag, spec.seed, task.id),
+                instruction=spec.instruction,
+                greedy=greedy,
+            )
+            for task in tasks
+        ]
 
     def evaluate(self, tag: str) -> float | None:
-        """The mean greedy score on the validation tasks (None without any)."""
+        """The mean greedy score on the validation tasks (None without any), shared out over processes."""
         if not self.validation:
             return None
-        scores: list[float] = []
-        for i in range(0, len(self.validation), self.spec.micro_batch_size):
-            chunk = self.validation[i : i + self.spec.micro_batch_size]
-            rollouts = generate(
-                self.policy,
-                chunk,
-                group_size=1,
-                max_new_tokens=self.spec.max_new_tokens,
-                temperature=1.0,
-                top_p=1.0,
-                seed=seed_of("validation", self.spec.seed, tag, i),
-                instruction=self.spec.instruction,
-                greedy=True,
-            )
-            scores += self.scores(chunk, rollouts, 1)
-        return statistics.fmean(scores)
+        mine = self.processes.shard(self.validation)
+        local = [s for t, r in zip(mine, self.sample(mine, f"validation-{tag}", greedy=True), strict=True)
+                 for s in self.group_scores(t, r.completions)]  # fmt: skip
+        return statistics.fmean(self.processes.gather(local))
 
     # -- the optimisation ------------------------------------------------------------------------------
 
@@ -132,67 +142,80 @@ class GspoRun:
         size = self.spec.micro_batch_size
         return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
-    def optimise(self, rollouts: Rollouts, advantages: torch.Tensor) -> dict[str, float]:
-        """num_iterations passes over the batch; returns the last pass's metrics."""
+    def optimise(self, rollouts: Rollouts | None, advantages: torch.Tensor, total: int) -> dict[str, float]:
+        """num_iterations passes over this process's rollouts (None: it has none this step), each one
+        optimiser step on the batch mean over all `total` sequences of all processes."""
         spec = self.spec
-        n = len(rollouts.completions)
+        params = self.policy.trainable_parameters()
+        n = len(rollouts.completions) if rollouts is not None else 0
         parts = self._micro_batches(n)
         old: list[torch.Tensor | None] = [None] * len(parts)
         ref: list[torch.Tensor | None] = [None] * len(parts)
+        assert rollouts is not None or not parts
         with torch.no_grad():
             for j, s in enumerate(parts):
                 if spec.num_iterations > 1:
-                    old[j] = self._logprobs(rollouts.rows(s))
+                    old[j] = self._logprobs(rollouts.rows(s))  # type: ignore[union-attr]
                 if spec.beta > 0:
                     with self.policy.reference():
-                        ref[j] = self._logprobs(rollouts.rows(s))
+                        ref[j] = self._logprobs(rollouts.rows(s))  # type: ignore[union-attr]
         self.policy.model.train()
         metrics: dict[str, float] = {}
+        norms: list[float] = []
         for _ in range(spec.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
-            totals: dict[str, float] = {}
+            totals = dict.fromkeys(METRIC_KEYS, 0.0)
             for j, s in enumerate(parts):
-                part = rollouts.rows(s)
+                part = rollouts.rows(s)  # type: ignore[union-attr]
                 logp = self._logprobs(part)
                 sampled = old[j] if old[j] is not None else logp.detach()
                 loss, m = gspo_loss(
                     logp, sampled, advantages[s], part.completion_mask, self.loss_config, ref_logp=ref[j]
                 )
-                share = (s.stop - s.start) / n  # micro-batch means -> the mean over the whole batch
+                share = (s.stop - s.start) / total  # micro-batch means -> the mean over the whole batch
                 (loss * share).backward()
-                for key, value in m.items():
-                    totals[key] = totals.get(key, 0.0) + float(value) * share
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.trainable_parameters(), spec.max_grad_norm)
+                for key in totals:
+                    totals[key] += float(m.get(key, 0.0)) * share
+            self.processes.sum_gradients(params)
+            norms.append(float(torch.nn.utils.clip_grad_norm_(params, spec.max_grad_norm)))
             self.optimizer.step()
-            metrics = {**totals, "grad_norm": float(grad_norm)}
+            # The last pass's loss, ratio and clipping (where the ratio has moved off 1); the gradient
+            # norm averaged over passes (a pass whose every sequence is clipped has none).
+            metrics = {**self.processes.sum_values(totals), "grad_norm": statistics.fmean(norms)}
         self.optimizer.zero_grad(set_to_none=True)
+        if spec.beta == 0:
+            metrics.pop("kl", None)
         return metrics
 
     def train_step(self, number: int, batch: Sequence[Task]) -> dict[str, Any]:
         spec = self.spec
         started = time.perf_counter()
-        rollouts = generate(
-            self.policy,
-            batch,
-            group_size=spec.group_size,
-            max_new_tokens=spec.max_new_tokens,
-            temperature=spec.temperature,
-            top_p=spec.top_p,
-            seed=seed_of("rollout", spec.seed, number),
-            instruction=spec.instruction,
-        )
-        scores = self.scores(batch, rollouts, spec.group_size)
-        rewards = torch.tensor(scores, dtype=torch.float32)
-        advantages, flat_groups = group_advantages(rewards, spec.group_size)
+        mine = self.processes.shard(batch)
+        groups = self.sample(mine, f"rollout-{number}")
+        local_scores = [self.group_scores(t, g.completions) for t, g in zip(mine, groups, strict=True)]
+        advantages = torch.zeros(0)
+        if mine:
+            rewards = torch.tensor([s for group in local_scores for s in group], dtype=torch.float32)
+            advantages, _ = group_advantages(rewards, spec.group_size)
+        every = self.processes.gather([(s, len(g.completions), g.tokens) for s, g in
+                                       zip(local_scores, groups, strict=True)])  # fmt: skip
+        scores = [x for group, _, _ in every for x in group]
+        flat_groups = sum(len(set(group)) == 1 for group, _, _ in every)
+        rollouts = stack(groups, self.policy.tokenizer.pad_token_id) if groups else None
+        total = sum(n for _, n, _ in every)
+        # Every process takes the same number of optimiser steps (the sums are collective), so whether
+        # to learn at all is decided on the whole batch: not when every group's rewards were equal.
+        learn = flat_groups < len(batch)
         advantages = advantages.to(self.policy.device)
-        metrics = self.optimise(rollouts, advantages) if flat_groups < len(batch) else {}
+        metrics = self.optimise(rollouts, advantages, total) if learn else {}
+        all_advantages = advantages_of_batch(scores, spec.group_size)
         return {
             "step": number,
             "steps_total": self.steps_total,
             "epoch": (number - 1) // self.per_epoch + 1,
             "reward_mean": statistics.fmean(scores),
             "reward_std": statistics.pstdev(scores),
-            "advantage_std": float(advantages.std(correction=0)),
+            "advantage_std": float(all_advantages.std(correction=0)),
             "groups": len(batch),
             "groups_zero_variance": flat_groups,
             "clip_fraction": metrics.get("clip_fraction", 0.0),
@@ -201,7 +224,8 @@ class GspoRun:
             "loss": metrics.get("loss"),
             "grad_norm": metrics.get("grad_norm"),
             "updated": bool(metrics),  # False: every group had equal rewards, nothing to learn from
-            "tokens": rollouts.tokens,
+            "tokens": sum(t for _, _, t in every),
+            "processes": self.processes.world,
             "wall_s": round(time.perf_counter() - started, 3),
         }
 
@@ -225,11 +249,16 @@ class GspoRun:
             self.wall_s += point["wall_s"]
             if last or number % self.spec.checkpoint_every == 0:
                 self.checkpoint()
-            if self.on_step is not None:
+            if self.on_step is not None and self.processes.is_main:
                 self.on_step(point)
 
-    def checkpoint(self) -> Path:
-        """Write the state after `self.step` as checkpoints/step-NNNNNN (whole, then renamed into place)."""
+    def checkpoint(self) -> Path | None:
+        """Write the state after `self.step` as checkpoints/step-NNNNNN (whole, then renamed into place); the
+        main process writes, every process waits for it."""
+        self.processes.barrier()
+        if not self.processes.is_main:
+            self.processes.barrier()
+            return None
         root = self.out_dir / CHECKPOINTS
         final = root / f"step-{self.step:06d}"
         tmp = root / f".step-{self.step:06d}.tmp"
@@ -252,6 +281,7 @@ class GspoRun:
             shutil.rmtree(final)
         os.replace(tmp, final)
         write_atomic(root / "latest", final.name.encode())
+        self.processes.barrier()
         return final
 
     def latest_checkpoint(self) -> Path | None:
