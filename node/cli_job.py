@@ -514,18 +514,22 @@ def _train_gspo(
         Path("gspo-run"), "--out", help="Directory for the adapter and checkpoints."
     ),
     resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in --out."),
+    processes: int = typer.Option(
+        1, "--processes", min=1, max=64, help="Data-parallel worker processes (accelerate launch)."
+    ),
     config: Path | None = ConfigOpt,
     data_dir: Path | None = DataDirOpt,
 ) -> None:
     """Train LoRA adapters with GSPO on the configured local model (no daemon); kill it any time and
-    continue with --resume from its last checkpoint."""
+    continue with --resume from its last checkpoint. --processes N shares each batch out over N workers
+    (the same adapters as one process, within float tolerance)."""
     from zoo.node.cli import load
     from zoo.node.training import TrainingError, run_gspo_foreground
     from zoo.trainer.gspo.spec import GspoSpec  # noqa: F401  (documents where the options come from)
 
     cfg = load(config, data_dir=data_dir and str(data_dir))
     try:
-        code = run_gspo_foreground(cfg, spec, out_dir, resume, GspoView(err))
+        code = run_gspo_foreground(cfg, spec, out_dir, resume, GspoView(err), processes)
     except TrainingError as e:
         raise _fail(str(e), 2) from None
     except KeyboardInterrupt:

@@ -135,9 +135,10 @@ def gspo_spec_for(out_dir: Path, spec_fields: dict[str, Any], resume: bool) -> A
 
 
 def run_gspo_foreground(
-    cfg: NodeConfig, spec_fields: dict[str, Any], out_dir: Path, resume: bool, view: Any
+    cfg: NodeConfig, spec_fields: dict[str, Any], out_dir: Path, resume: bool, view: Any, processes: int = 1
 ) -> int:
-    """Run GSPO on the configured local model; returns the exit code (0 when it completed)."""
+    """Run GSPO on the configured local model, in this process or in `processes` accelerate workers;
+    returns the exit code (0 when it completed)."""
     from zoo.node.daemon import StartupError, resolve_model_path
     from zoo.trainer.gspo.job import run_gspo
 
@@ -161,6 +162,32 @@ def run_gspo_foreground(
     write_atomic(out_dir / SPEC_FILE, json.dumps(spec.to_json(), indent=2).encode())
     with view:
         view.start(spec)
+        if processes > 1:
+            return _gspo_processes(out_dir, path, cfg.model.device, processes, view)
         result = run_gspo(spec, path, out_dir, device=cfg.model.device, on_step=view.step)
         view.done(result)
+    return 0
+
+
+def _gspo_processes(out_dir: Path, model: Path, device: str, processes: int, view: Any) -> int:
+    """The run under `accelerate launch` with `processes` workers; their main one reports each step."""
+    import subprocess
+
+    from zoo.trainer.gspo.launch import RESULT, STEP, launch_command, launch_env
+
+    command = launch_command(out_dir / SPEC_FILE, model, out_dir, processes, device)
+    with subprocess.Popen(command, env=launch_env(processes), stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            try:
+                message = json.loads(line) if line.startswith("{") else None
+            except json.JSONDecodeError:
+                message = None
+            if isinstance(message, dict) and STEP in message:
+                view.step(message[STEP])
+            elif isinstance(message, dict) and RESULT in message:
+                view.done(message[RESULT])
+        code = proc.wait()
+    if code != 0:
+        raise TrainingError(f"the GSPO workers failed (exit {code}); the log above says why")
     return 0

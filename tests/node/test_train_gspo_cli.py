@@ -74,3 +74,14 @@ def test_bad_options_and_remote_backends_are_refused(tmp_path: Path) -> None:
     refused = zoo(*args(remote, tmp_path / "c"))
     assert refused.returncode == 2 and "must be 'transformers'" in refused.stderr, refused.stderr
     assert not (tmp_path / "a").exists() and not (tmp_path / "c" / "checkpoints").exists()
+
+
+def test_two_worker_processes_from_the_cli(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "node.toml", base_config(tmp_path / "data"))
+    out = tmp_path / "run"
+    done = zoo(*args(config, out, "--train-limit", "2", "--batch-size", "2", "--processes", "2"), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "step 1:" in done.stderr and "completed" in done.stderr, done.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert [p["processes"] for p in report["curve"]] == [2]
+    assert (out / "adapter" / "adapter_model.safetensors").stat().st_size > 0

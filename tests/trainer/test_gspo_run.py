@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import tests.trainer.gspo_rewards  # noqa: F401  (registers test_parity)
 from zoo.inference.models import prepare_bundled_chat_model
 from zoo.node.config import default_cache_dir
 from zoo.registry.errors import ValidationError
@@ -18,18 +19,7 @@ from zoo.trainer.gspo.policy import LoraPolicy
 from zoo.trainer.gspo.rollouts import completion_mask_of, generate
 from zoo.trainer.gspo.run import CHECKPOINTS, GspoRun
 from zoo.trainer.gspo.spec import GspoSpec
-from zoo.trainer.rewards import REWARDS, BaseReward, RewardResult, register
 from zoo.trainer.tasks import Task, write_jsonl
-
-if "test_parity" not in REWARDS:
-
-    @register("test_parity")
-    class Parity(BaseReward):
-        """1 for a completion of even length: a reward the sampled completions of one prompt disagree on,
-        so every group carries a learning signal (what it teaches does not matter here)."""
-
-        def score(self, task: Task, completion: str) -> RewardResult:
-            return RewardResult(float(len(completion) % 2 == 0), "parity")
 
 
 @pytest.fixture(scope="module")
@@ -153,3 +143,33 @@ def test_bad_specs_are_refused(tmp_path: Path, model_path: Path) -> None:
     spec = small_spec(tmp_path, target_modules=["no_such_proj"])
     with pytest.raises(ValueError, match="no module named no_such_proj"):
         LoraPolicy.load(model_path, spec)
+
+
+def test_two_processes_train_the_adapters_of_one(model_path: Path, tmp_path: Path) -> None:
+    """`accelerate launch` with 2 CPU processes (gloo) and the same global batch: the same rollouts, and
+    adapters equal to a one-process run's within float tolerance (gradients are summed in another order)."""
+    import subprocess
+
+    from zoo.trainer.gspo.launch import launch_command, launch_env
+
+    spec = small_spec(tmp_path, batch_size=2, group_size=2)
+    one = run_gspo(spec, model_path, tmp_path / "one")
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(spec.to_json()))
+    command = launch_command(
+        spec_file, model_path, tmp_path / "two", 2, "cpu", ("tests.trainer.gspo_rewards",)
+    )
+    done = subprocess.run(command, env=launch_env(2), capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    steps = [line["step"] for line in lines if "step" in line]
+    result = lines[-1]["result"]
+    assert [s["processes"] for s in steps] == [2] and steps[0]["groups"] == 2
+    first = json.loads(Path(one["report"]).read_text())["curve"][0]
+    for key in ("reward_mean", "reward_std", "tokens", "groups_zero_variance"):
+        assert steps[0][key] == first[key], key  # the same completions, sampled apart
+    assert steps[0]["updated"], "no group carried a signal: the comparison would be vacuous"
+    a, b = adapter_weights(Path(one["adapter"])), adapter_weights(Path(result["adapter"]))
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.allclose(a[key], b[key], atol=1e-5, rtol=1e-4), (key, (a[key] - b[key]).abs().max())

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from zoo.trainer.gspo.policy import LoraPolicy
+from zoo.trainer.gspo.processes import Processes
 from zoo.trainer.gspo.run import GspoRun, OnStep
 from zoo.trainer.gspo.spec import GspoSpec
 from zoo.trainer.report import write_report
@@ -26,17 +27,28 @@ ADAPTER_DIR = "adapter"
 
 
 def run_gspo(
-    spec: GspoSpec, model_path: Path, out_dir: Path, *, device: str = "cpu", on_step: OnStep | None = None
+    spec: GspoSpec,
+    model_path: Path,
+    out_dir: Path,
+    *,
+    device: str = "cpu",
+    on_step: OnStep | None = None,
+    processes: Processes | None = None,
 ) -> dict[str, Any]:
-    """Run (or resume) the job; returns its result summary (paths, steps, scores)."""
+    """Run (or resume) the job; returns its result summary (paths, steps, scores). With `processes` (N
+    workers under accelerate), every process trains and the main one writes the outputs."""
+    processes = processes or Processes()
     train, validation = load_tasks(spec)
-    torch.manual_seed(spec.seed)  # the adapters' initial weights
+    torch.manual_seed(spec.seed)  # the adapters' initial weights: the same in every process
     policy = LoraPolicy.load(model_path, spec, device)
-    run = GspoRun(spec, policy, train, validation, out_dir, on_step=on_step)
+    run = GspoRun(spec, policy, train, validation, out_dir, on_step=on_step, processes=processes)
     run.run()
     adapter = out_dir / ADAPTER_DIR
-    policy.save_adapter(adapter)
-    files = write_report(out_dir, run.report(), title="GSPO learning curve")
+    files = {"report": str(out_dir / "report.json"), "curve": str(out_dir / "curve.png")}
+    if processes.is_main:
+        policy.save_adapter(adapter)
+        files = write_report(out_dir, run.report(), title="GSPO learning curve")
+    processes.barrier()
     return {
         "adapter": str(adapter),
         "report": files["report"],

@@ -1,0 +1,89 @@
+"""Run a GSPO job over N processes with `accelerate launch`, and the worker each process runs.
+
+    python -m zoo.trainer.gspo.launch --spec spec.json --model DIR --out OUT --processes 2
+
+`launch_command` builds the `accelerate launch` line: its multi-process launcher (`--multi_gpu`, which
+despite the name is the torchrun-style one: on a machine without CUDA the workers join a gloo group on
+CPU, while `--cpu` would start a single process), one machine, a free port on 127.0.0.1. `main` is the
+worker: it joins the process group, runs the job with
+its share of every batch (processes.py) and, on the main process, prints one JSON line per step and one
+for the result, which `zoo-node train gspo --processes N` turns into its progress display.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+RESULT = "result"
+STEP = "step"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch_command(
+    spec_file: Path, model: Path, out_dir: Path, processes: int, device: str, imports: tuple[str, ...] = ()
+) -> list[str]:
+    """The `accelerate launch` command running the worker in `processes` processes; `imports` are modules
+    each worker imports first (ones that register custom rewards)."""
+    return [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--num_processes", str(processes), "--num_machines", "1", "--multi_gpu",
+        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+        "-m", "zoo.trainer.gspo.launch",
+        "--spec", str(spec_file), "--model", str(model), "--out", str(out_dir), "--device", device,
+        *(f"--import={name}" for name in imports),
+    ]  # fmt: skip
+
+
+def launch_env(processes: int) -> dict[str, str]:
+    """The workers' environment: the CPU cores shared out (N processes x all cores would thrash)."""
+    env = dict(os.environ)
+    cores = os.cpu_count() or 1
+    env.setdefault("OMP_NUM_THREADS", str(max(1, cores // processes)))
+    return env
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="A GSPO worker process (started by accelerate launch).")
+    ap.add_argument("--spec", type=Path, required=True)
+    ap.add_argument("--model", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--import", dest="imports", action="append", default=[], help="a module to import first")
+    args = ap.parse_args(argv)
+    for name in args.imports:
+        importlib.import_module(name)
+
+    import torch
+
+    from zoo.trainer.gspo.job import run_gspo
+    from zoo.trainer.gspo.processes import AcceleratedProcesses
+    from zoo.trainer.gspo.spec import GspoSpec
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    spec = GspoSpec.parse(json.loads(args.spec.read_text()))
+    processes = AcceleratedProcesses()
+    device = str(processes.device) if args.device != "cpu" else "cpu"
+
+    def report(kind: str, data: dict) -> None:
+        print(json.dumps({kind: data}), flush=True)
+
+    result = run_gspo(
+        spec, args.model, args.out, device=device, processes=processes, on_step=lambda p: report(STEP, p)
+    )
+    if processes.is_main:
+        report(RESULT, result)
+
+
+if __name__ == "__main__":
+    main()
