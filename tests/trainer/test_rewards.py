@@ -125,7 +125,9 @@ def test_exact_match_needs_a_reference() -> None:
 
 
 def test_registry() -> None:
-    assert rewards.reward_names() == [
+    # Other test modules register rewards of their own (tests/trainer/gspo_rewards.py): the built-ins are
+    # checked, not the whole registry.
+    assert [n for n in rewards.reward_names() if not n.startswith("test_")] == [
         "exact_match",
         "llm_judge",
         "majority_vote",
@@ -137,9 +139,7 @@ def test_registry() -> None:
     with pytest.raises(ValidationError) as caught:
         get_reward("exactmatch")
     assert caught.value.field == "verifier"
-    assert "valid names: exact_match, llm_judge, majority_vote, patch_similarity, unit_tests" in str(
-        caught.value
-    )
+    assert "valid names: exact_match, llm_judge, majority_vote, patch_similarity" in str(caught.value)
 
 
 @pytest.mark.parametrize("score", [-0.1, 1.5, float("nan")])
