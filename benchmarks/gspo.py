@@ -448,7 +448,7 @@ def print_one(args: argparse.Namespace, res: dict) -> None:
 
 def figure_four(args: argparse.Namespace, model_path: Path, spec: Any, work: Path) -> dict:
     from zoo.trainer.gspo.job import run_gspo
-    from zoo.trainer.gspo.launch import STEP, launch_command, launch_env
+    from zoo.trainer.gspo.launch import STEP, launch_command, launch_env, worker_messages
 
     # 1 process, in this process.
     one: list[dict[str, Any]] = []
@@ -469,17 +469,10 @@ def figure_four(args: argparse.Namespace, model_path: Path, spec: Any, work: Pat
         subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True) as proc,
     ):
         assert proc.stdout is not None
-        for line in proc.stdout:
-            try:
-                message = json.loads(line) if line.startswith("{") else None
-            except json.JSONDecodeError:
-                message = None
-            if isinstance(message, dict) and STEP in message:
-                two.append(message[STEP])
-                print(
-                    f"  [2 processes] step {message[STEP]['step']}: {message[STEP]['wall_s']:.3f} s",
-                    flush=True,
-                )
+        for kind, data in worker_messages(proc.stdout):
+            if kind == STEP:
+                two.append(data)
+                print(f"  [2 processes] step {data['step']}: {data['wall_s']:.3f} s", flush=True)
         code = proc.wait()
         if code != 0:
             err.seek(0)

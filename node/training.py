@@ -173,20 +173,16 @@ def _gspo_processes(out_dir: Path, model: Path, device: str, processes: int, vie
     """The run under `accelerate launch` with `processes` workers; their main one reports each step."""
     import subprocess
 
-    from zoo.trainer.gspo.launch import RESULT, STEP, launch_command, launch_env
+    from zoo.trainer.gspo.launch import RESULT, STEP, launch_command, launch_env, worker_messages
 
     command = launch_command(out_dir / SPEC_FILE, model, out_dir, processes, device)
     with subprocess.Popen(command, env=launch_env(processes), stdout=subprocess.PIPE, text=True) as proc:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            try:
-                message = json.loads(line) if line.startswith("{") else None
-            except json.JSONDecodeError:
-                message = None
-            if isinstance(message, dict) and STEP in message:
-                view.step(message[STEP])
-            elif isinstance(message, dict) and RESULT in message:
-                view.done(message[RESULT])
+        for kind, data in worker_messages(proc.stdout):
+            if kind == STEP:
+                view.step(data)
+            elif kind == RESULT:
+                view.done(data)
         code = proc.wait()
     if code != 0:
         raise TrainingError(f"the GSPO workers failed (exit {code}); the log above says why")

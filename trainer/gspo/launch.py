@@ -18,10 +18,24 @@ import json
 import os
 import socket
 import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 RESULT = "result"
 STEP = "step"
+
+
+def worker_messages(lines: Iterable[str]) -> Iterator[tuple[str, dict]]:
+    """(STEP or RESULT, data) for each JSON line the main worker printed; other output is skipped."""
+    for line in lines:
+        try:
+            message = json.loads(line) if line.startswith("{") else None
+        except json.JSONDecodeError:
+            continue
+        if isinstance(message, dict) and len(message) == 1:
+            kind, data = next(iter(message.items()))
+            if kind in (STEP, RESULT) and isinstance(data, dict):
+                yield kind, data
 
 
 def free_port() -> int:
