@@ -53,7 +53,7 @@ async def main() -> None:
     ap.add_argument("--backend", choices=("transformers", "openai"), default="transformers")
     ap.add_argument("--base-url")
     ap.add_argument("--model")
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default="auto")
     args = ap.parse_args()
     backend = load_backend(args)
     llm = LLM(backend, args.concurrency)

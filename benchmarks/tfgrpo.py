@@ -246,7 +246,7 @@ async def main() -> None:
     ap.add_argument("--backend", choices=("transformers", "openai"), default="transformers")
     ap.add_argument("--base-url")
     ap.add_argument("--model")
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default="auto")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     unknown = set(args.ablations.split(",")) - set(ABLATIONS)

@@ -19,6 +19,7 @@ On GPUs, matmul kernels are not batch-invariant in general; there the guarantee 
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import time
@@ -177,6 +178,11 @@ class ContinuousBatcher:
         self.device = device
         self.context_length = context_length
         self.ragged = supports_ragged(model.config)
+        # Models that can compute the last position's logits alone (most current HF causal LMs) skip the
+        # LM head over every other prompt token at prefill.
+        self._last_logits = (
+            {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+        )
         if self.ragged:
             register_ragged_attention()
             model.set_attn_implementation(RAGGED_ATTENTION)
@@ -271,7 +277,8 @@ class ContinuousBatcher:
             try:
                 cache = DynamicCache()
                 ids = torch.tensor([seq.prompt_ids], device=self.device)
-                logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0, -1]
+                out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, **self._last_logits)
+                logits = out.logits[0, -1]
                 token = self._sample(seq, logits)
             except Exception as e:  # one bad request (a processor that raises) fails alone
                 seq.finish = "error"

@@ -207,8 +207,9 @@ class ModelConfig(_Section):
     cached under the cache dir)."""
     device: str = "cpu"
     """torch device for the transformers backend (`cpu`, `cuda`, `cuda:1`)."""
-    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
-    """Weight dtype. bfloat16 halves memory and is what the bundled model is cached in."""
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    """Weight dtype. `auto`: bfloat16 on a GPU (float16 where it lacks bf16), and on a CPU bfloat16 only
+    where the CPU has bf16 units (AVX512-BF16/AMX), float32 otherwise, where bf16 runs ~6x slower."""
     threads: int = Field(0, ge=0, le=1024)
     """CPU threads for torch (0 = torch's default)."""
     base_url: str | None = None

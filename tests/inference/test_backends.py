@@ -32,6 +32,22 @@ def backend() -> TransformersBackend:
     return TransformersBackend.load(path, "HuggingFaceTB/SmolLM2-135M-Instruct")
 
 
+def test_auto_dtype_is_float32_on_a_cpu_without_bf16_units(monkeypatch, backend) -> None:
+    """`auto` loads bf16 only where the hardware computes it; an explicit dtype is kept as given."""
+    import torch
+
+    from zoo.inference import transformers_backend as tb
+
+    # The loaded backend used this machine's own answer.
+    assert backend.model.dtype == (torch.bfloat16 if tb._cpu_computes_bf16() else torch.float32)
+    monkeypatch.setattr(tb, "_cpu_computes_bf16", lambda: False)
+    assert tb.resolve_dtype("auto", "cpu") == "float32"
+    monkeypatch.setattr(tb, "_cpu_computes_bf16", lambda: True)
+    assert tb.resolve_dtype("auto", "cpu") == "bfloat16"
+    assert tb.resolve_dtype("float16", "cpu") == "float16"
+    assert tb.resolve_dtype("bfloat16", "cpu") == "bfloat16"
+
+
 def collect(backend, request: GenerationRequest):
     async def run():
         deltas, result = [], None

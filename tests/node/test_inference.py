@@ -202,7 +202,7 @@ def test_pin_older_root_and_swap_under_load(node: NodeProcess) -> None:
         threading.Event().wait(1.0)
         v2_root = approve(node.data_dir, v2)
         concurrent.futures.wait(futures)
-    assert errors == []
+    assert errors == [], node.log()[-12000:]
     assert len(results) == 20
     for r in results:
         ids = {e.id for e in r.experiences}
