@@ -48,6 +48,8 @@ class GenerationRequest:
     response_format: ResponseFormat | None = None
     # Set to stop generation early (client cancelled or deadline passed).
     cancel: threading.Event = field(default_factory=threading.Event)
+    # A named LoRA adapter to decode with (an inference.adapters.AdapterRef); None: the base model.
+    adapter: Any = None
 
 
 @dataclass

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from zoo.inference.adapters import BASE, LoadedAdapters
 from zoo.inference.backend import GenerationRequest, GenerationResult, apply_stop
 
 logger = logging.getLogger(__name__)
@@ -140,6 +141,7 @@ class Sequence:
     sent: int = 0  # characters of `text` emitted
     finish: str = ""
     enqueued: float = field(default_factory=time.perf_counter)
+    adapter_key: str = BASE  # the loaded LoRA adapter this row decodes with
 
     @property
     def length(self) -> int:
@@ -172,8 +174,10 @@ class ContinuousBatcher:
         max_batch_size: int = 16,
         prefill_budget_tokens: int = 1024,
         context_length: int = 2048,
+        max_adapters: int = 8,
     ) -> None:
         self.model = model
+        self.adapters = LoadedAdapters(model, max_adapters)
         self.tokenizer = tokenizer
         self.device = device
         self.context_length = context_length
@@ -275,9 +279,18 @@ class ContinuousBatcher:
         joined: list[tuple[Sequence, Any]] = []
         for seq in seqs:
             try:
+                if seq.request.adapter is not None:
+                    in_use = {s.adapter_key for s in self._rows} | {s.adapter_key for s, _ in joined}
+                    seq.adapter_key = self.adapters.ensure(seq.request.adapter, in_use)
                 cache = DynamicCache()
                 ids = torch.tensor([seq.prompt_ids], device=self.device)
-                out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, **self._last_logits)
+                out = self.adapters.forward(
+                    [seq.adapter_key],
+                    input_ids=ids,
+                    past_key_values=cache,
+                    use_cache=True,
+                    **self._last_logits,
+                )
                 logits = out.logits[0, -1]
                 token = self._sample(seq, logits)
             except Exception as e:  # one bad request (a processor that raises) fails alone
@@ -303,8 +316,13 @@ class ContinuousBatcher:
         kwargs: dict[str, Any] = {}
         if self.ragged:
             kwargs[_ROW_STARTS] = [width - (s.length - 1) for s in feed]
-        logits = self.model(
-            input_ids=tokens, position_ids=positions, past_key_values=self._cache, use_cache=True, **kwargs
+        logits = self.adapters.forward(
+            [s.adapter_key for s in feed],
+            input_ids=tokens,
+            position_ids=positions,
+            past_key_values=self._cache,
+            use_cache=True,
+            **kwargs,
         ).logits[:, -1]
         keep: list[int] = []
         for i, seq in enumerate(rows):

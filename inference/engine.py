@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from zoo.inference.adapters import AdapterDirectory, AdapterRef
 from zoo.inference.backend import Backend, Chunk, GenerationRequest, ResponseFormat
 from zoo.inference.defaults import DEFAULT_EXPERIENCE_BUDGET, DEFAULT_LESSON_POSITION, LessonPosition
 from zoo.inference.prompt import assemble, parse_citations
@@ -36,6 +37,7 @@ class InferParams:
     use_expert_factors: bool = False
     min_score: float = -1.0
     response_format: ResponseFormat | None = None
+    adapter: str = ""  # a named LoRA adapter (inference.adapters); "" is the base model
 
 
 @dataclass
@@ -65,6 +67,7 @@ class InferOutcome:
     top_p: float
     seed: int
     stop: list[str]
+    adapter: str = ""
 
 
 class SearchIndex(Protocol):
@@ -92,6 +95,7 @@ class InferenceEngine:
         lesson_position: LessonPosition = DEFAULT_LESSON_POSITION,
         factor_builder: FactorBuilder | None = None,
         on_served: Callable[[list[str]], None] | None = None,
+        adapters: AdapterDirectory | None = None,
     ) -> None:
         self.backend = backend
         self.library = library
@@ -99,6 +103,7 @@ class InferenceEngine:
         self.lesson_position = lesson_position
         self.factor_builder = factor_builder
         self.on_served = on_served
+        self.adapters = adapters
 
     def retrieve(
         self, query: str, k: int, domain: str, min_score: float, root: str = ""
@@ -116,6 +121,7 @@ class InferenceEngine:
 
         if p.use_expert_factors and not self.backend.supports_logits_processors:
             raise Unsupported(f"the {type(self.backend).__name__} cannot apply decode-time expert factors")
+        adapter = self._adapter(p.adapter) if p.adapter else None
         t0 = time.perf_counter()
         query = next((m["content"] for m in reversed(p.messages) if m["role"] == "user"), "")
         if p.disable_experiences:
@@ -149,6 +155,7 @@ class InferenceEngine:
             list(p.stop),
             processor,
             response_format=p.response_format,
+            adapter=adapter,
         )
         t1 = time.perf_counter()
         result = None
@@ -191,4 +198,12 @@ class InferenceEngine:
             top_p=p.top_p,
             seed=seed,
             stop=list(p.stop),
+            adapter=p.adapter,
         )
+
+    def _adapter(self, name: str) -> AdapterRef:
+        if not getattr(self.backend, "supports_adapters", False):
+            raise Unsupported(f"the {type(self.backend).__name__} cannot serve LoRA adapters")
+        if self.adapters is None:
+            raise Unsupported("this node has no adapters directory")
+        return self.adapters.resolve(name)  # NotFound names the directory and the adapters it holds

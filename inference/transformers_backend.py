@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from zoo.inference.adapters import AdapterLoadError
 from zoo.inference.backend import BackendError, Chunk, GenerationRequest, GenerationResult, ResponseFormat
 from zoo.inference.batching import ContinuousBatcher
 from zoo.inference.model_loading import MODEL_LOADING
@@ -47,9 +48,17 @@ class TransformersBackend:
     supports_logits_processors = True
     # Grammar-constrained JSON output (response_format) is enforced while decoding.
     constrains_json = True
+    # Named LoRA adapters (inference.adapters) decode beside the base model in one batch.
+    supports_adapters = True
 
     def __init__(
-        self, model: Any, tokenizer: Any, model_id: str, device: str = "cpu", max_batch_size: int = 16
+        self,
+        model: Any,
+        tokenizer: Any,
+        model_id: str,
+        device: str = "cpu",
+        max_batch_size: int = 16,
+        max_adapters: int = 8,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -59,7 +68,12 @@ class TransformersBackend:
         self._grammars: GrammarCache | None = None
         self._grammars_lock = threading.Lock()
         self.batcher = ContinuousBatcher(
-            model, tokenizer, device=device, max_batch_size=max_batch_size, context_length=self.context_length
+            model,
+            tokenizer,
+            device=device,
+            max_batch_size=max_batch_size,
+            context_length=self.context_length,
+            max_adapters=max_adapters,
         )
 
     @property
@@ -74,6 +88,7 @@ class TransformersBackend:
         device: str = "cpu",
         dtype: str = "auto",
         max_batch_size: int = 16,
+        max_adapters: int = 8,
     ) -> TransformersBackend:
         with MODEL_LOADING:
             import torch
@@ -99,7 +114,7 @@ class TransformersBackend:
                 .to(device)
                 .eval()
             )
-            return cls(model, tokenizer, model_id, device, max_batch_size)
+            return cls(model, tokenizer, model_id, device, max_batch_size, max_adapters)
 
     def _encode(self, messages: list[dict[str, str]]) -> Any:
         return self.tokenizer.apply_chat_template(
@@ -137,6 +152,8 @@ class TransformersBackend:
                 elif isinstance(item, GenerationResult):
                     yield Chunk("", item)
                     return
+                elif isinstance(item, AdapterLoadError):
+                    raise item
                 else:
                     raise BackendError(f"generation failed: {type(item).__name__}: {item}") from item
         finally:

@@ -212,6 +212,11 @@ class ModelConfig(_Section):
     where the CPU has bf16 units (AVX512-BF16/AMX), float32 otherwise, where bf16 runs ~6x slower."""
     threads: int = Field(0, ge=0, le=1024)
     """CPU threads for torch (0 = torch's default)."""
+    adapters_dir: Path | None = None
+    """Named LoRA adapters (`<dir>/<name>/`, PEFT format) that requests may ask for; GSPO jobs install
+    theirs here. Unset: `<data_dir>/adapters`."""
+    max_loaded_adapters: int = Field(8, ge=1, le=256)
+    """Adapters kept loaded at once (transformers backend); the least recently used idle one makes room."""
     base_url: str | None = None
     """openai backend: base URL of the OpenAI-compatible server (e.g. http://127.0.0.1:8000)."""
     name: str | None = None
@@ -311,6 +316,11 @@ class NodeConfig(_Section):
     @classmethod
     def _expand(cls, v: Path) -> Path:
         return Path(os.path.expandvars(str(v))).expanduser().absolute()
+
+    @property
+    def adapters_dir(self) -> Path:
+        """Where named LoRA adapters live (model.adapters_dir, else <data_dir>/adapters)."""
+        return self.model.adapters_dir or self.data_dir / "adapters"
 
 
 def _parse_env_value(raw: str) -> Any:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zoo.inference.adapters import AdapterDirectory
 from zoo.node import __version__
 from zoo.node.admission import Admission
 from zoo.node.api.endpoints import ApiDeps, embedder_model_id
@@ -191,6 +192,7 @@ def _job_runner(
         max_queued=cfg.jobs.max_queued,
         metrics=metrics,
         serving=cfg.inference.serving_defaults(),
+        adapters=AdapterDirectory(cfg.adapters_dir),
         gspo_refusal=None
         if cfg.model.backend == "transformers"
         else f"GSPO trains LoRA adapters on local weights: model.backend is {cfg.model.backend!r}, "
@@ -233,6 +235,7 @@ def build_engine(cfg: NodeConfig, supervisor: Supervisor, usage: UsageCounter, m
                 lesson_position=cfg.inference.lesson_position,
                 factor_builder=_factor_builder(cfg, model.backend),
                 on_served=on_served,
+                adapters=AdapterDirectory(cfg.adapters_dir),
             )
         return cache["engine"]
 
@@ -369,6 +372,7 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
         _embedder(supervisor),
         embedder_model_id(cfg.embedder.path),
         api_key=cfg.server.api_key.get_secret_value() if cfg.server.api_key else None,
+        adapters=AdapterDirectory(cfg.adapters_dir),
     )
     http = await _start_http(cfg, metrics, deps)
     http_url = http.address if http is not None else ""

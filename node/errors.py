@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import grpc
 
+from zoo.inference.adapters import AdapterLoadError
 from zoo.inference.backend import BackendUnavailable
 from zoo.inference.engine import Unsupported
 from zoo.registry import errors as reg
@@ -32,6 +33,7 @@ _CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (Unimplemented, grpc.StatusCode.UNIMPLEMENTED),
     (Unsupported, grpc.StatusCode.FAILED_PRECONDITION),
+    (AdapterLoadError, grpc.StatusCode.FAILED_PRECONDITION),
     (BackendUnavailable, grpc.StatusCode.UNAVAILABLE),
     (PermissionError, grpc.StatusCode.PERMISSION_DENIED),
     (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),

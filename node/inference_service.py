@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 
+from zoo.inference.adapters import check_adapter_name
 from zoo.inference.backend import BackendUnavailable, ResponseFormat
 from zoo.inference.engine import InferenceEngine, InferOutcome, InferParams
 from zoo.inference.structured import parse_response_format
@@ -72,6 +73,7 @@ class FieldNames:
     stop: str = "sampling.stop"
     domain: str = "domain"
     library_root: str = "library_root"
+    adapter: str = "adapter"
 
 
 GRPC_FIELDS = FieldNames()
@@ -93,6 +95,7 @@ def validate_params(
     library_root: str = "",
     use_expert_factors: bool = False,
     response_format: ResponseFormat | None = None,
+    adapter: str = "",
     names: FieldNames = GRPC_FIELDS,
 ) -> InferParams:
     """Check a generation request's fields against the node's limits and build the engine's parameters.
@@ -136,6 +139,8 @@ def validate_params(
            f"must be a dotted lower-case prefix like math.geometry (got {domain[:80]!r})")  # fmt: skip
     _check(not library_root or bool(ROOT_RE.fullmatch(library_root)), n.library_root,
            "must be 0x followed by 64 hex digits")  # fmt: skip
+    if adapter:
+        check_adapter_name(adapter, n.adapter)
     return InferParams(
         messages=turns,
         domain=domain,
@@ -149,6 +154,7 @@ def validate_params(
         library_root=library_root.lower(),
         use_expert_factors=use_expert_factors,
         response_format=response_format,
+        adapter=adapter,
     )
 
 
@@ -173,6 +179,7 @@ def params_from_request(req: Any, cfg: InferenceConfig) -> InferParams:
         library_root=req.library_root,
         use_expert_factors=req.use_expert_factors,
         response_format=parse_response_format(req.response_format.type, req.response_format.json_schema),
+        adapter=req.adapter,
     )
 
 
@@ -199,6 +206,7 @@ def outcome_to_proto(o: InferOutcome, queue_ms: float) -> inference_pb2.InferRes
             max_tokens=o.max_tokens, temperature=o.temperature, top_p=o.top_p, seed=o.seed, stop=o.stop
         ),
         finish_reason=o.finish_reason,
+        adapter=o.adapter,
     )
 
 

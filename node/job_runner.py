@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zoo.inference.adapters import AdapterDirectory
 from zoo.inference.defaults import ServingDefaults
 from zoo.node.components import Component, State
 from zoo.node.job_store import TERMINAL, JobRecord, JobState, JobStore
@@ -80,8 +81,10 @@ class JobRunner(Component):
         metrics: Any = None,
         serving: ServingDefaults | None = None,
         gspo_refusal: str | None = None,
+        adapters: AdapterDirectory | None = None,
     ) -> None:
         self.store = store
+        self.adapters = adapters  # where a finished GSPO job's adapter is installed, named by the job id
         self.gspo_refusal = gspo_refusal  # why this node cannot run GSPO jobs (a remote backend), if so
         # How the node serves: what a spec leaves unset, so a job is validated under the serving conditions.
         self.serving = serving
@@ -288,7 +291,7 @@ class JobRunner(Component):
                               on_step=on_step)
         )  # fmt: skip
         try:
-            return await asyncio.shield(work)
+            result = await asyncio.shield(work)
         except StopRequested:
             raise asyncio.CancelledError from None
         except asyncio.CancelledError:
@@ -296,3 +299,8 @@ class JobRunner(Component):
             with contextlib.suppress(StopRequested, Exception):
                 await work
             raise
+        if self.adapters is not None:
+            installed = await asyncio.to_thread(self.adapters.install, job_id, Path(result["adapter"]))
+            result["adapter_name"] = job_id
+            log.info("adapter installed", job=job_id, adapter=job_id, path=str(installed))
+        return result

@@ -150,4 +150,6 @@ def load_backend(cfg: ModelConfig, path: Path | None, model_id: str, max_batch_s
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    return TransformersBackend.load(path, model_id, cfg.device, cfg.dtype, max_batch_size)
+    return TransformersBackend.load(
+        path, model_id, cfg.device, cfg.dtype, max_batch_size, max_adapters=cfg.max_loaded_adapters
+    )

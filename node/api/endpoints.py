@@ -19,6 +19,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from zoo.inference.adapters import AdapterDirectory
 from zoo.inference.backend import BackendError, BackendUnavailable, Chunk
 from zoo.inference.engine import InferenceEngine, InferOutcome, InferParams
 from zoo.node.admission import Admission
@@ -75,6 +76,7 @@ class ApiDeps:
     embedder_id: str
     api_key: str | None = None
     max_body_bytes: int = 4 * 1024 * 1024
+    adapters: AdapterDirectory | None = None  # named LoRA adapters, served as models of their own
 
 
 class OpenAIApi:
@@ -89,7 +91,7 @@ class OpenAIApi:
 
     async def chat_completions(self, request: Request) -> Response:
         body = ChatRequest.model_validate(await read_json(request, self.deps.max_body_bytes))
-        self._check_model(body.model)
+        adapter = self._adapter_for(body.model)
         check_chat(body)
         names = CHAT_FIELDS
         if body.max_completion_tokens is not None:
@@ -101,17 +103,20 @@ class OpenAIApi:
             messages=chat_messages(body.messages),
             max_tokens=tokens,
             response_format=response_format(body.response_format),
+            adapter=adapter,
         )
-        answer = ChatAnswer("chatcmpl-" + uuid.uuid4().hex, self.deps.model_id, _include_usage(body))
+        answer = ChatAnswer("chatcmpl-" + uuid.uuid4().hex, body.model, _include_usage(body))
         return await self._answer(request, params, answer, body.stream, chat_field)
 
     async def completions(self, request: Request) -> Response:
         body = CompletionRequest.model_validate(await read_json(request, self.deps.max_body_bytes))
-        self._check_model(body.model)
+        adapter = self._adapter_for(body.model)
         check_completion(body)
         prompt = completion_prompt(body.prompt)
-        params = self._params(body, COMPLETION_FIELDS, prompt=prompt, max_tokens=body.max_tokens)
-        answer = CompletionAnswer("cmpl-" + uuid.uuid4().hex, self.deps.model_id, _include_usage(body))
+        params = self._params(
+            body, COMPLETION_FIELDS, prompt=prompt, max_tokens=body.max_tokens, adapter=adapter
+        )
+        answer = CompletionAnswer("cmpl-" + uuid.uuid4().hex, body.model, _include_usage(body))
         return await self._answer(request, params, answer, body.stream, completion_field)
 
     def _params(self, body: Generation, names: FieldNames, **fields: Any) -> InferParams:
@@ -241,10 +246,15 @@ class OpenAIApi:
         finally:
             self._embedding_requests -= 1
 
+    def _adapter_names(self) -> list[str]:
+        return self.deps.adapters.names() if self.deps.adapters is not None else []
+
     def _cards(self) -> list[dict[str, Any]]:
+        card = {"object": "model", "created": self.started, "owned_by": "zoo-node"}
         return [
-            {"id": model, "object": "model", "created": self.started, "owned_by": "zoo-node"}
-            for model in (self.deps.model_id, self.deps.embedder_id)
+            *({"id": model, **card} for model in (self.deps.model_id, self.deps.embedder_id)),
+            # Adapters are models of their own, as OpenAI-compatible servers list LoRA adapters.
+            *({"id": name, **card, "parent": self.deps.model_id} for name in self._adapter_names()),
         ]
 
     async def list_models(self, request: Request) -> Response:
@@ -257,9 +267,14 @@ class OpenAIApi:
                 return JSONResponse(card)
         raise _model_not_found(wanted, [c["id"] for c in self._cards()])
 
-    def _check_model(self, model: str) -> None:
-        if model != self.deps.model_id:
-            raise _model_not_found(model, [self.deps.model_id], "chat ")
+    def _adapter_for(self, model: str) -> str:
+        """The adapter a generation request's `model` names: "" for the base model (404 if neither)."""
+        if model == self.deps.model_id:
+            return ""
+        adapters = self._adapter_names()
+        if model in adapters:
+            return model
+        raise _model_not_found(model, [self.deps.model_id, *adapters], "chat ")
 
 
 def _include_usage(body: Generation) -> bool:
@@ -270,7 +285,9 @@ def _model_not_found(model: str, served: list[str], kind: str = "") -> ApiError:
     return ApiError(
         404,
         f"the model {model[:200]!r} does not exist on this node; "
-        f"its {kind}model is {', '.join(map(repr, served))}",
+        f"its {kind}models are {', '.join(map(repr, served))}"
+        if len(served) > 1
+        else f"its {kind}model is {served[0]!r}",
         param="model",
         code="model_not_found",
     )

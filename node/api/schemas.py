@@ -33,6 +33,7 @@ CHAT_FIELDS = FieldNames(
     stop="stop",
     domain="zoo.domain",
     library_root="zoo.library_root",
+    adapter="model",
 )
 COMPLETION_FIELDS = dataclasses.replace(CHAT_FIELDS, messages="prompt")
 

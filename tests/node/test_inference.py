@@ -7,12 +7,14 @@ import concurrent.futures
 import json
 import threading
 import time
+from pathlib import Path
 
 import grpc
 import httpx
 import pytest
 
 from tests.conftest import NodeProcess, devnet_serving_node
+from tests.lora import random_adapter
 from tests.node.approve import approve, next_version
 from zoo.devnet.genesis import genesis_library
 from zoo.node.client import NodeClient
@@ -326,3 +328,40 @@ def test_worked_examples_are_served_with_their_kind(node: NodeProcess) -> None:
         r = infer(c, prompt=question, k=3, sampling={"max_tokens": 8})
         assert r.experiences[0].id == worked.id and r.experiences[0].kind == "example"
         assert r.experiences[0].answer == "3000 zim"
+
+
+def test_named_adapter_over_grpc_and_http(node: NodeProcess, tmp_path: Path) -> None:
+    """An adapter copied into the node's adapters directory is served by name over gRPC and, as a model
+    of its own, over the HTTP API; unknown and malformed names are refused with the right codes."""
+    from zoo.inference.adapters import AdapterDirectory
+    from zoo.inference.models import prepare_bundled_chat_model
+    from zoo.node.config import default_cache_dir
+
+    model = prepare_bundled_chat_model(default_cache_dir()).path
+    AdapterDirectory(node.data_dir / "adapters").install(
+        "tuned", random_adapter(model, tmp_path / "a", seed=3)
+    )
+    request = {"prompt": GEOMETRY, "disable_experiences": True, "sampling": {"max_tokens": 8}}
+    with NodeClient(node.address) as c:
+        base = infer(c, **request)
+        tuned = infer(c, adapter="tuned", **request)
+        assert base.adapter == "" and tuned.adapter == "tuned"
+        assert tuned.text != base.text
+        assert infer(c, **request).text == base.text  # the base model is untouched
+        for name, code, words in (
+            ("missing", grpc.StatusCode.NOT_FOUND, "no adapter 'missing'"),
+            ("../tuned", grpc.StatusCode.INVALID_ARGUMENT, "adapter: must be"),
+        ):
+            with pytest.raises(grpc.RpcError) as err:
+                infer(c, adapter=name, **request)
+            assert err.value.code() == code and words in err.value.details()
+    http = str(node.info["http"]) + "/v1"
+    models = httpx.get(f"{http}/models").json()["data"]
+    assert {m["id"]: m.get("parent") for m in models}["tuned"] == base.model_id
+    body = {"model": "tuned", "messages": [{"role": "user", "content": GEOMETRY}], "max_tokens": 8,
+            "zoo": {"disable_experiences": True}}  # fmt: skip
+    r = httpx.post(f"{http}/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200 and r.json()["model"] == "tuned"
+    assert r.json()["choices"][0]["message"]["content"] == tuned.text
+    r = httpx.post(f"{http}/chat/completions", json={**body, "model": "nope"}, timeout=120)
+    assert r.status_code == 404 and "'tuned'" in r.json()["error"]["message"]

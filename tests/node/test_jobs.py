@@ -29,6 +29,7 @@ from zoo.inference.defaults import DEFAULT_LESSON_POSITION
 from zoo.node.client import NodeClient
 from zoo.registry.canonical import decode_library
 from zoo.trainer.tasks import Task, write_jsonl
+from zoo.v1 import inference_pb2 as pb
 from zoo.v1 import jobs_pb2
 
 GOOD = "When adding two numbers, add the ones digits first and then the tens digits."
@@ -191,6 +192,14 @@ def test_tf_grpo_and_gspo_jobs_with_the_bundled_model(tmp_path: Path) -> None:
         assert adapter == data_dir / "jobs" / gspo_id / "adapter"
         assert json.loads((adapter / "adapter_config.json").read_text())["r"] == 2
         assert json.loads(Path(result["report"]).read_text())["kind"] == "gspo"
+        # ...and installed as a named adapter the node serves, so answers before and after compare.
+        assert result["adapter_name"] == gspo_id
+        assert (data_dir / "adapters" / gspo_id / "adapter_config.json").is_file()
+        with NodeClient(n.address) as c:
+            ask = pb.InferRequest(prompt="What is 2 + 3?", sampling=pb.SamplingParams(max_tokens=4))
+            assert c.inference.Infer(ask, timeout=120).adapter == ""
+            ask.adapter = gspo_id
+            assert c.inference.Infer(ask, timeout=120).adapter == gspo_id
     finally:
         n.stop()
 
