@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from zoo.registry.fsutil import write_atomic
+from zoo.trainer.gspo.episodes import EpisodeGroups
 from zoo.trainer.gspo.fused import triton_available
 from zoo.trainer.gspo.loss import GspoLossConfig, group_advantages, gspo_loss
 from zoo.trainer.gspo.policy import LoraPolicy
@@ -64,8 +65,10 @@ class GspoRun:
         *,
         on_step: OnStep | None = None,
         processes: Processes | None = None,
+        episodes: EpisodeGroups | None = None,
     ) -> None:
         self.spec = spec
+        self.episodes = episodes  # multi-turn environment episodes instead of single completions
         self.processes = processes or Processes()
         self.policy = policy
         self.train = list(train)
@@ -118,13 +121,22 @@ class GspoRun:
             for task in tasks
         ]
 
+    def rollout(
+        self, tasks: Sequence[Any], tag: str, *, greedy: bool = False
+    ) -> list[tuple[Rollouts, list[float]]]:
+        """Each task's group and its rewards: sampled completions scored by the task's verifier, or
+        environment episodes scored by the environment."""
+        if self.episodes is not None:
+            return [self.episodes.group(task, tag, greedy=greedy) for task in tasks]
+        groups = self.sample(tasks, tag, greedy=greedy)
+        return [(g, self.group_scores(t, g.completions)) for t, g in zip(tasks, groups, strict=True)]
+
     def evaluate(self, tag: str) -> float | None:
         """The mean greedy score on the validation tasks (None without any), shared out over processes."""
         if not self.validation:
             return None
         mine = self.processes.shard(self.validation)
-        local = [s for t, r in zip(mine, self.sample(mine, f"validation-{tag}", greedy=True), strict=True)
-                 for s in self.group_scores(t, r.completions)]  # fmt: skip
+        local = [s for _, scores in self.rollout(mine, f"validation-{tag}", greedy=True) for s in scores]
         return statistics.fmean(self.processes.gather(local))
 
     # -- the optimisation ------------------------------------------------------------------------------
@@ -191,8 +203,9 @@ class GspoRun:
         spec = self.spec
         started = time.perf_counter()
         mine = self.processes.shard(batch)
-        groups = self.sample(mine, f"rollout-{number}")
-        local_scores = [self.group_scores(t, g.completions) for t, g in zip(mine, groups, strict=True)]
+        sampled = self.rollout(mine, f"rollout-{number}")
+        groups = [g for g, _ in sampled]
+        local_scores = [scores for _, scores in sampled]
         advantages = torch.zeros(0)
         if mine:
             rewards = torch.tensor([s for group in local_scores for s in group], dtype=torch.float32)

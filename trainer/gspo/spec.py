@@ -52,6 +52,25 @@ class GspoSpec(TaskSource):
         default="auto", description="log-probs fused with the LM head (Triton; auto: on a GPU) or plain torch"
     )
 
+    environment: Literal["none", "nano"] = Field(
+        default="none",
+        description="none: one completion per task, scored by its verifier; nano: multi-turn coding "
+        "episodes (trainer/envs), scored by patch_similarity, the loss on the model's tokens only",
+    )
+    nano_repos: str | None = Field(
+        default=None,
+        description="nano: the task repositories' directory (unset: the shipped ones, generated)",
+    )
+    max_turns: int = Field(default=16, ge=1, le=1000, description="nano: model turns per episode")
+    max_tool_calls: int = Field(default=30, ge=1, le=1000, description="nano: tool calls per episode")
+    episode_token_budget: int = Field(
+        default=4096, ge=64, le=1_000_000, description="nano: tokens of the whole transcript"
+    )
+    episode_wall_clock_s: float = Field(
+        default=600.0, gt=0, le=86_400, description="nano: seconds per episode"
+    )
+    shell_timeout_s: float = Field(default=30.0, gt=0, le=3600, description="nano: seconds per shell call")
+
     checkpoint_every: int = Field(default=1, ge=1, le=100_000, description="steps between checkpoints")
     validate_every: int = Field(
         default=0, ge=0, le=100_000, description="steps between validation scores (0: before and after only)"
