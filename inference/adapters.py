@@ -25,6 +25,7 @@ ADAPTER_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILES = ("adapter_model.safetensors", "adapter_model.bin")
 BASE = "__base__"  # PEFT's name for "no adapter" in a mixed batch
+PLACEHOLDER = "zoo_placeholder"
 
 
 @dataclass(frozen=True)
@@ -134,14 +135,10 @@ class LoadedAdapters:
         # PEFT keys become module attribute names, so they are generated, not the adapter's own name.
         self._serial += 1
         key = f"zoo_adapter_{self._serial}"
+        if self.peft is None:
+            self.peft = self._wrap()
         try:
-            if self.peft is None:
-                from peft import PeftModel
-
-                self.peft = PeftModel.from_pretrained(self.model, str(ref.path), adapter_name=key)
-                self.peft.eval()
-            else:
-                self.peft.load_adapter(str(ref.path), adapter_name=key, is_trainable=False)
+            self.peft.load_adapter(str(ref.path), adapter_name=key, is_trainable=False)
         except Exception as e:
             if self.peft is not None and key in self.peft.peft_config:
                 self.peft.delete_adapter(key)
@@ -151,6 +148,25 @@ class LoadedAdapters:
         self._loaded[ref.name] = (ref, key)
         self._evict(in_use | {key})
         return key
+
+    def _wrap(self) -> Any:
+        """Wrap the model for PEFT with a placeholder: a rank-1 LoRA on one linear layer whose B is zero
+        (the identity), used by no row. Every real adapter then goes through `load_adapter`, whose
+        failure is undone by deleting what it added; a failed first `PeftModel.from_pretrained` would
+        leave layers injected into the served model with nothing to remove them."""
+        import torch
+        from peft import LoraConfig, PeftModel
+
+        head = self.model.get_output_embeddings()
+        target = next(
+            name.rsplit(".", 1)[-1]
+            for name, module in self.model.named_modules()
+            if isinstance(module, torch.nn.Linear) and module is not head
+        )
+        config = LoraConfig(r=1, lora_alpha=1, target_modules=[target], init_lora_weights=True)
+        peft = PeftModel(self.model, config, adapter_name=PLACEHOLDER)
+        peft.eval()
+        return peft
 
     def _evict(self, in_use: set[str]) -> None:
         for key in self._retired - in_use:

@@ -24,14 +24,19 @@ class TrainingError(Exception):
     """The run cannot start: bad spec, missing checkpoint, model unavailable."""
 
 
-def _load_checkpoint(out_dir: Path) -> dict[str, Any]:
-    path = out_dir / CHECKPOINT
+def _read_resume_json(path: Path, missing: str) -> Any:
+    """The JSON a --resume continues from; TrainingError saying `missing` or that it is corrupt."""
     try:
-        data = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except FileNotFoundError:
-        raise TrainingError(f"--resume: no checkpoint at {path}") from None
+        raise TrainingError(f"--resume: {missing}") from None
     except json.JSONDecodeError as e:
         raise TrainingError(f"--resume: {path} is corrupt: {e}") from None
+
+
+def _load_checkpoint(out_dir: Path) -> dict[str, Any]:
+    path = out_dir / CHECKPOINT
+    data = _read_resume_json(path, f"no checkpoint at {path}")
     if not isinstance(data, dict) or "spec" not in data or "state" not in data:
         raise TrainingError(f"--resume: {path} is not a zoo-node training checkpoint")
     return data
@@ -118,12 +123,7 @@ def gspo_spec_for(out_dir: Path, spec_fields: dict[str, Any], resume: bool) -> A
 
     stored = out_dir / SPEC_FILE
     if resume:
-        try:
-            fields = json.loads(stored.read_text())
-        except FileNotFoundError:
-            raise TrainingError(f"--resume: no GSPO run in {out_dir} (no {SPEC_FILE})") from None
-        except json.JSONDecodeError as e:
-            raise TrainingError(f"--resume: {stored} is corrupt: {e}") from None
+        fields = _read_resume_json(stored, f"no GSPO run in {out_dir} (no {SPEC_FILE})")
     elif stored.exists():
         raise TrainingError(f"{out_dir} holds a run already: pass --resume to continue it, or another --out")
     else:

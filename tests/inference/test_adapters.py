@@ -129,7 +129,8 @@ def test_replaced_weights_reload_and_the_limit_unloads_idle_adapters(
     assert after == answer(backend, adapters.resolve("other"))
     # max_adapters=2: never more than two loaded, however many were used.
     assert len(backend.batcher.adapters) <= 2
-    assert len(backend.batcher.adapters.peft.peft_config) <= 3  # two, plus at most one retired in use
+    # two, at most one retired still in use, and the placeholder PEFT wraps the model with
+    assert len(backend.batcher.adapters.peft.peft_config) <= 4
 
 
 def test_an_adapter_that_does_not_fit_fails_alone(
@@ -147,3 +148,23 @@ def test_an_adapter_that_does_not_fit_fails_alone(
         base,
         answer(backend, adapters.resolve("tuned")),
     ]
+
+
+def test_a_broken_first_adapter_leaves_the_model_as_it_was(
+    model_path: Path, adapters: AdapterDirectory, tmp_path: Path
+) -> None:
+    """The first adapter a backend loads wraps the model for PEFT; when it does not fit, nothing of it
+    stays in the served model."""
+    fresh = TransformersBackend.load(model_path, "HuggingFaceTB/SmolLM2-135M-Instruct")
+    base = answer(fresh)
+    broken = tmp_path / "broken"
+    shutil.copytree(adapters.root / "tuned", broken)
+    config = json.loads((broken / "adapter_config.json").read_text())
+    config["r"] = 7
+    (broken / "adapter_config.json").write_text(json.dumps(config))
+    with pytest.raises(AdapterLoadError):
+        answer(fresh, AdapterDirectory(tmp_path).resolve("broken"))
+    assert answer(fresh) == base
+    assert len(fresh.batcher.adapters) == 0
+    assert answer(fresh, adapters.resolve("tuned")) != base  # and a good adapter still loads after it
+    asyncio.run(fresh.close())

@@ -136,7 +136,7 @@ def test_episode_rows_stack_with_text_rollout_shapes(tokenizer, repos: Path, tmp
     assert short == len(eps[0].ids) and batch.attention_mask[1].sum() == len(eps[1].ids)
 
 
-def test_gspo_on_nano_episodes_trains_the_adapter(model_path: Path, tmp_path: Path) -> None:
+def test_gspo_run_on_nano_episodes_end_to_end(model_path: Path, tmp_path: Path) -> None:
     spec = GspoSpec.parse({
         "environment": "nano", "train_limit": 1, "validation_limit": 1, "batch_size": 1, "group_size": 2,
         "max_new_tokens": 16, "max_turns": 2, "episode_token_budget": 2048, "shell_timeout_s": 5,
@@ -186,3 +186,40 @@ def test_policy_sampler_really_samples_a_turn(model_path: Path) -> None:
     assert a == b and 0 < len(a) <= 8  # seeded
     greedy = policy_sampler(policy, temperature=1.0, top_p=1.0, greedy=True)(list(ids), 30, 0)
     assert greedy[-1] == policy.tokenizer.eos_token_id or len(greedy) == 30
+
+
+def test_a_step_on_episodes_favours_the_episode_that_fixed_the_bug(
+    model_path: Path, repos: Path, tmp_path: Path
+) -> None:
+    """Two scripted episodes of one task, one that fixes the bug (reward 1) and one that gives up (0):
+    a GSPO step through GspoRun raises the fixing episode's mean log-prob over its own tokens and lowers
+    the other's."""
+    from zoo.trainer.gspo.episodes import EpisodeGroups
+    from zoo.trainer.gspo.run import GspoRun
+
+    spec = GspoSpec.parse({"environment": "nano", "group_size": 2, "num_iterations": 1, "learning_rate": 5e-3,
+                           "lora_rank": 4, "target_modules": ["q_proj", "v_proj"]})  # fmt: skip
+    torch.manual_seed(0)
+    policy = LoraPolicy.load(model_path, spec)
+    env = NanoEnv(repos, limits=NanoLimits(shell_timeout_s=10), work_root=tmp_path)
+    groups = EpisodeGroups(policy, env, group_size=2, max_new_tokens=200, temperature=1.0, top_p=1.0, seed=0,
+                           max_turns=4)  # fmt: skip
+    groups._sampled = scripted(policy.tokenizer, [LOOK, FIX, DONE, DONE])  # episode 0 fixes, 1 gives up
+    task = next(t for t in nano_repos.shipped_tasks() if t.repo == "textstats")
+    run = GspoRun(spec, policy, [task], [], tmp_path / "out", episodes=groups)
+
+    rows, rewards = groups.group(task, "probe")
+    assert rewards == [pytest.approx(1.0), 0.0]
+
+    def mean_logps() -> torch.Tensor:
+        with torch.no_grad():
+            logp = policy.token_logprobs(rows.sequences, rows.attention_mask, rows.prompt_length)
+        return (logp * rows.completion_mask).sum(-1) / rows.completion_mask.sum(-1)
+
+    before = mean_logps()
+    groups._sampled = scripted(policy.tokenizer, [LOOK, FIX, DONE, DONE])  # the same two episodes again
+    point = run.train_step(1, [task])
+    assert point["updated"] and point["reward_mean"] == pytest.approx(0.5) and point["grad_norm"] > 0
+    assert point["tokens"] == int(rows.completion_mask.sum())  # the model's tokens, not the tool output
+    change = mean_logps() - before
+    assert change[0] > 0 > change[1], change

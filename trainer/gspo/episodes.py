@@ -130,7 +130,7 @@ def run_episode(
         prompt_length = len(ids)
         turns, end_reason = 0, None
         while True:
-            new = sample_turn(ids, max_new_tokens, seed * 1_000_003 + turns)
+            new = sample_turn(ids, max_new_tokens, seed_of(seed, "turn", turns))
             turns += 1
             closed = bool(new) and new[-1] in eos_ids
             # Special tokens the model wrote inside its turn stay in its message, so that the template
