@@ -10,6 +10,7 @@ adapter batches with requests without one.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from zoo.registry.errors import NotFound, ValidationError
+
+log = logging.getLogger(__name__)
 
 ADAPTER_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 CONFIG_FILE = "adapter_config.json"
@@ -34,7 +37,7 @@ class AdapterRef:
 
     name: str
     path: Path
-    stamp: tuple[int, int]
+    stamp: tuple[int, ...]
 
 
 def check_adapter_name(name: str, field: str = "adapter") -> None:
@@ -71,9 +74,10 @@ class AdapterDirectory:
         if weights is None:
             known = self.names()
             listed = ", ".join(known[:20]) if known else "none"
-            raise NotFound(f"no adapter {name!r} in {self.root} (known: {listed})")
+            raise NotFound(f"no adapter {name!r} on this node (known: {listed})")
         st = weights.stat()
-        return AdapterRef(name, path, (st.st_mtime_ns, st.st_size))
+        # The inode too: an install writes a new file, which may keep its source's mtime and size.
+        return AdapterRef(name, path, (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size))
 
     def install(self, name: str, source: Path) -> Path:
         """Copy the adapter in `source` to `<root>/<name>`, whole or not at all (a copy, then a rename)."""
@@ -120,6 +124,7 @@ class LoadedAdapters:
         self.peft: Any = None
         self._loaded: OrderedDict[str, tuple[AdapterRef, str]] = OrderedDict()  # name -> (ref, peft key)
         self._retired: set[str] = set()  # keys of replaced weights, unloaded once no row uses them
+        self._failed: dict[str, tuple[tuple[int, ...], str]] = {}  # name -> (stamp, why) of a failed load
         self._serial = 0
 
     def __len__(self) -> int:
@@ -131,18 +136,28 @@ class LoadedAdapters:
         have = self._loaded.get(ref.name)
         if have is not None and have[0].stamp == ref.stamp:
             self._loaded.move_to_end(ref.name)
+            self._evict(in_use | {have[1]})
             return have[1]
+        failed = self._failed.get(ref.name)
+        if failed is not None and failed[0] == ref.stamp:  # the same files failed before: do not retry
+            raise AdapterLoadError(failed[1])
         # PEFT keys become module attribute names, so they are generated, not the adapter's own name.
         self._serial += 1
         key = f"zoo_adapter_{self._serial}"
-        if self.peft is None:
-            self.peft = self._wrap()
         try:
+            if self.peft is None:
+                self.peft = self._wrap()
             self.peft.load_adapter(str(ref.path), adapter_name=key, is_trainable=False)
         except Exception as e:
             if self.peft is not None and key in self.peft.peft_config:
                 self.peft.delete_adapter(key)
-            raise AdapterLoadError(f"adapter {ref.name!r} does not load into this model: {e}") from e
+            message = (
+                f"adapter {ref.name!r} does not load into this model: {type(e).__name__}: {str(e)[:300]}"
+            )
+            self._failed[ref.name] = (ref.stamp, message)
+            log.warning("adapter %s failed to load: %s", ref.name, e)
+            raise AdapterLoadError(message) from e
+        self._failed.pop(ref.name, None)
         if have is not None:
             self._retired.add(have[1])
         self._loaded[ref.name] = (ref, key)
@@ -159,10 +174,15 @@ class LoadedAdapters:
 
         head = self.model.get_output_embeddings()
         target = next(
-            name.rsplit(".", 1)[-1]
-            for name, module in self.model.named_modules()
-            if isinstance(module, torch.nn.Linear) and module is not head
+            (
+                name.rsplit(".", 1)[-1]
+                for name, module in self.model.named_modules()
+                if isinstance(module, torch.nn.Linear) and module is not head
+            ),
+            None,
         )
+        if target is None:
+            raise AdapterLoadError("this model has no linear layer a LoRA adapter could attach to")
         config = LoraConfig(r=1, lora_alpha=1, target_modules=[target], init_lora_weights=True)
         peft = PeftModel(self.model, config, adapter_name=PLACEHOLDER)
         peft.eval()

@@ -300,7 +300,13 @@ class JobRunner(Component):
                 await work
             raise
         if self.adapters is not None:
-            installed = await asyncio.to_thread(self.adapters.install, job_id, Path(result["adapter"]))
-            result["adapter_name"] = job_id
-            log.info("adapter installed", job=job_id, adapter=job_id, path=str(installed))
+            # The training is done whatever happens here: a failed install is reported, not a failed job.
+            try:
+                installed = await asyncio.to_thread(self.adapters.install, job_id, Path(result["adapter"]))
+            except Exception as e:
+                result["adapter_install_error"] = f"{type(e).__name__}: {e}"
+                log.warning("adapter not installed", job=job_id, adapter=result["adapter"], error=str(e))
+            else:
+                result["adapter_name"] = job_id
+                log.info("adapter installed", job=job_id, adapter=job_id, path=str(installed))
         return result

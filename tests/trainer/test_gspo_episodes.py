@@ -49,10 +49,11 @@ def repos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def scripted(tokenizer, turns: list[str], *, close: bool = True):
-    """A turn sampler that 'samples' the given texts (tokenized, with the end-of-turn token unless
-    `close` is False): a stand-in for the policy's randomness only; everything else is real."""
-    eos = tokenizer.eos_token_id
+def scripted(tokenizer, turns: list[str], *, close: bool = True, end: int | None = None):
+    """A turn sampler that 'samples' the given texts (tokenized, then `end`, by default the end-of-turn
+    token, unless `close` is False): a stand-in for the policy's randomness only; everything else is
+    real."""
+    eos = tokenizer.eos_token_id if end is None else end
     queue = list(turns)
 
     def sample(ids: list[int], max_new_tokens: int, seed: int) -> list[int]:
@@ -69,7 +70,7 @@ def test_sequence_is_the_rendered_conversation_and_the_mask_is_the_model_turns(
     env = NanoEnv(repos, limits=NanoLimits(shell_timeout_s=10), work_root=tmp_path)
     eos = tokenizer.eos_token_id
     ep = run_episode(env, task, tokenizer, scripted(tokenizer, [LOOK, FIX, DONE]),
-                     end_of_turn=eos, eos_ids=[eos], max_new_tokens=200, seed=0)  # fmt: skip
+                     end_of_turn=eos, max_new_tokens=200, seed=0)  # fmt: skip
     assert ep.turns == 3 and ep.end_reason == "finished"
     assert ep.reward == pytest.approx(1.0)  # the clone's diff is the ground-truth patch
     assert [m["role"] for m in ep.messages] == ["system", "user", "assistant", "user", "assistant", "user",
@@ -101,7 +102,7 @@ def test_a_turn_cut_at_its_token_limit_is_closed_outside_the_mask(
     env = NanoEnv(repos, limits=NanoLimits(shell_timeout_s=10), work_root=tmp_path)
     eos = tokenizer.eos_token_id
     ep = run_episode(env, task, tokenizer, scripted(tokenizer, ["I am still thinking about"], close=False),
-                     end_of_turn=eos, eos_ids=[eos], max_new_tokens=5, seed=0)  # fmt: skip
+                     end_of_turn=eos, max_new_tokens=5, seed=0)  # fmt: skip
     assert ep.end_reason == "finished" and ep.reward == 0.0  # no tool call, no diff
     assert ep.ids[-1] == eos and ep.model_mask[-1] == 0  # closed for the model, not by it
     assert ep.model_tokens == len(
@@ -109,12 +110,29 @@ def test_a_turn_cut_at_its_token_limit_is_closed_outside_the_mask(
     )
 
 
+def test_a_turn_ended_by_another_eos_token_is_closed_after_it(tokenizer, repos: Path, tmp_path: Path) -> None:
+    """Vocabularies with several end-of-sequence tokens: a turn that stops at one that is not the
+    template's end-of-turn keeps it as a model token and gets the end-of-turn outside the mask; the
+    conversation goes on."""
+    other = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    assert other != tokenizer.eos_token_id
+    task = nano_repos.shipped_tasks()[0]
+    env = NanoEnv(repos, limits=NanoLimits(shell_timeout_s=10), work_root=tmp_path)
+    eos = tokenizer.eos_token_id
+    ep = run_episode(env, task, tokenizer, scripted(tokenizer, [LOOK, DONE], end=other), end_of_turn=eos,
+                     max_new_tokens=200, seed=0)  # fmt: skip
+    assert ep.turns == 2 and ep.end_reason == "finished"
+    first_end = ep.ids.index(other)
+    assert ep.model_mask[first_end] == 1  # the model's own token
+    assert ep.ids[first_end + 1] == eos and ep.model_mask[first_end + 1] == 0  # closed for it
+
+
 def test_max_turns_ends_an_episode(tokenizer, repos: Path, tmp_path: Path) -> None:
     task = nano_repos.shipped_tasks()[0]
     env = NanoEnv(repos, limits=NanoLimits(shell_timeout_s=10), work_root=tmp_path)
     eos = tokenizer.eos_token_id
     ep = run_episode(env, task, tokenizer, scripted(tokenizer, [LOOK, LOOK, LOOK]),
-                     end_of_turn=eos, eos_ids=[eos], max_new_tokens=200, seed=0, max_turns=2)  # fmt: skip
+                     end_of_turn=eos, max_new_tokens=200, seed=0, max_turns=2)  # fmt: skip
     assert ep.turns == 2 and ep.end_reason == "max_turns"
     assert not env.episode.workdir.exists()  # the clone is removed when the episode ends
 
@@ -124,7 +142,7 @@ def test_episode_rows_stack_with_text_rollout_shapes(tokenizer, repos: Path, tmp
     env = NanoEnv(repos, limits=NanoLimits(shell_timeout_s=10), work_root=tmp_path)
     eos = tokenizer.eos_token_id
     eps = [
-        run_episode(env, task, tokenizer, scripted(tokenizer, turns), end_of_turn=eos, eos_ids=[eos],
+        run_episode(env, task, tokenizer, scripted(tokenizer, turns), end_of_turn=eos,
                     max_new_tokens=200, seed=i)
         for i, turns in enumerate([[DONE], [LOOK, DONE]])
     ]  # fmt: skip

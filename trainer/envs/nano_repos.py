@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -409,7 +410,14 @@ def generate_task_repos(out_dir: Path) -> list[NanoTask]:
     for source in TASK_SOURCES:
         repo = out_dir / source.repo
         if not (repo.exists() and _is_generated(repo)):
-            build_repo(source, repo)
+            # Built aside and renamed into place: a build killed halfway leaves no half repository behind
+            # in the way of the next attempt.
+            if repo.exists() and any(repo.iterdir()):
+                raise FileExistsError(f"{repo} is in the way: not a generated task repository")
+            staging = out_dir / f".{source.repo}.building"
+            shutil.rmtree(staging, ignore_errors=True)
+            build_repo(source, staging)
+            os.replace(staging, repo)
     return shipped_tasks()
 
 

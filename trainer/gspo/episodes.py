@@ -117,7 +117,6 @@ def run_episode(
     sample_turn: TurnSampler,
     *,
     end_of_turn: int,
-    eos_ids: Sequence[int],
     max_new_tokens: int,
     seed: int,
     max_turns: int = 64,
@@ -132,14 +131,17 @@ def run_episode(
         while True:
             new = sample_turn(ids, max_new_tokens, seed_of(seed, "turn", turns))
             turns += 1
-            closed = bool(new) and new[-1] in eos_ids
+            # Only the template's end-of-turn token closes a turn; another end-of-sequence token the
+            # model stopped at (<|endoftext|> in some vocabularies) is its own, and the turn is closed
+            # after it.
+            closed = bool(new) and new[-1] == end_of_turn
             # Special tokens the model wrote inside its turn stay in its message, so that the template
             # re-renders exactly the ids it sampled.
             turn = new[:-1] if closed else new
             text = tokenizer.decode(turn, skip_special_tokens=False, clean_up_tokenization_spaces=False)
             ids += new
             mask += [1] * len(new)
-            if not closed:  # out of tokens mid-turn: end the turn for it (not a model token)
+            if not closed:  # out of tokens, or stopped at another eos: end the turn for it (mask 0)
                 ids.append(end_of_turn)
                 mask.append(0)
             messages.append({"role": "assistant", "content": text})
@@ -196,7 +198,6 @@ class EpisodeGroups:
         self.seed = seed
         self.max_turns = max_turns
         self.end_of_turn = end_of_turn_id(policy)
-        self.eos_ids = eos_ids_of(policy)
         self._sampled = policy_sampler(policy, temperature=temperature, top_p=top_p)
         self._greedy = policy_sampler(policy, temperature=1.0, top_p=1.0, greedy=True)
         self.last: list[EpisodeRollout] = []  # the episodes of the latest group, for inspection
@@ -209,7 +210,6 @@ class EpisodeGroups:
                 self.policy.tokenizer,
                 self._greedy if greedy else self._sampled,
                 end_of_turn=self.end_of_turn,
-                eos_ids=self.eos_ids,
                 max_new_tokens=self.max_new_tokens,
                 seed=seed_of(tag, self.seed, task.id, i),
                 max_turns=self.max_turns,

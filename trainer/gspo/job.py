@@ -46,7 +46,9 @@ def run_gspo(
     workers under accelerate), every process trains and the main one writes the outputs."""
     processes = processes or Processes()
     if spec.environment == "nano":
-        train, validation, repos = nano_tasks(spec, out_dir)
+        # The main process builds the shipped repositories; the others wait for it, then read them.
+        train, validation, repos = nano_tasks(spec, out_dir, build=processes.is_main)
+        processes.barrier()
     else:
         train, validation = load_tasks(spec)
     torch.manual_seed(spec.seed)  # the adapters' initial weights: the same in every process
@@ -103,7 +105,9 @@ def _nano_jsonl(path: str, field: str) -> list[NanoTask]:
     return tasks
 
 
-def nano_tasks(spec: GspoSpec, out_dir: Path) -> tuple[list[NanoTask], list[NanoTask], Path]:
+def nano_tasks(
+    spec: GspoSpec, out_dir: Path, *, build: bool = True
+) -> tuple[list[NanoTask], list[NanoTask], Path]:
     """(train, validation, repositories directory) of a Nano run: the shipped tasks (their repositories
     generated into out_dir/nano-repos unless `nano_repos` holds them) or a JSONL of NanoTask records
     whose repositories are in `nano_repos`; split as text tasks are, by validation_fraction."""
@@ -113,7 +117,7 @@ def nano_tasks(spec: GspoSpec, out_dir: Path) -> tuple[list[NanoTask], list[Nano
                 "spec.nano_repos", "is required with your own Nano tasks (their repositories)"
             )
         repos = out_dir / "nano-repos"
-        tasks = generate_task_repos(repos)
+        tasks = generate_task_repos(repos) if build else shipped_tasks()
     else:
         repos = Path(spec.nano_repos).expanduser()
         if not repos.is_dir():
