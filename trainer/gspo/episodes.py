@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import torch
 
 from zoo.trainer.gspo.policy import LoraPolicy
-from zoo.trainer.gspo.rollouts import Rollouts, eos_ids_of, stack
+from zoo.trainer.gspo.rollouts import Rollouts, eos_ids_of, policy_generate, stack
 from zoo.trainer.schedule import seed_of
 
 # (conversation ids so far, max new tokens, seed) -> the sampled ids of one model turn
@@ -75,24 +75,13 @@ def policy_sampler(
     end-of-sequence tokens."""
     eos = set(eos_ids_of(policy))
 
-    @torch.no_grad()
     def sample(ids: list[int], max_new_tokens: int, seed: int) -> list[int]:
         torch.manual_seed(seed)
         prompt = torch.tensor([ids], dtype=torch.long, device=policy.device)
-        sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature,
-                                                         "top_p": top_p, "top_k": 0}  # fmt: skip
-        was_training = policy.model.training
-        policy.model.eval()
-        try:
-            out = policy.model.generate(
-                input_ids=prompt,
-                attention_mask=torch.ones_like(prompt),
-                max_new_tokens=max_new_tokens,
-                pad_token_id=policy.tokenizer.pad_token_id,
-                **sampling,
-            )
-        finally:
-            policy.model.train(was_training)
+        inputs = {"input_ids": prompt, "attention_mask": torch.ones_like(prompt)}
+        out = policy_generate(
+            policy, inputs, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, greedy=greedy
+        )
         new = out[0, len(ids) :].tolist()
         for i, token in enumerate(new):
             if token in eos:

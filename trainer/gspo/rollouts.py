@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -68,6 +69,35 @@ def eos_ids_of(policy: LoraPolicy) -> list[int]:
 
 
 @torch.no_grad()
+def policy_generate(
+    policy: LoraPolicy,
+    inputs: Any,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    greedy: bool,
+    num_return_sequences: int = 1,
+) -> torch.Tensor:
+    """The policy's `generate` in eval mode (its train/eval mode restored after): greedy, or sampled with
+    top_k=0, from the whole distribution (transformers' default top_k=50 would truncate it)."""
+    sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature,
+                                                     "top_p": top_p, "top_k": 0}  # fmt: skip
+    was_training = policy.model.training
+    policy.model.eval()
+    try:
+        return policy.model.generate(
+            **inputs,
+            max_new_tokens=max_new_tokens,
+            num_return_sequences=num_return_sequences,
+            pad_token_id=policy.tokenizer.pad_token_id,
+            **sampling,
+        )
+    finally:
+        policy.model.train(was_training)
+
+
+@torch.no_grad()
 def generate(
     policy: LoraPolicy,
     tasks: Sequence[Task],
@@ -88,21 +118,10 @@ def generate(
     prompt_length = int(encoded["input_ids"].shape[1])
     n = 1 if greedy else group_size
     torch.manual_seed(seed)
-    # top_k=0: sample from the whole distribution (transformers' default top_k=50 would truncate it).
-    sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature,
-                                                     "top_p": top_p, "top_k": 0}  # fmt: skip
-    was_training = policy.model.training
-    policy.model.eval()
-    try:
-        sequences = policy.model.generate(
-            **encoded,
-            max_new_tokens=max_new_tokens,
-            num_return_sequences=n,
-            pad_token_id=tokenizer.pad_token_id,
-            **sampling,
-        )
-    finally:
-        policy.model.train(was_training)
+    sequences = policy_generate(
+        policy, encoded, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, greedy=greedy,
+        num_return_sequences=n,
+    )  # fmt: skip
     completion_ids = sequences[:, prompt_length:]
     if completion_ids.shape[1] == 0:  # nothing generated at all (max_new_tokens reached at once)
         raise RuntimeError("generation produced no tokens")
