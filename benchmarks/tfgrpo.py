@@ -23,7 +23,12 @@ tasks the loop never sees. Report honestly whatever it shows.
 
 Run: ./zoo bench tfgrpo [--family lengths,habitats] [--ablations both,lessons,examples,g1] [--seeds 3]
          [--epochs 1] [--group-size 5] [--backend transformers|openai --base-url URL --model NAME]
-         [--dataset F --validation F --test F] [--out DIR]
+         [--dataset F --validation F --test F] [--parallel N] [--out DIR]
+
+With --out, results.json is rewritten after every run and a later invocation with the same --out runs
+only what is missing (the whole matrix takes hours on CPU). --parallel N runs N TF-GRPO runs at once on
+the one model, filling its batches: more runs per hour, but each run's seconds per step then include the
+others' work (marked * in the summary).
 """
 
 from __future__ import annotations
@@ -112,8 +117,52 @@ def kinds_of(report: dict[str, Any]) -> Counter[str]:
     return out
 
 
+async def run_one(name: str, ablation: str, seed: int, base: dict[str, Any], args: argparse.Namespace,
+                  backend: Any, embedder: Any, test: list[Task], out: Path) -> dict[str, Any]:  # fmt: skip
+    """One TF-GRPO run on the train split, then its held-out score and held-out curve."""
+    spec = TfGrpoSpec.parse({**base, **ABLATIONS[ablation], "seed": seed})
+    llm = LLM(backend, args.concurrency)
+    libraries: dict[int, Library] = {}
+
+    async def quiet(*_: Any) -> None:
+        return None
+
+    async def save(step: int, state: dict[str, Any], _event: Any) -> None:
+        libraries[step] = decode_library(str(state["train"]["library"]).encode())
+
+    t0 = time.perf_counter()
+    result = await run_tf_grpo(spec, llm, embedder, None, "", author="job:bench",
+                               out_dir=out / name / f"{ablation}-{seed}", emit=quiet, save=save)  # fmt: skip
+    train_s = time.perf_counter() - t0
+    learned = decode_library(Path(result["library"]).read_bytes())
+    steps = sorted(s for s in libraries if s > 0)
+    curve_test = [await held_out_score(spec, llm, embedder, libraries[s], test) for s in steps]
+    score = await held_out_score(spec, llm, embedder, learned, test)
+    report = json.loads(Path(result["report"]).read_text())
+    compare = report.get("json", {}).get("compare", {"retries": 0, "failures": 0})
+    print(f"  [{name}] {ablation} seed {seed}: held-out {score:.3f}, {result['experiences']} experiences, "
+          f"{train_s:.0f} s", flush=True)  # fmt: skip
+    return {
+        "seed": seed, "score": score, "train_s": train_s, "parallel": args.parallel,
+        "experiences": result["experiences"],
+        "by_kind": dict(kinds_of(report)), "curve_test": curve_test,
+        "curve_validation": [p["validation_score"] for p in report["curve"]],
+        "llm_calls_per_step": report["cost"]["llm_calls_per_step"],
+        "s_per_step": report["cost"]["wall_s_per_step"], "json_failures": compare["failures"],
+        "json_retries": compare["retries"], "report": result["report"],
+        "compares": sum(p["groups"] - p["groups_skipped"] for p in report["curve"]),
+        "critic_ops": sum(p.get("critic_operations", 0) for p in report["curve"]),
+        "critic_ops_usable": sum(p.get("critic_operations_usable", 0) for p in report["curve"]),
+    }  # fmt: skip
+
+
 async def run_family(name: str, paths: dict[str, Path], args: argparse.Namespace, backend: Any,
-                     embedder: Any, out: Path) -> dict[str, Any]:  # fmt: skip
+                     embedder: Any, out: Path, results: dict[str, Any], checkpoint: Any) -> None:  # fmt: skip
+    """Fill `results` (this family's entry of results.json) with the runs it lacks, saving after each.
+
+    Runs already in `results` (same ablation and seed, from an earlier invocation with the same --out) are
+    kept, not repeated, so a matrix too long for one sitting is measured across several.
+    """
     test = load_jsonl(paths["test"])[: args.test_limit]
     base = {
         "dataset": str(paths["train"]),
@@ -126,56 +175,40 @@ async def run_family(name: str, paths: dict[str, Path], args: argparse.Namespace
         "concurrency": args.concurrency,
         "k": args.k,
     }
-    llm = LLM(backend, args.concurrency)
-    empty = Library.create(version=1, base_model=backend.model_id)
-    zero = await held_out_score(TfGrpoSpec.parse(base), llm, embedder, empty, test)
-    print(f"\n[{name}] {len(test)} held-out tasks; zero-shot score {zero:.3f}", flush=True)
-    results: dict[str, Any] = {"zero_shot": zero, "runs": {}}
-    for ablation in args.ablations.split(","):
-        runs = []
-        for seed in range(args.seeds):
-            spec = TfGrpoSpec.parse({**base, **ABLATIONS[ablation], "seed": seed})
-            libraries: dict[int, Library] = {}
+    if results.get("zero_shot") is None:
+        empty = Library.create(version=1, base_model=backend.model_id)
+        results["zero_shot"] = await held_out_score(
+            TfGrpoSpec.parse(base), LLM(backend, args.concurrency), embedder, empty, test
+        )
+        results["test_tasks"] = len(test)
+        checkpoint()
+    print(f"\n[{name}] {len(test)} held-out tasks; zero-shot score {results['zero_shot']:.3f}", flush=True)
+    runs = results.setdefault("runs", {})
+    todo = [
+        (ablation, seed)
+        for ablation in args.ablations.split(",")
+        for seed in range(args.seeds)
+        if seed not in {r["seed"] for r in runs.get(ablation, [])}
+    ]
+    if len(todo) < len(args.ablations.split(",")) * args.seeds:
+        print(f"  resuming: {len(todo)} runs to go, the others are in results.json", flush=True)
+    slots = asyncio.Semaphore(args.parallel)
 
-            async def quiet(*_: Any) -> None:
-                return None
+    async def one(ablation: str, seed: int) -> None:
+        async with slots:
+            run = await run_one(name, ablation, seed, base, args, backend, embedder, test, out)
+        runs.setdefault(ablation, []).append(run)
+        runs[ablation].sort(key=lambda r: r["seed"])
+        checkpoint()
 
-            async def save(step: int, state: dict[str, Any], _event: Any, libraries=libraries) -> None:
-                libraries[step] = decode_library(str(state["train"]["library"]).encode())
-
-            t0 = time.perf_counter()
-            result = await run_tf_grpo(spec, LLM(backend, args.concurrency), embedder, None, "",
-                                       author="job:bench", out_dir=out / name / f"{ablation}-{seed}",
-                                       emit=quiet, save=save)  # fmt: skip
-            train_s = time.perf_counter() - t0
-            learned = decode_library(Path(result["library"]).read_bytes())
-            steps = sorted(s for s in libraries if s > 0)
-            curve_test = [await held_out_score(spec, llm, embedder, libraries[s], test) for s in steps]
-            score = await held_out_score(spec, llm, embedder, learned, test)
-            report = json.loads(Path(result["report"]).read_text())
-            compare = report.get("json", {}).get("compare", {"retries": 0, "failures": 0})
-            runs.append({
-                "seed": seed, "score": score, "train_s": train_s, "experiences": result["experiences"],
-                "by_kind": dict(kinds_of(report)), "curve_test": curve_test,
-                "curve_validation": [p["validation_score"] for p in report["curve"]],
-                "llm_calls_per_step": report["cost"]["llm_calls_per_step"],
-                "s_per_step": report["cost"]["wall_s_per_step"], "json_failures": compare["failures"],
-                "json_retries": compare["retries"], "report": result["report"],
-                "compares": sum(p["groups"] - p["groups_skipped"] for p in report["curve"]),
-                "critic_ops": sum(p.get("critic_operations", 0) for p in report["curve"]),
-                "critic_ops_usable": sum(p.get("critic_operations_usable", 0) for p in report["curve"]),
-            })  # fmt: skip
-            print(f"  {ablation} seed {seed}: held-out {score:.3f}, {result['experiences']} experiences, "
-                  f"{train_s:.0f} s", flush=True)  # fmt: skip
-        results["runs"][ablation] = runs
-    return results
+    await asyncio.gather(*(one(a, s) for a, s in todo))
 
 
 def summary(name: str, results: dict[str, Any]) -> None:
     zero = results["zero_shot"]
     print(f"\n{name}: held-out score (mean ± std over seeds) and gain over zero-shot {zero:.3f}")
     print(
-        f"  {'run':<10}{'score':>14}{'gain':>8}{'s/step':>8}{'calls/step':>11}{'JSON ok':>9}"
+        f"  {'run':<10}{'seeds':>6}{'score':>14}{'gain':>8}{'s/step':>8}{'calls/step':>11}{'JSON ok':>9}"
         f"{'usable ops':>11}  experiences"
     )
     for ablation, runs in results["runs"].items():
@@ -192,8 +225,9 @@ def summary(name: str, results: dict[str, Any]) -> None:
         proposed = sum(r.get("critic_ops", 0) for r in runs)
         usable = f"{sum(r.get('critic_ops_usable', 0) for r in runs)}/{proposed}" if proposed else "-"
         s_step = statistics.fmean(r["s_per_step"] for r in runs)
-        print(f"  {ablation:<10}{mean:>8.3f} ±{std:.3f}{mean - zero:>+8.3f}"
-              f"{s_step:>8.1f}{calls:>11.1f}{parsed:>9}{usable:>11}  "
+        shared = "*" if any(r.get("parallel", 1) > 1 for r in runs) else " "
+        print(f"  {ablation:<10}{len(runs):>6}{mean:>8.3f} ±{std:.3f}{mean - zero:>+8.3f}"
+              f"{s_step:>7.0f}{shared}{calls:>11.1f}{parsed:>9}{usable:>11}  "
               + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))  # fmt: skip
 
 
@@ -247,11 +281,24 @@ async def main() -> None:
     ap.add_argument("--base-url")
     ap.add_argument("--model")
     ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument(
+        "--parallel",
+        type=int,
+        default=1,
+        help="runs at once, sharing the model's batches (faster overall; s/step then counts the contention)",
+    )
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output folder; an existing results.json there is resumed, not repeated",
+    )
     args = ap.parse_args()
     unknown = set(args.ablations.split(",")) - set(ABLATIONS)
     if unknown:
         raise SystemExit(f"unknown ablations {sorted(unknown)}; choose from {sorted(ABLATIONS)}")
+    if args.parallel < 1 or args.seeds < 1:
+        raise SystemExit("--parallel and --seeds must be at least 1")
 
     out = args.out or Path(tempfile.mkdtemp(prefix="zoo-bench-tfgrpo-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -259,15 +306,22 @@ async def main() -> None:
     embedder = SentenceTransformerEmbedder()
     print(f"model {backend.model_id} ({args.backend}); seeds {args.seeds}, epochs {args.epochs}, "
           f"G {args.group_size}, batch {args.batch_size}, k {args.k}; outputs in {out}")  # fmt: skip
-    everything = {}
+    path = out / "results.json"
+    everything: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+
+    def checkpoint() -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(everything, indent=2, default=str))
+        tmp.replace(path)
+
     for name, paths in task_sets(args).items():
-        results = await run_family(name, paths, args, backend, embedder, out)
-        everything[name] = results
+        results = everything.setdefault(name, {})
+        await run_family(name, paths, args, backend, embedder, out, results, checkpoint)
         plot(name, results, out / f"curves-{name}.png")
     for name, results in everything.items():
         summary(name, results)
         print(f"  curves: {out / f'curves-{name}.png'}")
-    (out / "results.json").write_text(json.dumps(everything, indent=2, default=str))
+    checkpoint()
     print(f"\nresults: {out / 'results.json'}")
 
 
