@@ -106,25 +106,9 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Ask the running node for its status and print a readable summary."""
-    import grpc
-    from google.protobuf.json_format import MessageToDict
-
-    from zoo.node.client import NodeClient, NodeNotRunning
-
-    cfg = load(config, data_dir=data_dir and str(data_dir))
-    try:
-        client = NodeClient(address) if address else NodeClient.from_data_dir(cfg.data_dir)
-        st = client.status()
-    except NodeNotRunning as e:
-        err.print(f"[red]{e}[/red] (start one with `zoo-node start`, or pass --address)")
-        raise typer.Exit(1) from None
-    except grpc.RpcError as e:
-        err.print(f"[red]cannot reach the node: {e.code().name}: {e.details()}[/red]")
-        raise typer.Exit(1) from None
+    st = _ask_node(config, data_dir, address, lambda client: client.status())
     if as_json:
-        import json
-
-        out.print_json(json.dumps(MessageToDict(st, preserving_proto_field_name=True)))
+        _print_proto_json(st)
         return
     from zoo.v1 import node_pb2
 
@@ -157,6 +141,73 @@ def status(
         state = node_pb2.ComponentState.Name(c.state).removeprefix("COMPONENT_STATE_")
         table.add_row(c.name, f"[{colours.get(state, 'white')}]{state.lower()}[/]", c.detail)
     out.print(table)
+
+
+@app.command()
+def peers(
+    config: Path | None = ConfigOpt,
+    data_dir: Path | None = DataDirOpt,
+    address: str | None = typer.Option(
+        None, "--address", help="HOST:PORT of the node (default: from data dir)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """List the peers the running node knows over libp2p: connection, score, capabilities, last seen."""
+    import time
+
+    answer = _ask_node(config, data_dir, address, lambda client: client.peers())
+    if as_json:
+        _print_proto_json(answer)
+        return
+    if not answer.peer_id:
+        out.print("p2p is off on this node (p2p.enabled = false) or still starting (see zoo-node status)")
+        return
+    out.print(f"[bold]peer {answer.peer_id}[/bold]")
+    for addr in answer.listen_addrs:
+        out.print(f"  listening on {addr}")
+    table = Table("peer", "state", "score", "models", "library", "load", "grpc", "last seen")
+    now = time.time()
+    for p in answer.peers:
+        caps = p.capabilities if p.HasField("capabilities") else None
+        state = "[red]banned[/]" if p.banned else "[green]connected[/]" if p.connected else "[dim]known[/]"
+        seen = now - p.last_seen.ToNanoseconds() / 1e9 if p.last_seen.ToNanoseconds() else None
+        table.add_row(
+            p.peer_id,
+            state,
+            f"{p.score:+.0f}",
+            ", ".join(caps.models) if caps else "[dim]expired[/]",
+            f"v{caps.library_version}" if caps else "-",
+            f"{caps.load:.2f}" if caps else "-",
+            caps.grpc_address if caps else "-",
+            f"{seen:.0f} s ago" if seen is not None else "never",
+        )
+    out.print(table if answer.peers else "no peers known yet (see p2p.bootstrap)")
+
+
+def _ask_node(config: Path | None, data_dir: Path | None, address: str | None, call: Any) -> Any:
+    """Connect to the running node (by --address or the data dir) and make one call; clear errors."""
+    import grpc
+
+    from zoo.node.client import NodeClient, NodeNotRunning
+
+    cfg = load(config, data_dir=data_dir and str(data_dir))
+    try:
+        client = NodeClient(address) if address else NodeClient.from_data_dir(cfg.data_dir)
+        return call(client)
+    except NodeNotRunning as e:
+        err.print(f"[red]{e}[/red] (start one with `zoo-node start`, or pass --address)")
+        raise typer.Exit(1) from None
+    except grpc.RpcError as e:
+        err.print(f"[red]cannot reach the node: {e.code().name}: {e.details()}[/red]")
+        raise typer.Exit(1) from None
+
+
+def _print_proto_json(message: Any) -> None:
+    import json
+
+    from google.protobuf.json_format import MessageToDict
+
+    out.print_json(json.dumps(MessageToDict(message, preserving_proto_field_name=True)))
 
 
 @config_app.command("show")

@@ -70,6 +70,9 @@ class NodeClient:
     def status(self) -> node_pb2.NodeStatus:
         return self.node.GetStatus(node_pb2.GetStatusRequest(), timeout=self.timeout_s)
 
+    def peers(self) -> node_pb2.ListPeersResponse:
+        return self.node.ListPeers(node_pb2.ListPeersRequest(), timeout=self.timeout_s)
+
     def health(self, service: str = "") -> str:
         """SERVING / NOT_SERVING / SERVICE_UNKNOWN for the node ("") or a component name."""
         resp = self.health_stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=self.timeout_s)

@@ -288,6 +288,49 @@ class JobsConfig(_Section):
     """Jobs that may wait in the queue; a submit beyond that is refused (RESOURCE_EXHAUSTED)."""
 
 
+class P2PConfig(_Section):
+    enabled: bool = True
+    """Run a libp2p host: gossip library versions and capabilities, serve library bytes to peers, route."""
+    listen: str = "/ip4/127.0.0.1/tcp/0"
+    """libp2p listen multiaddr (TCP). Loopback by default; set a public address and a fixed port to be
+    reachable by other machines."""
+    bootstrap: list[str] = Field(default_factory=list, max_length=64)
+    """Peers to dial at start and whenever disconnected: /ip4/HOST/tcp/PORT/p2p/PEER_ID multiaddrs."""
+    capabilities_interval_s: float = Field(10.0, gt=0, le=3600)
+    """How often this node advertises what it serves."""
+    capabilities_ttl_s: float = Field(35.0, gt=0, le=86_400)
+    """A peer's capabilities expire this long after its last refresh (it stopped, or is unreachable)."""
+    redial_interval_s: float = Field(5.0, gt=0, le=3600)
+    """How often known and bootstrap peers that are not connected are dialled (with backoff each)."""
+    rate_limit_per_s: float = Field(5.0, gt=0, le=10_000)
+    """Gossip messages accepted per publishing peer and second, on average ..."""
+    rate_limit_burst: float = Field(20.0, ge=1, le=100_000)
+    """... with bursts up to this many; beyond, messages are dropped and the peer scored down."""
+    drop_score: float = Field(-25.0, lt=0)
+    """A peer whose score falls to this is banned: messages dropped, disconnected, never asked for content
+    (a fake announcement costs 10, tampered content 20)."""
+    fetch_timeout_s: float = Field(20.0, gt=0, le=3600)
+    """Deadline of one library-bytes fetch from a peer."""
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        if not re.fullmatch(r"/ip[46]/[^/]+/tcp/\d{1,5}", v):
+            raise ValueError(f"{v!r} is not a TCP listen multiaddr such as /ip4/127.0.0.1/tcp/4001")
+        return v
+
+    @field_validator("bootstrap")
+    @classmethod
+    def _bootstrap(cls, v: list[str]) -> list[str]:
+        dialable = re.compile(r"/(ip[46]|dns[46]?)/[^/]+/tcp/\d{1,5}/p2p/[1-9A-HJ-NP-Za-km-z]{40,64}")
+        for addr in v:
+            if not dialable.fullmatch(addr):
+                raise ValueError(
+                    f"{addr!r} is not a dialable peer address such as /ip4/10.0.0.2/tcp/4001/p2p/12D3KooW..."
+                )
+        return v
+
+
 class EmbedderConfig(_Section):
     path: Path | None = None
     """sentence-transformers model directory. Unset: the bundled all-MiniLM-L6-v2."""
@@ -311,6 +354,7 @@ class NodeConfig(_Section):
     embedder: EmbedderConfig = Field(default_factory=EmbedderConfig)
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
     jobs: JobsConfig = Field(default_factory=JobsConfig)
+    p2p: P2PConfig = Field(default_factory=P2PConfig)
 
     @field_validator("data_dir", "cache_dir")
     @classmethod

@@ -142,13 +142,17 @@ def build_components(
     model = ModelComponent(cfg.model, model_path, model_id(cfg, model_path), cfg.inference.max_batch_size)
     comps.append(model)
     store = LibraryStore(data_dir.path)
+    p2p = _p2p_component(cfg, data_dir, wiring, store, metrics) if cfg.p2p.enabled else None
+    comps.append(p2p or DisabledComponent("p2p", "p2p.enabled = false"))
     factory = None
-    if wiring.rpc_url and wiring.registry_address and wiring.ipfs_api:
-        factory = _follower_factory(cfg, data_dir, wiring, store)
+    if wiring.rpc_url and wiring.registry_address and (wiring.ipfs_api or p2p is not None):
+        factory = _follower_factory(cfg, data_dir, wiring, store, p2p)
 
     def activated(stored: Any) -> None:
         metrics.library_version.set(stored.version)
         metrics.library_experiences.set(len(stored.library.experiences))
+        if p2p is not None:
+            p2p.announce(stored.version, stored.root, stored.cid)
 
     library = LibraryComponent(
         store,
@@ -161,6 +165,8 @@ def build_components(
         library, cfg.embedder.path, data_dir.path / "embeddings.sqlite", cfg.inference.ann_threshold
     )
     library.on_change = retrieval.library_changed
+    if p2p is not None:
+        p2p.on_newer_version = lambda _version: library.wake()
     comps += [library, retrieval, _job_runner(cfg, data_dir, model, library, retrieval, metrics)]
     return comps
 
@@ -265,7 +271,35 @@ def _factor_builder(cfg: NodeConfig, backend: Any) -> Any:
     return processor_builder(backend, cfg.inference.factor_eta, cfg.inference.factor_cap)
 
 
-def _follower_factory(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, store: LibraryStore) -> Any:
+def _p2p_component(
+    cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, store: LibraryStore, metrics: NodeMetrics
+) -> Any:
+    from zoo.node.p2p.chain import RegistryChainView
+    from zoo.node.p2p.component import P2PComponent, P2PSettings
+
+    p = cfg.p2p
+    settings = P2PSettings(
+        listen=p.listen,
+        bootstrap=tuple(p.bootstrap),
+        capabilities_interval_s=p.capabilities_interval_s,
+        capabilities_ttl_s=p.capabilities_ttl_s,
+        redial_interval_s=p.redial_interval_s,
+        rate_per_s=p.rate_limit_per_s,
+        rate_burst=p.rate_limit_burst,
+        drop_score=p.drop_score,
+        fetch_timeout_s=p.fetch_timeout_s,
+        max_content_bytes=cfg.ipfs.max_library_bytes,
+    )
+    chain = None
+    if wiring.rpc_url and wiring.registry_address:
+        view = RegistryChainView(wiring.rpc_url, wiring.registry_address)
+        chain = lambda: view  # noqa: E731
+    return P2PComponent(settings, data_dir.path, content=store.bytes_for_cid, chain=chain, metrics=metrics)
+
+
+def _follower_factory(
+    cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, store: LibraryStore, p2p: Any = None
+) -> Any:
     def make() -> Any:
         from web3 import Web3
 
@@ -276,9 +310,18 @@ def _follower_factory(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, store:
 
         w3 = Web3(Web3.HTTPProvider(wiring.rpc_url, request_kwargs={"timeout": 15}))
         registry = RegistryClient(w3, str(wiring.registry_address))
-        ipfs = IpfsClient(str(wiring.ipfs_api), timeout=cfg.ipfs.timeout_s)
+        ipfs = IpfsClient(str(wiring.ipfs_api), timeout=cfg.ipfs.timeout_s) if wiring.ipfs_api else None
+        source: Any = ipfs
+        if p2p is not None:
+            # IPFS first when there is one; peers when it is down, lacks the content, or is not configured.
+            from zoo.node.p2p.content import FirstThatServes, PeerContent, content_verifier
+
+            peers = PeerContent(
+                lambda: p2p.host, p2p.book, content_verifier(ipfs), timeout_s=cfg.p2p.fetch_timeout_s
+            )
+            source = FirstThatServes([ipfs, peers] if ipfs is not None else [peers])
         syncer = LibrarySyncer(
-            registry, ipfs, store, fetch_timeout_s=cfg.ipfs.timeout_s, max_bytes=cfg.ipfs.max_library_bytes
+            registry, source, store, fetch_timeout_s=cfg.ipfs.timeout_s, max_bytes=cfg.ipfs.max_library_bytes
         )
         cursor = data_dir.path / "library" / "sync-cursor.json"
         return LibraryFollower(
@@ -379,6 +422,13 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
     if http is not None:
         servicer.http_address = lambda: http_url + "/v1"
 
+    p2p = supervisor.components["p2p"]
+    if not isinstance(p2p, DisabledComponent):
+        p2p.capabilities = _capabilities(
+            cfg, model_id(cfg, model_path), library, admission, lambda: f"{host}:{bound_port}", http_url
+        )
+        servicer.p2p = p2p
+
     loop = asyncio.get_running_loop()
     supervisor.on_change(lambda _s: loop.create_task(health.update()))
     await health.update()
@@ -432,6 +482,37 @@ async def _start_http(cfg: NodeConfig, metrics: NodeMetrics, deps: ApiDeps) -> H
     except OSError as e:
         metrics.shutdown()
         raise StartupError(f"cannot serve the HTTP API on {cfg.http.listen}: {e}") from None
+
+
+def _capabilities(
+    cfg: NodeConfig,
+    base_model: str,
+    library: LibraryComponent,
+    admission: Admission,
+    grpc_address: Any,
+    http_url: str,
+) -> Any:
+    """What this node advertises to peers: the models it answers for, its library, its load, addresses."""
+    from zoo.node.p2p.messages import Capabilities
+
+    adapters = AdapterDirectory(cfg.adapters_dir)
+    gspo = cfg.model.backend == "transformers"
+
+    def now() -> Capabilities:
+        stats = admission.stats()
+        return Capabilities(
+            models=[base_model, *adapters.names()][:64],
+            backend=cfg.model.backend,
+            gpu=cfg.model.device.startswith("cuda"),
+            library_version=library.version,
+            library_root=library.root,
+            job_types=["tf-grpo", "gspo"] if gspo else ["tf-grpo"],
+            grpc=grpc_address(),
+            http=http_url + "/v1" if http_url else "",
+            load=(stats.running + stats.waiting) / max(1, stats.slots),
+        )
+
+    return now
 
 
 def _embedder(supervisor: Supervisor) -> Any:

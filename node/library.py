@@ -7,6 +7,7 @@ a request never sees a mix of two versions and never waits for a sync.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -58,6 +59,7 @@ class LibraryComponent(Component):
         self.refused_version = 0  # the newest on-chain version this node refused (0: none since the last)
         self.last_sync = 0.0
         self.on_change: Callable[[], None] | None = None
+        self._wake = asyncio.Event()
 
     # GetStatus reads these.
     @property
@@ -124,7 +126,14 @@ class LibraryComponent(Component):
                 self.last_error = f"{type(e).__name__}: {e}"
                 log.warning("library sync failed; retrying", error=self.last_error, retry_in_s=backoff)
                 backoff = min(backoff * 2, 30.0)
-            await asyncio.sleep(backoff)
+            # Sleep until the next poll, or until a checked peer announcement says there is news.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), backoff)
+            self._wake.clear()
+
+    def wake(self) -> None:
+        """Poll the chain now (a peer announced a version that checks out against the chain)."""
+        self._wake.set()
 
     async def probe(self) -> tuple[State, str]:
         serving = f"version {self.version} root {self.root[:18]}…" if self.active else "no verified library"

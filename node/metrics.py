@@ -75,6 +75,14 @@ class NodeMetrics:
             ["kind", "state"],
             registry=r,
         )
+        self.p2p_messages = Counter(
+            "zoo_p2p_messages",
+            "Gossip messages received, by topic and outcome (accepted, oversized, malformed, invalid, "
+            "rate_limited, banned, other_network, bad_hint)",
+            ["topic", "outcome"],
+            registry=r,
+        )
+        self.p2p_peers = Gauge("zoo_p2p_peers", "Peers connected over libp2p", registry=r)
         self.job_steps = Counter("zoo_job_steps", "Completed learning-job steps", ["kind"], registry=r)
         self.job_llm_calls = Counter(
             "zoo_job_llm_calls",

@@ -37,6 +37,7 @@ class NodeServicer(node_pb2_grpc.NodeServiceServicer):
         self.usage: Any = None  # UsageCounter, set by the daemon
         self.serving: Callable[[], node_pb2.ServingStats] | None = None  # set by the daemon
         self.http_address: Callable[[], str] = lambda: ""  # set by the daemon when the HTTP API is on
+        self.p2p: Any = None  # the P2PComponent, set by the daemon when p2p is enabled
 
     async def GetStatus(self, request: node_pb2.GetStatusRequest, context: grpc.aio.ServicerContext) -> Any:
         comps = self.supervisor.components
@@ -75,7 +76,63 @@ class NodeServicer(node_pb2_grpc.NodeServiceServicer):
             experience_usage=self.usage.snapshot() if self.usage is not None else {},
             serving=self.serving() if self.serving is not None else None,
             http_address=self.http_address(),
+            peers=self._peer_counts(),
         )
+
+    def _peer_counts(self) -> node_pb2.PeerCounts:
+        if self.p2p is None:
+            return node_pb2.PeerCounts()
+        peers = self.p2p.peers()
+        return node_pb2.PeerCounts(
+            peer_id=self.p2p.peer_id,
+            connected=sum(p["connected"] for p in peers),
+            known=len(peers),
+            capable=sum(p["capabilities"] is not None and not p["banned"] for p in peers),
+            banned=sum(p["banned"] for p in peers),
+        )
+
+    async def ListPeers(self, request: node_pb2.ListPeersRequest, context: grpc.aio.ServicerContext) -> Any:
+        if self.p2p is None:
+            return node_pb2.ListPeersResponse()
+        host = self.p2p.host
+        return node_pb2.ListPeersResponse(
+            peer_id=self.p2p.peer_id,
+            listen_addrs=host.addrs if host is not None else [],
+            peers=[_peer(p) for p in self.p2p.peers()],
+        )
+
+
+def _timestamp(seconds: float) -> Timestamp:
+    ts = Timestamp()
+    ts.FromNanoseconds(int(seconds * 1e9))
+    return ts
+
+
+def _peer(p: dict[str, Any]) -> node_pb2.Peer:
+    caps = p["capabilities"]
+    capabilities = None
+    if caps is not None:
+        capabilities = node_pb2.PeerCapabilities(
+            models=caps["models"],
+            backend=caps["backend"],
+            gpu=caps["gpu"],
+            library_version=caps["library_version"],
+            library_root=caps["library_root"],
+            job_types=caps["job_types"],
+            grpc_address=caps["grpc"],
+            http_address=caps["http"],
+            load=caps["load"],
+            sent_at=_timestamp(caps["sent_at"]),
+        )
+    return node_pb2.Peer(
+        peer_id=p["peer_id"],
+        connected=p["connected"],
+        addrs=p["addrs"],
+        last_seen=_timestamp(p["last_seen"]),
+        score=p["score"],
+        banned=p["banned"],
+        capabilities=capabilities,
+    )
 
 
 # Services defined in proto/ whose implementation arrives with later work; they answer UNIMPLEMENTED.

@@ -52,6 +52,19 @@ def parse_cid(cid: str) -> CID:
         raise ValidationError("cid", f"{cid[:100]!r} is not a CID: {err}") from None
 
 
+def verify_raw(cid: str, data: bytes) -> None:
+    """Check `data` against a raw-codec CID locally (no daemon needed); IntegrityError if it differs."""
+    parsed = parse_cid(cid)
+    if parsed.codec.name != "raw":
+        raise ValidationError("cid", f"{cid} is a {parsed.codec.name} CID, not a raw block")
+    try:
+        matches = multihash.digest(data, parsed.hashfun) == bytes(parsed.digest)
+    except (KeyError, ValueError, TypeError) as err:
+        raise ValidationError("cid", f"unsupported hash function {parsed.hashfun.name}: {err}") from None
+    if not matches:
+        raise IntegrityError(f"content ({len(data)} bytes) does not hash to {cid}", cid=cid, size=len(data))
+
+
 def normalise_cid(cid: str) -> str:
     """The CIDv1 base32 spelling of a CID, so CIDs from different sources compare as strings."""
     return str(parse_cid(cid).set(version=1, base="base32"))
@@ -143,12 +156,9 @@ class IpfsClient:
         parsed = parse_cid(cid)
         codec = parsed.codec.name
         if codec == "raw":
-            try:
-                matches = multihash.digest(data, parsed.hashfun) == bytes(parsed.digest)
-            except (KeyError, ValueError, TypeError) as err:
-                message = f"unsupported hash function {parsed.hashfun.name}: {err}"
-                raise ValidationError("cid", message) from None
-        elif codec == "dag-pb":
+            verify_raw(cid, data)
+            return
+        if codec == "dag-pb":
             # Kubo's default layout for this CID version (CIDv0 never has raw leaves); no cid-base, since
             # base32 cannot spell a CIDv0 and the comparison is on normalised CIDs anyway.
             params = {

@@ -103,6 +103,18 @@ class LibraryStore:
         what = f"root {root}" if root else f"version {version}"
         raise NotFound(f"library {what} is not in the local store", version=version, root=root)
 
+    def bytes_for_cid(self, cid: str) -> bytes | None:
+        """The stored canonical bytes that came from `cid` (intact on disk), or None: what peers may fetch."""
+        for v, r in reversed(self.list()):
+            path = self._version_file(v, r)
+            try:
+                if json.loads(path.with_suffix(".meta").read_text()).get("cid") != cid:
+                    continue
+                return self._read_intact(path)[0]
+            except (OSError, ValueError, AttributeError, IntegrityError):
+                continue
+        return None
+
     def _version_file(self, version: int, root: str) -> Path:
         return self.versions_dir / f"v{version}-{root}.json"
 

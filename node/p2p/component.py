@@ -1,0 +1,370 @@
+"""The p2p component: the node's libp2p host, its gossip, its peer book and its dialling, supervised
+like the other components (setup, a real health probe, background work, stop).
+
+Inbound gossip is validated on the libp2p thread before it is delivered or relayed (size, JSON shape,
+banned or flooding publisher); accepted messages cross to the asyncio loop through a queue. There:
+- an announcement of a newer library version is a hint. Its root is checked against this node's own
+  chain client (one bounded call, cached per (version, root)); a match wakes the library follower at
+  once, a mismatch scores the publisher down. Nothing is fetched on a peer's word.
+- capabilities go into the peer book, which routing and `zoo-node peers` read; they expire.
+Outbound: an announcement whenever this node activates a version, capabilities every
+`capabilities_interval_s`. The peer book is re-dialled (with backoff per address) so a restarted node
+finds its peers again, and banned peers are disconnected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from zoo.node.components import Component, State
+from zoo.node.logs import get_logger
+from zoo.node.p2p.host import ContentLookup, P2PError, P2PHost, load_identity
+from zoo.node.p2p.messages import (
+    CAPABILITIES_TOPIC,
+    LIBRARY_TOPIC,
+    Announcement,
+    Capabilities,
+    MessageError,
+    decode,
+    encode,
+)
+from zoo.node.p2p.peers import PeerBook, RateLimiter
+
+log = get_logger(__name__)
+
+TOPICS = {LIBRARY_TOPIC: Announcement, CAPABILITIES_TOPIC: Capabilities}
+
+
+class ChainView(Protocol):
+    """What the component asks the chain: its id, the registry address, a version's on-chain root."""
+
+    chain_id: int  # 0 until connect() succeeded
+    registry: str
+
+    def connect(self) -> None:
+        """Reach the chain once (blocking)."""
+        ...
+
+    def root_of(self, version: int) -> str | None:
+        """0x-hex root of `version`, or None when the registry has no such version."""
+        ...
+
+
+@dataclass(frozen=True)
+class P2PSettings:
+    listen: str = "/ip4/127.0.0.1/tcp/0"
+    bootstrap: tuple[str, ...] = ()
+    capabilities_interval_s: float = 10.0
+    capabilities_ttl_s: float = 35.0
+    redial_interval_s: float = 5.0
+    rate_per_s: float = 5.0
+    rate_burst: float = 20.0
+    drop_score: float = -25.0
+    fetch_timeout_s: float = 20.0
+    max_content_bytes: int = 64 << 20
+
+
+class P2PComponent(Component):
+    name = "p2p"
+    probe_interval_s = 2.0
+    has_background_task = True
+
+    def __init__(
+        self,
+        settings: P2PSettings,
+        data_dir: Path,
+        *,
+        content: ContentLookup,
+        capabilities: Callable[[], Capabilities] | None = None,
+        chain: Callable[[], ChainView | None] | None = None,
+        on_newer_version: Callable[[int], None] | None = None,
+        metrics: Any = None,
+    ) -> None:
+        self.settings = settings
+        self.dir = data_dir / "p2p"
+        self.capabilities = capabilities
+        self.content = content
+        self.chain = chain
+        self.on_newer_version = on_newer_version
+        self.metrics = metrics
+        self.book = PeerBook(self.dir / "peers.json", settings.capabilities_ttl_s, settings.drop_score)
+        self.limiter = RateLimiter(settings.rate_per_s, settings.rate_burst)
+        self.host: P2PHost | None = None
+        self.current_version = 0  # the version this node serves (set by the daemon on activation)
+        self._inbox: asyncio.Queue[tuple[str, str, bytes]] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._verdicts: OrderedDict[tuple[int, str], bool] = OrderedDict()
+        self._next_dial: dict[str, float] = {}  # address -> monotonic time of the next attempt
+        self._backoff: dict[str, float] = {}
+        self.connected: list[str] = []
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._inbox = asyncio.Queue(maxsize=1024)
+        seed = load_identity(self.dir / "identity.key")
+        host = P2PHost(
+            seed,
+            self.settings.listen,
+            list(TOPICS),
+            validator=self._validate,
+            on_message=self._deliver,
+            content=self.content,
+            max_content_bytes=self.settings.max_content_bytes,
+        )
+        await asyncio.to_thread(host.start)
+        self.host = host
+        log.info("p2p host listening", peer_id=host.peer_id, addrs=host.addrs)
+
+    async def probe(self) -> tuple[State, str]:
+        host = self.host
+        if host is None or not host.running:
+            return State.FAILED, "the libp2p host is not running"
+        self.connected = await asyncio.to_thread(host.connected)
+        if self.metrics is not None:
+            self.metrics.p2p_peers.set(len(self.connected))
+        capable = len(self.book.capable())
+        detail = f"peer {host.peer_id}, {len(self.connected)} connected, {capable} with live capabilities"
+        if not self.connected and self.settings.bootstrap:
+            return State.DEGRADED, detail + "; no bootstrap peer reachable yet"
+        return State.SERVING, detail
+
+    async def run_forever(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._handle_inbox())
+            tg.create_task(self._advertise())
+            tg.create_task(self._dial())
+
+    async def stop(self) -> None:
+        if self.host is not None:
+            await asyncio.to_thread(self.host.stop)
+
+    @property
+    def peer_id(self) -> str:
+        return self.host.peer_id if self.host is not None else ""
+
+    # -- gossip in (the libp2p thread) ----------------------------------------------------------------
+
+    def _count(self, topic: str, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.p2p_messages.labels(topic, outcome).inc()
+
+    def _validate(self, topic: str, publisher: str, data: bytes) -> bool:
+        """Accept or drop before delivery and relay; runs on the libp2p thread."""
+        if self.host is not None and publisher == self.host.peer_id:
+            return True
+        if self.book.banned(publisher):
+            self._count(topic, "banned")
+            return False
+        if not self.limiter.allow(publisher):
+            self._count(topic, "rate_limited")
+            self.book.penalise(publisher, "rate_limited")
+            return False
+        try:
+            decode(TOPICS[topic], data)
+        except MessageError as e:
+            self._count(topic, e.reason)
+            self.book.penalise(publisher, "malformed")
+            log.info("p2p message dropped", topic=topic, peer=publisher, reason=str(e))
+            return False
+        return True
+
+    def _deliver(self, topic: str, publisher: str, data: bytes) -> None:
+        loop, inbox = self._loop, self._inbox
+        if loop is None or inbox is None:
+            return
+
+        def put() -> None:
+            if inbox.full():
+                self._count(topic, "queue_full")
+            else:
+                inbox.put_nowait((topic, publisher, data))
+
+        loop.call_soon_threadsafe(put)
+
+    # -- gossip in (the asyncio loop) -----------------------------------------------------------------
+
+    async def _handle_inbox(self) -> None:
+        assert self._inbox is not None
+        while True:
+            topic, publisher, data = await self._inbox.get()
+            try:
+                if topic == LIBRARY_TOPIC:
+                    await self._hint(publisher, decode(Announcement, data))
+                else:
+                    self._capabilities(publisher, decode(Capabilities, data))
+            except MessageError as e:  # validated on arrival; only a bug gets here
+                self._count(topic, e.reason)
+            except Exception:
+                log.exception("p2p message handling failed", topic=topic, peer=publisher)
+
+    def _capabilities(self, publisher: str, caps: Capabilities) -> None:
+        chain = self.chain() if self.chain is not None else None
+        if chain is not None and caps.chain_id and chain.chain_id and caps.chain_id != chain.chain_id:
+            self._count(CAPABILITIES_TOPIC, "other_network")
+            return
+        self.book.set_capabilities(publisher, caps)
+        if caps.addrs:
+            self.book.seen(publisher, caps.addrs)
+        self._count(CAPABILITIES_TOPIC, "accepted")
+
+    async def _hint(self, publisher: str, hint: Announcement) -> None:
+        chain = await self._chain()
+        if chain is None:
+            self._count(LIBRARY_TOPIC, "unchecked")  # no chain: a hint cannot be checked, so it is unused
+            return
+        if hint.chain_id != chain.chain_id or hint.registry.lower() != chain.registry.lower():
+            self._count(LIBRARY_TOPIC, "other_network")
+            return
+        key = (hint.version, hint.root)
+        verdict = self._verdicts.get(key)
+        if verdict is None:
+            try:
+                onchain = await asyncio.to_thread(chain.root_of, hint.version)
+            except Exception as e:  # the chain is unreachable: no verdict on the peer, nothing done
+                log.info("p2p hint not checked: chain call failed", version=hint.version, error=str(e))
+                self._count(LIBRARY_TOPIC, "unchecked")
+                return
+            verdict = onchain is not None and onchain.lower() == hint.root
+            self._verdicts[key] = verdict
+            while len(self._verdicts) > 1024:
+                self._verdicts.popitem(last=False)
+        if not verdict:
+            self._count(LIBRARY_TOPIC, "bad_hint")
+            score = self.book.penalise(publisher, "bad_hint")
+            log.warning(
+                "p2p announcement does not match the chain; ignored",
+                peer=publisher,
+                version=hint.version,
+                root=hint.root,
+                score=score,
+            )
+            return
+        self._count(LIBRARY_TOPIC, "accepted")
+        if hint.version > self.current_version and self.on_newer_version is not None:
+            log.info("p2p announcement checks out; syncing now", peer=publisher, version=hint.version)
+            self.on_newer_version(hint.version)
+
+    # -- gossip out -----------------------------------------------------------------------------------
+
+    async def _chain(self) -> ChainView | None:
+        """The chain view once it has been reached (its chain id known), else None."""
+        chain = self.chain() if self.chain is not None else None
+        if chain is not None and not chain.chain_id:
+            try:
+                await asyncio.to_thread(chain.connect)
+            except Exception as e:
+                log.info("p2p: the chain is unreachable", error=f"{type(e).__name__}: {e}")
+                return None
+        return chain
+
+    def announce(self, version: int, root: str, cid: str) -> None:
+        """Tell peers this node activated a version (called on the event loop; publishes in background)."""
+        self.current_version = max(self.current_version, version)
+        if self.host is not None and self._loop is not None:
+            self._loop.create_task(self._announce(version, root, cid))
+
+    async def _announce(self, version: int, root: str, cid: str) -> None:
+        chain = await self._chain()
+        if chain is None:
+            return
+        message = Announcement(
+            version=version, root=root, cid=cid, chain_id=chain.chain_id, registry=chain.registry
+        )
+        await self._publish(LIBRARY_TOPIC, encode(message))
+
+    async def _publish(self, topic: str, data: bytes) -> None:
+        host = self.host
+        if host is None:
+            return
+        try:
+            await asyncio.to_thread(host.publish, topic, data)
+        except P2PError as e:
+            log.info("p2p publish failed", topic=topic, error=str(e))
+
+    async def _advertise(self) -> None:
+        while True:
+            try:
+                if self.capabilities is None:  # the daemon sets it once the servers are bound
+                    await asyncio.sleep(0.2)
+                    continue
+                caps = self.capabilities()
+                chain = self.chain() if self.chain is not None else None
+                caps = caps.model_copy(
+                    update={
+                        "addrs": (self.host.addrs if self.host else [])[:8],
+                        "chain_id": chain.chain_id if chain is not None else 0,
+                    }
+                )
+                await self._publish(CAPABILITIES_TOPIC, encode(caps))
+            except Exception:
+                log.exception("p2p capabilities not published")
+            await asyncio.sleep(self.settings.capabilities_interval_s)
+
+    # -- dialling -------------------------------------------------------------------------------------
+
+    async def _dial(self) -> None:
+        while True:
+            host = self.host
+            if host is not None and host.running:
+                await self._dial_once(host)
+            await asyncio.sleep(self.settings.redial_interval_s)
+
+    async def _dial_once(self, host: P2PHost) -> None:
+        connected = set(await asyncio.to_thread(host.connected))
+        for peer in connected:
+            if self.book.banned(peer):
+                log.warning("disconnecting a banned peer", peer=peer)
+                await asyncio.to_thread(host.disconnect, peer)
+        targets = [(a, _peer_of(a)) for a in self.settings.bootstrap]
+        targets += [(a, r.peer_id) for r in self.book.dialable() for a in r.addrs]
+        now = time.monotonic()
+        tried: set[str] = set()
+        for addr, peer in targets:
+            if peer in connected or peer in tried or peer == host.peer_id or self.book.banned(peer):
+                continue
+            if self._next_dial.get(addr, 0.0) > now:
+                continue
+            tried.add(peer)
+            try:
+                got = await asyncio.to_thread(host.connect, addr, 5.0)
+            except P2PError as e:
+                backoff = min(300.0, 2 * self._backoff.get(addr, self.settings.redial_interval_s / 2))
+                self._backoff[addr], self._next_dial[addr] = backoff, now + backoff
+                log.info("p2p dial failed", addr=addr, error=str(e), retry_in_s=backoff)
+                continue
+            self._next_dial.pop(addr, None)
+            self._backoff.pop(addr, None)
+            connected.add(got)
+            self.book.seen(got, [addr])
+            log.info("p2p peer connected", peer=got, addr=addr)
+
+    # -- what GetStatus, ListPeers and `zoo-node peers` show ------------------------------------------
+
+    def peers(self) -> list[dict[str, Any]]:
+        connected = set(self.connected)
+        out = []
+        for r in self.book.records():
+            out.append(
+                {
+                    "peer_id": r.peer_id,
+                    "connected": r.peer_id in connected,
+                    "addrs": r.addrs,
+                    "last_seen": r.last_seen,
+                    "score": r.score,
+                    "banned": r.score <= self.book.drop_score,
+                    "capabilities": r.capabilities,
+                }
+            )
+        return out
+
+
+def _peer_of(addr: str) -> str:
+    return addr.rsplit("/p2p/", 1)[-1] if "/p2p/" in addr else addr

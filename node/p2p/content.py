@@ -1,0 +1,106 @@
+"""Library bytes from peers, verified like an IPFS fetch, and the fallback from IPFS to peers.
+
+`PeerContent` is a ContentSource (registry.sync) that asks connected peers, best score first, for the
+bytes of a CID. Every answer is checked against the CID before it is returned (the syncer then checks
+the Merkle root against the chain, as for IPFS); a peer whose bytes do not match is penalised and the
+next one is asked. Failing everywhere raises P2PError, which the library component treats as a
+transient sync failure (retry later), never as a verdict on the on-chain version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from zoo.node.logs import get_logger
+from zoo.node.p2p.host import P2PError, P2PHost
+from zoo.node.p2p.peers import PeerBook
+from zoo.registry.errors import ContentTooLarge, IntegrityError, ValidationError
+from zoo.registry.ipfs import parse_cid, verify_raw
+
+log = get_logger(__name__)
+
+
+def content_verifier(ipfs: Any = None) -> Callable[[str, bytes], None]:
+    """Checks peer bytes against their CID: raw blocks locally; multi-block (dag-pb) CIDs need the
+    IPFS daemon's hashing, so without one such content is not taken from peers (P2PError, not a
+    penalty: the peer did nothing wrong)."""
+
+    def verify(cid: str, data: bytes) -> None:
+        if parse_cid(cid).codec.name == "raw":
+            verify_raw(cid, data)
+        elif ipfs is not None:
+            ipfs.verify(cid, data)
+        else:
+            raise P2PError(
+                f"{cid} names multi-block (dag-pb) content, which only an IPFS daemon can check; this node "
+                "has none configured (ipfs.api_url), so it does not take that content from peers"
+            )
+
+    return verify
+
+
+class PeerContent:
+    def __init__(
+        self,
+        host: Callable[[], P2PHost | None],
+        book: PeerBook,
+        verify: Callable[[str, bytes], None],
+        max_peers: int = 4,
+        timeout_s: float = 20.0,
+    ) -> None:
+        self.host = host
+        self.book = book
+        self.verify = verify
+        self.max_peers = max_peers
+        self.timeout_s = timeout_s
+
+    def fetch_verified(self, cid: str, *, timeout: float | None = None, max_size: int = 64 << 20) -> bytes:
+        parse_cid(cid)  # a CID that does not parse is the chain's problem, not a peer's (ValidationError)
+        host = self.host()
+        if host is None or not host.running:
+            raise P2PError("the p2p host is not running")
+        connected = set(host.connected())
+        ranked = [r.peer_id for r in self.book.records() if r.peer_id in connected]
+        candidates = [p for p in ranked + sorted(connected - set(ranked)) if not self.book.banned(p)]
+        if not candidates:
+            raise P2PError(f"no connected peer to ask for {cid}")
+        problems = []
+        for peer in candidates[: self.max_peers]:
+            try:
+                data = host.fetch(peer, cid, max_size, timeout or self.timeout_s)
+            except P2PError as e:
+                problems.append(f"{peer[:16]}…: {e}")
+                continue
+            try:
+                self.verify(cid, data)
+            except (IntegrityError, ValidationError) as e:
+                self.book.penalise(peer, "tampered_content")
+                problems.append(f"{peer[:16]}…: sent content that fails verification ({e})")
+                continue
+            self.book.reward(peer)
+            log.info("library content fetched from a peer", cid=cid, peer=peer, size=len(data))
+            return data
+        raise P2PError(f"no peer served verified content for {cid}: " + "; ".join(problems))
+
+
+class FirstThatServes:
+    """Ask each content source in turn (IPFS, then peers); the first verified answer wins.
+
+    Only transport failures move on to the next source: content that fails verification at IPFS is
+    the chain's content and is refused as it always was.
+    """
+
+    def __init__(self, sources: Sequence[Any]) -> None:
+        self.sources = list(sources)
+
+    def fetch_verified(self, cid: str, *, timeout: float | None = None, max_size: int = 64 << 20) -> bytes:
+        errors = []
+        for source in self.sources:
+            try:
+                return source.fetch_verified(cid, timeout=timeout, max_size=max_size)
+            except (IntegrityError, ValidationError, ContentTooLarge):
+                raise
+            except Exception as e:
+                errors.append(f"{type(source).__name__}: {type(e).__name__}: {e}")
+        raise P2PError(f"no source served {cid}: " + " | ".join(errors))

@@ -1,0 +1,342 @@
+"""A libp2p host (py-libp2p, which runs on trio) in its own thread, callable from any other thread.
+
+The daemon runs on asyncio; py-libp2p runs on trio. The host owns one thread with one trio loop:
+the libp2p host, gossipsub, the topic subscriptions and the content protocol's handler live there.
+Other threads call in with blocking methods (`publish`, `connect`, `fetch`, ...) that run a coroutine
+on the trio loop and wait for it (`trio.from_thread.run`); the asyncio side wraps them in
+`asyncio.to_thread`. Messages flow out through `on_message`, called on the trio thread, which must only
+hand them over (the component uses `loop.call_soon_threadsafe`).
+
+Content protocol `/zoo/library-bytes/1.0.0`: the client writes one JSON line `{"cid": CID}`; the server
+answers one JSON line `{"size": N}` and N bytes, or `{"error": MESSAGE}`. The client refuses a size over
+its limit before reading any content and bounds the whole exchange by a deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+from multiaddr import Multiaddr
+
+from zoo.node.logs import get_logger
+
+log = get_logger(__name__)
+
+CONTENT_PROTOCOL = "/zoo/library-bytes/1.0.0"
+GOSSIP_PROTOCOL = "/meshsub/1.0.0"
+MAX_REQUEST_LINE = 1024
+
+Validator = Callable[[str, str, bytes], bool]  # (topic, publisher peer id, data) -> accept
+MessageSink = Callable[[str, str, bytes], None]  # (topic, publisher peer id, data)
+ContentLookup = Callable[[str], bytes | None]  # cid -> bytes this node holds, or None
+
+
+class P2PError(Exception):
+    """A peer operation failed (unreachable, refused, timed out, protocol violation)."""
+
+
+class ContentRefused(P2PError):
+    """The peer answered, but not with content we can take (it lacks it, or announced too much)."""
+
+
+def load_identity(path: Path) -> bytes:
+    """The node's 32-byte ed25519 seed, created (mode 0600) on first use; the peer id derives from it."""
+    try:
+        seed = path.read_bytes()
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        seed = os.urandom(32)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(seed)
+        return seed
+    if len(seed) != 32:
+        raise ValueError(f"{path} holds {len(seed)} bytes, not a 32-byte identity seed; move it aside")
+    return seed
+
+
+def peer_id_of(seed: bytes) -> str:
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.peer.id import ID
+
+    return ID.from_pubkey(create_new_key_pair(seed).public_key).to_base58()
+
+
+async def _read(stream: Any, n: int) -> bytes:
+    """Up to n bytes; b"" once the other side has closed (py-libp2p raises StreamEOF)."""
+    from libp2p.network.stream.exceptions import StreamEOF
+
+    try:
+        return await stream.read(n)
+    except StreamEOF:
+        return b""
+
+
+async def _read_line(stream: Any, limit: int) -> bytes:
+    buf = b""
+    while b"\n" not in buf:
+        if len(buf) > limit:
+            raise P2PError(f"no line within {limit} bytes")
+        chunk = await _read(stream, limit)
+        if not chunk:
+            raise P2PError("stream closed before a full line")
+        buf += chunk
+    return buf
+
+
+class P2PHost:
+    def __init__(
+        self,
+        seed: bytes,
+        listen: str,
+        topics: list[str],
+        *,
+        validator: Validator,
+        on_message: MessageSink,
+        content: ContentLookup,
+        max_content_bytes: int,
+    ) -> None:
+        self.seed = seed
+        self.listen = listen
+        self.topics = topics
+        self.validator = validator
+        self.on_message = on_message
+        self.content = content
+        self.max_content_bytes = max_content_bytes
+        self.peer_id = peer_id_of(seed)
+        self.addrs: list[str] = []
+        self._token: Any = None
+        self._stop: trio.Event | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._host: Any = None
+        self._pubsub: Any = None
+
+    # -- lifecycle (any non-trio thread) --------------------------------------------------------------
+
+    def start(self, timeout: float = 15.0) -> None:
+        self._thread = threading.Thread(target=self._thread_main, name="p2p", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise P2PError(f"the libp2p host did not start within {timeout:.0f} s")
+        if self._error is not None:
+            raise P2PError(f"the libp2p host failed to start: {self._error}") from self._error
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            return
+        stop = self._stop
+        if stop is not None:
+            with contextlib.suppress(trio.RunFinishedError):
+                trio.from_thread.run_sync(stop.set, trio_token=self._token)
+        self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self._ready.is_set()
+
+    def _thread_main(self) -> None:
+        try:
+            trio.run(self._main)
+        except BaseException as e:  # a start-up failure is reported by start(); later ones end the host
+            self._error = e
+            log.error("libp2p host stopped", error=f"{type(e).__name__}: {e}")
+        finally:
+            self._ready.set()
+
+    async def _main(self) -> None:
+        from libp2p import new_host
+        from libp2p.crypto.ed25519 import create_new_key_pair
+        from libp2p.pubsub.gossipsub import GossipSub
+        from libp2p.pubsub.pubsub import Pubsub
+        from libp2p.tools.anyio_service import background_trio_service
+
+        self._token = trio.lowlevel.current_trio_token()
+        self._stop = trio.Event()
+        host = new_host(key_pair=create_new_key_pair(self.seed))
+        gossip = GossipSub(protocols=[GOSSIP_PROTOCOL], degree=6, degree_low=4, degree_high=12)
+        pubsub = Pubsub(host, gossip, max_inbound_rpc_size=64 * 1024)
+        async with host.run(listen_addrs=[Multiaddr(self.listen)]), trio.open_nursery() as nursery:
+            host.set_stream_handler(CONTENT_PROTOCOL, self._serve_content)
+            async with background_trio_service(pubsub), background_trio_service(gossip):
+                await pubsub.wait_until_ready()
+                for topic in self.topics:
+                    pubsub.set_topic_validator(topic, self._validator_for(topic), False)
+                    subscription = await pubsub.subscribe(topic)
+                    nursery.start_soon(self._pump, topic, subscription)
+                self._host, self._pubsub = host, pubsub
+                self.addrs = [str(a) for a in host.get_addrs()]
+                self._ready.set()
+                await self._stop.wait()
+                nursery.cancel_scope.cancel()
+
+    def _validator_for(self, topic: str) -> Callable[[Any, Any], bool]:
+        def validate(_forwarder: Any, msg: Any) -> bool:
+            try:
+                return self.validator(topic, _peer_str(msg.from_id), bytes(msg.data))
+            except Exception:
+                log.exception("p2p validator failed; dropping the message", topic=topic)
+                return False
+
+        return validate
+
+    async def _pump(self, topic: str, subscription: Any) -> None:
+        while True:
+            msg = await subscription.get()
+            sender = _peer_str(msg.from_id)
+            if sender == self.peer_id:
+                continue
+            try:
+                self.on_message(topic, sender, bytes(msg.data))
+            except Exception:
+                log.exception("p2p message handler failed", topic=topic)
+
+    # -- calls from other threads ---------------------------------------------------------------------
+
+    def _call(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+        if not self.running or self._token is None:
+            raise P2PError("the libp2p host is not running")
+        try:
+            return trio.from_thread.run(fn, *args, trio_token=self._token)
+        except trio.RunFinishedError:
+            raise P2PError("the libp2p host stopped") from None
+
+    def publish(self, topic: str, data: bytes) -> None:
+        self._call(self._pubsub.publish, topic, data)
+
+    def connect(self, addr: str, timeout: float = 10.0) -> str:
+        """Dial a /p2p/ multiaddr; returns the peer id."""
+        from libp2p.peer.peerinfo import info_from_p2p_addr
+
+        try:
+            info = info_from_p2p_addr(Multiaddr(addr))
+        except Exception as e:
+            raise P2PError(f"not a dialable /p2p/ multiaddr: {addr!r} ({e})") from None
+
+        async def dial() -> None:
+            with trio.fail_after(timeout):
+                await self._host.connect(info)
+
+        try:
+            self._call(dial)
+        except trio.TooSlowError:
+            raise P2PError(f"connecting to {addr} timed out after {timeout:.0f} s") from None
+        except P2PError:
+            raise
+        except Exception as e:
+            raise P2PError(f"cannot connect to {addr}: {type(e).__name__}: {e}") from None
+        return info.peer_id.to_base58()
+
+    def connected(self) -> list[str]:
+        async def peers() -> list[str]:
+            return [p.to_base58() for p in self._host.get_connected_peers()]
+
+        return self._call(peers)
+
+    def mesh_peers(self, topic: str) -> list[str]:
+        """Peers that have told us they subscribe to `topic` (gossip reaches them)."""
+
+        async def peers() -> list[str]:
+            return [p.to_base58() for p in self._pubsub.peer_topics.get(topic, set())]
+
+        return self._call(peers)
+
+    def disconnect(self, peer_id: str) -> None:
+        from libp2p.peer.id import ID
+
+        async def drop() -> None:
+            await self._host.disconnect(ID.from_base58(peer_id))
+
+        try:
+            self._call(drop)
+        except P2PError:
+            raise
+        except Exception as e:
+            log.info("p2p disconnect failed", peer=peer_id, error=str(e))
+
+    def fetch(self, peer_id: str, cid: str, max_bytes: int, timeout: float) -> bytes:
+        """The bytes `peer_id` holds for `cid`, unverified (the caller checks them against the CID)."""
+        from libp2p.peer.id import ID
+
+        async def exchange() -> bytes:
+            with trio.fail_after(timeout):
+                stream = await self._host.new_stream(ID.from_base58(peer_id), [CONTENT_PROTOCOL])
+                try:
+                    await stream.write(json.dumps({"cid": cid}).encode() + b"\n")
+                    head, _, rest = (await _read_line(stream, MAX_REQUEST_LINE)).partition(b"\n")
+                    try:
+                        header = json.loads(head)
+                        size = header.get("size") if isinstance(header, dict) else None
+                    except ValueError:
+                        raise P2PError("the peer's answer header is not JSON") from None
+                    if size is None:
+                        error = header.get("error") if isinstance(header, dict) else None
+                        raise ContentRefused(f"the peer refused: {str(error)[:200]}")
+                    if not isinstance(size, int) or size < 0:
+                        raise P2PError(f"the peer announced a bad size {size!r}")
+                    if size > max_bytes:
+                        raise ContentRefused(f"the peer announced {size} bytes, over the limit {max_bytes}")
+                    chunks, got = [rest], len(rest)
+                    while got < size:
+                        chunk = await _read(stream, min(65536, size - got))
+                        if not chunk:
+                            break
+                        chunks.append(chunk)
+                        got += len(chunk)
+                    data = b"".join(chunks)
+                    if len(data) != size:
+                        raise P2PError(f"the peer sent {len(data)} bytes, announced {size}")
+                    return data
+                finally:
+                    with trio.move_on_after(1):
+                        await stream.close()
+
+        try:
+            return self._call(exchange)
+        except trio.TooSlowError:
+            raise P2PError(f"fetching {cid} from {peer_id} timed out after {timeout:.0f} s") from None
+        except P2PError:
+            raise
+        except Exception as e:
+            raise P2PError(f"fetching {cid} from {peer_id} failed: {type(e).__name__}: {e}") from None
+
+    # -- the content protocol's server side (trio thread) ---------------------------------------------
+
+    async def _serve_content(self, stream: Any) -> None:
+        try:
+            with trio.fail_after(30):
+                line, _, _ = (await _read_line(stream, MAX_REQUEST_LINE)).partition(b"\n")
+                try:
+                    request = json.loads(line)
+                    cid = request["cid"]
+                    if not isinstance(cid, str) or len(cid) > 256:
+                        raise ValueError
+                except (ValueError, KeyError, TypeError):
+                    await stream.write(b'{"error": "bad request: expected {\\"cid\\": CID}"}\n')
+                    return
+                data = await trio.to_thread.run_sync(self.content, cid)
+                if data is None or len(data) > self.max_content_bytes:
+                    await stream.write(json.dumps({"error": f"no content for {cid}"}).encode() + b"\n")
+                    return
+                await stream.write(json.dumps({"size": len(data)}).encode() + b"\n")
+                for start in range(0, len(data), 65536):
+                    await stream.write(data[start : start + 65536])
+        except Exception as e:
+            log.info("p2p content request failed", error=f"{type(e).__name__}: {e}")
+        finally:
+            with trio.move_on_after(1):
+                await stream.close()
+
+
+def _peer_str(raw: bytes) -> str:
+    from libp2p.peer.id import ID
+
+    return ID(raw).to_base58()

@@ -1,0 +1,232 @@
+"""Three real zoo-node daemons on one devnet, connected over libp2p on 127.0.0.1.
+
+Node A has IPFS and no bootstrap peers; B has IPFS and bootstraps from A; C has no IPFS at all and
+bootstraps from A, so every library version C holds came from a peer. The nodes answer through a
+remote (unreachable) model backend: these tests are about the network, not generation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import NodeProcess, base_config, launch, write_config
+from tests.sync.test_node_sync import chain_of, metric, status, wait_until
+from tests.sync.test_sync import Chain
+from zoo.devnet.manager import Devnet, DevnetInfo
+from zoo.node.client import NodeClient
+from zoo.node.p2p.host import P2PHost, load_identity
+from zoo.node.p2p.messages import LIBRARY_TOPIC, Announcement, encode
+from zoo.registry.merkle import library_root
+from zoo.registry.store import LibraryStore, root_hex
+from zoo.v1 import node_pb2
+
+pytestmark = pytest.mark.slow
+
+
+def node_extra(info: DevnetInfo, name: str, *, ipfs: bool, bootstrap: list[str]) -> dict:
+    return {
+        "chain": {
+            "mode": "external",
+            "rpc_url": info.rpc_url,
+            "registry_address": info.registry_address,
+            "from_block": info.deploy_block,
+            "poll_interval_s": 0.5,
+            "probe_interval_s": 1.0,
+        },
+        "ipfs": {"api_url": info.ipfs_api, "timeout_s": 5.0} if ipfs else {},
+        "model": {"backend": "openai", "base_url": "http://127.0.0.1:9/v1", "name": f"model-{name}"},
+        "p2p": {
+            "bootstrap": bootstrap,
+            "capabilities_interval_s": 0.5,
+            "capabilities_ttl_s": 3.0,
+            "redial_interval_s": 0.5,
+        },
+    }
+
+
+@dataclass
+class Net:
+    tmp: Path
+    info: DevnetInfo
+    chain: Chain
+    nodes: dict[str, NodeProcess]
+    a_addr: str
+
+    def start(self, name: str, *, ipfs: bool, bootstrap: list[str]) -> NodeProcess:
+        data_dir = self.tmp / f"{name}-data"
+        extra = node_extra(self.info, name, ipfs=ipfs, bootstrap=bootstrap)
+        node = launch(write_config(self.tmp / f"{name}.toml", base_config(data_dir, extra)), data_dir)
+        node.wait_listening()
+        self.nodes[name] = node
+        return node
+
+
+def peers(node: NodeProcess) -> node_pb2.ListPeersResponse:
+    with NodeClient(node.address) as client:
+        return client.peers()
+
+
+def connected(node: NodeProcess) -> set[str]:
+    return {p.peer_id for p in peers(node).peers if p.connected}
+
+
+@pytest.fixture(scope="module")
+def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Net]:
+    tmp = tmp_path_factory.mktemp("p2p-net")
+    devnet = Devnet(tmp / "devnet-data")
+    info, _ = devnet.up(die_with_parent=True)
+    n = Net(tmp, info, chain_of(info), {}, "")
+    try:
+        a = n.start("a", ipfs=True, bootstrap=[])
+        n.a_addr = wait_until("A's listen address", lambda: list(peers(a).listen_addrs), 30, a)[0]
+        n.start("b", ipfs=True, bootstrap=[n.a_addr])
+        n.start("c", ipfs=False, bootstrap=[n.a_addr])
+        for node in n.nodes.values():
+            wait_until("version 1 active", lambda nd=node: status(nd).library.version >= 1, 90, node)
+        yield n
+    finally:
+        for node in n.nodes.values():
+            if node.proc.poll() is None:
+                os.killpg(node.proc.pid, signal.SIGKILL)
+                node.proc.wait()
+        n.chain.ipfs.close()
+        devnet.down()
+
+
+def test_a_version_executed_on_chain_becomes_active_on_all_three_c_without_ipfs(net: Net) -> None:
+    lib = net.chain.next_library(3)
+    cid = net.chain.approve_library(lib)
+    root = root_hex(library_root(lib))
+    for name, node in net.nodes.items():
+        wait_until(f"{name} on the new root", lambda nd=node: status(nd).library.root == root, 60, node)
+    got = status(net.nodes["c"]).library
+    assert (got.version, got.cid) == (lib.version, cid)
+    # C has no IPFS: its verified copy came over the content protocol, from A or B.
+    stored = LibraryStore(net.nodes["c"].data_dir).current()
+    assert stored is not None and stored.library == lib
+    assert "library content fetched from a peer" in net.nodes["c"].log()
+    state = {c.name: node_pb2.ComponentState.Name(c.state) for c in status(net.nodes["c"]).components}
+    assert state["ipfs"] == "COMPONENT_STATE_DISABLED" and state["p2p"] == "COMPONENT_STATE_SERVING"
+
+
+def test_capabilities_are_listed_and_counted(net: Net) -> None:
+    a, b = net.nodes["a"], net.nodes["b"]
+    b_id = peers(b).peer_id
+
+    version = status(b).library.version
+
+    def b_capabilities() -> node_pb2.PeerCapabilities | None:
+        for p in peers(a).peers:  # refreshed every 0.5 s: wait for one sent after B's latest activation
+            if p.peer_id == b_id and p.HasField("capabilities") and p.capabilities.library_version == version:
+                return p.capabilities
+        return None
+
+    caps = wait_until("B's current capabilities at A", b_capabilities, 20, a)
+    assert list(caps.models) == ["model-b"] and caps.backend == "openai" and not caps.gpu
+    assert caps.grpc_address == b.address and caps.library_root == status(b).library.root
+    assert "tf-grpo" in caps.job_types
+    counts = status(a).peers
+    assert counts.peer_id == peers(a).peer_id and counts.connected >= 2 and counts.capable >= 2
+    out = subprocess.run(
+        [sys.executable, "-m", "zoo.node.cli", "peers", "--address", a.address, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    listed = {p["peer_id"]: p for p in json.loads(out.stdout)["peers"]}
+    assert listed[b_id]["capabilities"]["models"] == ["model-b"]
+    table = subprocess.run(
+        [sys.executable, "-m", "zoo.node.cli", "peers", "--address", a.address],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "250"},
+    )
+    assert table.returncode == 0 and b_id in table.stdout and "model-b" in table.stdout
+
+
+@pytest.fixture
+def rogue(net: Net) -> Iterator[P2PHost]:
+    """A libp2p host run by the test, connected to A, that says whatever the test makes it say."""
+    host = P2PHost(
+        load_identity(net.tmp / f"rogue-{time.monotonic_ns()}" / "identity.key"),
+        "/ip4/127.0.0.1/tcp/0",
+        [LIBRARY_TOPIC],
+        validator=lambda *_: True,
+        on_message=lambda *_: None,
+        content=lambda _cid: b'{"tampered": true}',
+        max_content_bytes=1 << 20,
+    )
+    host.start()
+    try:
+        host.connect(net.a_addr)
+        wait_until("A to see the rogue on the library topic", lambda: host.mesh_peers(LIBRARY_TOPIC), 15)
+        yield host
+    finally:
+        host.stop()
+
+
+def test_a_fake_announcement_is_checked_ignored_and_scores_the_peer_down(net: Net, rogue: P2PHost) -> None:
+    a = net.nodes["a"]
+    before = status(a).library
+    fake = Announcement(
+        version=before.version,
+        root="0x" + "ab" * 32,
+        cid=before.cid,
+        chain_id=int(net.chain.w3.eth.chain_id),
+        registry=net.info.registry_address,
+    )
+    bad_before = metric(a, "zoo_p2p_messages_total", outcome="bad_hint")
+    rogue.publish(LIBRARY_TOPIC, encode(fake))
+    bad_hints = lambda: metric(a, "zoo_p2p_messages_total", outcome="bad_hint")  # noqa: E731
+    wait_until("A to count the bad hint", lambda: bad_hints() > bad_before, 15, a)
+
+    def score() -> float | None:
+        for p in peers(a).peers:
+            if p.peer_id == rogue.peer_id:
+                return p.score
+        return None
+
+    assert score() == -10.0
+    assert status(a).library == before  # nothing fetched, nothing changed
+    # Repeats: three lies reach the ban threshold; A then drops the rogue's messages and disconnects it.
+    for version in (before.version + 5, before.version + 6):
+        rogue.publish(LIBRARY_TOPIC, encode(fake.model_copy(update={"version": version})))
+    banned = lambda: any(p.banned for p in peers(a).peers if p.peer_id == rogue.peer_id)  # noqa: E731
+    wait_until("the rogue banned", banned, 15, a)
+    wait_until("the rogue disconnected", lambda: rogue.peer_id not in connected(a), 15, a)
+    assert status(a).library == before
+
+
+def test_a_restarted_node_keeps_its_peer_id_and_reconnects_from_its_peer_book(net: Net) -> None:
+    a = net.nodes["a"]
+    before = peers(a).peer_id
+    b_id, c_id = peers(net.nodes["b"]).peer_id, peers(net.nodes["c"]).peer_id
+    assert a.stop() == 0
+    # A has no bootstrap peers: after the restart it finds B and C through its persisted peer book
+    # (and they through theirs), under the same identity.
+    restarted = launch(a.config_file, a.data_dir)
+    net.nodes["a"] = restarted
+    restarted.wait_listening()
+    assert wait_until("A's p2p host", lambda: peers(restarted).peer_id, 30, restarted) == before
+    wait_until("A reconnected to B and C", lambda: {b_id, c_id} <= connected(restarted), 60, restarted)
+
+
+def test_capabilities_expire_when_a_node_stops(net: Net) -> None:
+    a, c = net.nodes["a"], net.nodes["c"]
+    c_id = peers(c).peer_id
+    capable = lambda: any(p.peer_id == c_id and p.HasField("capabilities") for p in peers(a).peers)  # noqa: E731
+    wait_until("C capable at A", capable, 20, a)
+    assert c.stop() == 0
+    wait_until("C's capabilities expired at A", lambda: not capable(), 20, a)
