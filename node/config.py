@@ -311,6 +311,10 @@ class P2PConfig(_Section):
     (a fake announcement costs 10, tampered content 20)."""
     fetch_timeout_s: float = Field(20.0, gt=0, le=3600)
     """Deadline of one library-bytes fetch from a peer."""
+    routing: bool = True
+    """Forward an Infer request for a model this node does not serve to a peer that advertises it."""
+    route_timeout_s: float = Field(120.0, gt=0, le=3600)
+    """Deadline of one routed request at the peer (one other peer is tried after a transport failure)."""
 
     @field_validator("listen")
     @classmethod

@@ -394,7 +394,15 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
         ),
         (
             inference_pb2_grpc.add_InferenceServiceServicer_to_server,
-            InferenceServicer(engine, cfg.inference, admission),
+            InferenceServicer(
+                engine,
+                cfg.inference,
+                admission,
+                base_model=model_id(cfg, model_path),
+                adapters=AdapterDirectory(cfg.adapters_dir).names,
+                router=_router(cfg, supervisor),
+                peer_id=lambda: getattr(supervisor.components["p2p"], "peer_id", ""),
+            ),
         ),
     ]
     jobs = supervisor.components["jobs"]
@@ -482,6 +490,16 @@ async def _start_http(cfg: NodeConfig, metrics: NodeMetrics, deps: ApiDeps) -> H
     except OSError as e:
         metrics.shutdown()
         raise StartupError(f"cannot serve the HTTP API on {cfg.http.listen}: {e}") from None
+
+
+def _router(cfg: NodeConfig, supervisor: Supervisor) -> Any:
+    """Where requests for models this node does not serve go: a p2p Router, or None (routing off)."""
+    p2p = supervisor.components["p2p"]
+    if isinstance(p2p, DisabledComponent) or not cfg.p2p.routing:
+        return None
+    from zoo.node.p2p.routing import Router
+
+    return Router(p2p.book, cfg.p2p.route_timeout_s)
 
 
 def _capabilities(

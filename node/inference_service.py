@@ -7,6 +7,7 @@ handler, which frees the request's row in the batch at the next decode step.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import re
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -21,7 +22,7 @@ from zoo.inference.engine import InferenceEngine, InferOutcome, InferParams
 from zoo.inference.structured import parse_response_format
 from zoo.node.admission import Admission
 from zoo.node.config import InferenceConfig
-from zoo.registry.errors import ValidationError
+from zoo.registry.errors import NotFound, ValidationError
 from zoo.registry.experience import DOMAIN_RE
 from zoo.v1 import inference_pb2, inference_pb2_grpc, node_pb2
 
@@ -212,11 +213,23 @@ def outcome_to_proto(o: InferOutcome, queue_ms: float) -> inference_pb2.InferRes
 
 class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
     def __init__(
-        self, engine: Callable[[], InferenceEngine | None], cfg: InferenceConfig, admission: Admission
+        self,
+        engine: Callable[[], InferenceEngine | None],
+        cfg: InferenceConfig,
+        admission: Admission,
+        *,
+        base_model: str = "",
+        adapters: Callable[[], list[str]] = list,
+        router: Any = None,
+        peer_id: Callable[[], str] = str,
     ) -> None:
         self._engine = engine
         self.cfg = cfg
         self.admission = admission
+        self.base_model = base_model
+        self.adapters = adapters
+        self.router = router  # a p2p Router when routing is on
+        self.peer_id = peer_id
 
     def engine(self) -> InferenceEngine:
         engine = self._engine()
@@ -224,8 +237,43 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
             raise BackendUnavailable("the model is still loading; retry shortly (see health of 'model')")
         return engine
 
-    async def Infer(self, request: inference_pb2.InferRequest, context: grpc.aio.ServicerContext) -> Any:
+    def _placed(self, request: inference_pb2.InferRequest, context: Any) -> tuple[InferParams, bool]:
+        """Validated parameters, and whether the request must go to a peer (its model is not served here).
+
+        A `model` naming one of this node's adapters decodes with it (as the HTTP API's "model" does).
+        """
         params = params_from_request(request, self.cfg)
+        model = request.model
+        if not model or model == self.base_model:
+            return params, False
+        _check(len(model) <= 256 and model.isprintable(), "model", "must be a printable name of at most 256")
+        if model in self.adapters():
+            _check(request.adapter in ("", model), "model", f"names adapter {model!r}; adapter names another")
+            return dataclasses.replace(params, adapter=model), False
+        from zoo.node.p2p.routing import is_forwarded
+
+        if self.router is None:
+            raise NotFound(
+                f"model {model!r} is not served by this node (it serves {self.base_model!r}"
+                f"{' and its adapters' if self.adapters() else ''}) and p2p routing is off"
+            )
+        if is_forwarded(context.invocation_metadata()):
+            # Stale capabilities at the forwarder; UNAVAILABLE lets it try another peer. Never forward twice.
+            raise BackendUnavailable(f"model {model!r} is not served by this node (a routed request)")
+        return params, True
+
+    async def _peer_refused(self, context: Any, e: Exception) -> None:
+        await context.abort(e.code, str(e))  # type: ignore[attr-defined]
+
+    async def Infer(self, request: inference_pb2.InferRequest, context: grpc.aio.ServicerContext) -> Any:
+        params, remote = self._placed(request, context)
+        if remote:
+            from zoo.node.p2p.routing import PeerRefused
+
+            try:
+                return await self.router.infer(request)
+            except PeerRefused as e:
+                await self._peer_refused(context, e)
         engine = self.engine()
         async with self.admission.slot() as queue_ms:
             outcome = None
@@ -233,17 +281,30 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                 if isinstance(item, InferOutcome):
                     outcome = item
             assert outcome is not None
-            return outcome_to_proto(outcome, queue_ms)
+            response = outcome_to_proto(outcome, queue_ms)
+            response.served_by = self.peer_id()
+            return response
 
     async def InferStream(
         self, request: inference_pb2.InferRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[inference_pb2.InferChunk]:
-        params = params_from_request(request, self.cfg)
+        params, remote = self._placed(request, context)
+        if remote:
+            from zoo.node.p2p.routing import PeerRefused
+
+            try:
+                async for chunk in self.router.infer_stream(request):
+                    yield chunk
+            except PeerRefused as e:
+                await self._peer_refused(context, e)
+            return
         engine = self.engine()
         async with self.admission.slot() as queue_ms:
             async for item in engine.stream(params):
                 if isinstance(item, InferOutcome):
-                    yield inference_pb2.InferChunk(final=outcome_to_proto(item, queue_ms))
+                    final = outcome_to_proto(item, queue_ms)
+                    final.served_by = self.peer_id()
+                    yield inference_pb2.InferChunk(final=final)
                 else:
                     yield inference_pb2.InferChunk(delta=item.delta)
 

@@ -1,12 +1,13 @@
 """Three real zoo-node daemons on one devnet, connected over libp2p on 127.0.0.1.
 
 Node A has IPFS and no bootstrap peers; B has IPFS and bootstraps from A; C has no IPFS at all and
-bootstraps from A, so every library version C holds came from a peer. The nodes answer through a
-remote (unreachable) model backend: these tests are about the network, not generation.
+bootstraps from A, so every library version C holds came from a peer. Only B loads a model (the bundled
+one); A and C name a remote backend that is not there, so whatever they answer, B generated.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -17,23 +18,28 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import pytest
 
-from tests.conftest import NodeProcess, base_config, launch, write_config
+from tests.conftest import NodeProcess, base_config, free_port, launch, write_config
 from tests.sync.test_node_sync import chain_of, metric, status, wait_until
 from tests.sync.test_sync import Chain
 from zoo.devnet.manager import Devnet, DevnetInfo
 from zoo.node.client import NodeClient
 from zoo.node.p2p.host import P2PHost, load_identity
-from zoo.node.p2p.messages import LIBRARY_TOPIC, Announcement, encode
+from zoo.node.p2p.messages import LIBRARY_TOPIC, Announcement, Capabilities, encode
+from zoo.node.p2p.peers import PeerBook
+from zoo.node.p2p.routing import Router
 from zoo.registry.merkle import library_root
 from zoo.registry.store import LibraryStore, root_hex
-from zoo.v1 import node_pb2
+from zoo.v1 import inference_pb2, node_pb2
 
 pytestmark = pytest.mark.slow
+BUNDLED = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def node_extra(info: DevnetInfo, name: str, *, ipfs: bool, bootstrap: list[str]) -> dict:
+    model = {"backend": "openai", "base_url": "http://127.0.0.1:9/v1", "name": f"model-{name}"}
     return {
         "chain": {
             "mode": "external",
@@ -44,7 +50,8 @@ def node_extra(info: DevnetInfo, name: str, *, ipfs: bool, bootstrap: list[str])
             "probe_interval_s": 1.0,
         },
         "ipfs": {"api_url": info.ipfs_api, "timeout_s": 5.0} if ipfs else {},
-        "model": {"backend": "openai", "base_url": "http://127.0.0.1:9/v1", "name": f"model-{name}"},
+        "model": {"threads": 1} if name == "b" else model,
+        "inference": {"default_max_tokens": 8},
         "p2p": {
             "bootstrap": bootstrap,
             "capabilities_interval_s": 0.5,
@@ -93,6 +100,7 @@ def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Net]:
         n.start("c", ipfs=False, bootstrap=[n.a_addr])
         for node in n.nodes.values():
             wait_until("version 1 active", lambda nd=node: status(nd).library.version >= 1, 90, node)
+        n.nodes["b"].wait_component("model", "SERVING", timeout_s=180)
         yield n
     finally:
         for node in n.nodes.values():
@@ -132,9 +140,9 @@ def test_capabilities_are_listed_and_counted(net: Net) -> None:
         return None
 
     caps = wait_until("B's current capabilities at A", b_capabilities, 20, a)
-    assert list(caps.models) == ["model-b"] and caps.backend == "openai" and not caps.gpu
+    assert list(caps.models) == [BUNDLED] and caps.backend == "transformers" and not caps.gpu
     assert caps.grpc_address == b.address and caps.library_root == status(b).library.root
-    assert "tf-grpo" in caps.job_types
+    assert set(caps.job_types) == {"tf-grpo", "gspo"}
     counts = status(a).peers
     assert counts.peer_id == peers(a).peer_id and counts.connected >= 2 and counts.capable >= 2
     out = subprocess.run(
@@ -145,7 +153,7 @@ def test_capabilities_are_listed_and_counted(net: Net) -> None:
     )
     assert out.returncode == 0, out.stderr
     listed = {p["peer_id"]: p for p in json.loads(out.stdout)["peers"]}
-    assert listed[b_id]["capabilities"]["models"] == ["model-b"]
+    assert listed[b_id]["capabilities"]["models"] == [BUNDLED]
     table = subprocess.run(
         [sys.executable, "-m", "zoo.node.cli", "peers", "--address", a.address],
         capture_output=True,
@@ -153,7 +161,69 @@ def test_capabilities_are_listed_and_counted(net: Net) -> None:
         timeout=60,
         env={**os.environ, "COLUMNS": "250"},
     )
-    assert table.returncode == 0 and b_id in table.stdout and "model-b" in table.stdout
+    assert table.returncode == 0 and b_id in table.stdout and BUNDLED in table.stdout
+
+
+def capable_at(node: NodeProcess, peer_id: str) -> bool:
+    return any(p.peer_id == peer_id and p.HasField("capabilities") for p in peers(node).peers)
+
+
+def test_a_request_for_a_model_only_b_serves_is_answered_by_b_through_a(net: Net) -> None:
+    a, b = net.nodes["a"], net.nodes["b"]
+    b_id = peers(b).peer_id
+    wait_until("B capable at A", lambda: capable_at(a, b_id), 20, a)
+    request = inference_pb2.InferRequest(
+        prompt="What is 2 + 3?", model=BUNDLED, sampling=inference_pb2.SamplingParams(max_tokens=8)
+    )
+    with NodeClient(a.address) as client:
+        routed = client.inference.Infer(request, timeout=120)
+        chunks = list(client.inference.InferStream(request, timeout=120))
+    with NodeClient(b.address) as client:
+        direct = client.inference.Infer(request, timeout=120)
+    assert routed.served_by == b_id == direct.served_by and routed.model_id == BUNDLED
+    assert routed.text == direct.text and routed.text  # greedy, same model, same library
+    assert routed.library_root == status(b).library.root
+    final = chunks[-1].final
+    assert final.served_by == b_id and final.text == routed.text
+    assert "".join(c.delta for c in chunks[:-1]) == final.text
+
+    with NodeClient(a.address) as client:
+        # Pinned to a root no peer serves: never forwarded to a node that would answer from another one.
+        pinned = inference_pb2.InferRequest(prompt="hi", model=BUNDLED, library_root="0x" + "cd" * 32)
+        with pytest.raises(grpc.RpcError) as e:
+            client.inference.Infer(pinned, timeout=30)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert BUNDLED in e.value.details() and "0x" + "cd" * 32 in e.value.details()
+        with pytest.raises(grpc.RpcError) as e:
+            client.inference.Infer(inference_pb2.InferRequest(prompt="hi", model="no-such/model"), timeout=30)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE and "no-such/model" in e.value.details()
+        with pytest.raises(grpc.RpcError) as e:  # bad input is refused before anything is forwarded
+            client.inference.Infer(inference_pb2.InferRequest(model=BUNDLED), timeout=30)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_routing_tries_one_other_peer_after_a_transport_failure(net: Net, tmp_path: Path) -> None:
+    b = net.nodes["b"]
+    b_id = peers(b).peer_id
+    book = PeerBook(tmp_path / "peers.json", ttl_s=60)
+    dead = "12D3KooWDeadDeadDeadDeadDeadDeadDeadDeadDeadDeadDead"
+    serving = {"models": [BUNDLED], "backend": "transformers"}
+    book.set_capabilities(dead, Capabilities(**serving, grpc=f"127.0.0.1:{free_port()}", load=0.0))
+    book.set_capabilities(b_id, Capabilities(**serving, grpc=b.address, load=3.0))
+
+    async def route() -> inference_pb2.InferResponse:
+        router = Router(book, timeout_s=60)
+        assert [p for p, _ in router.candidates(BUNDLED)] == [dead, b_id]  # least loaded first
+        try:
+            return await router.infer(
+                inference_pb2.InferRequest(
+                    prompt="Say hi.", model=BUNDLED, sampling=inference_pb2.SamplingParams(max_tokens=4)
+                )
+            )
+        finally:
+            await router.close()
+
+    assert asyncio.run(route()).served_by == b_id
 
 
 @pytest.fixture
