@@ -95,6 +95,7 @@ class P2PComponent(Component):
         self.metrics = metrics
         self.book = PeerBook(self.dir / "peers.json", settings.capabilities_ttl_s, settings.drop_score)
         self.limiter = RateLimiter(settings.rate_per_s, settings.rate_burst)
+        self.relay_limiter = RateLimiter(10 * settings.rate_per_s, 10 * settings.rate_burst)
         self.host: P2PHost | None = None
         self.current_version = 0  # the version this node serves (set by the daemon on activation)
         self._inbox: asyncio.Queue[tuple[str, str, bytes]] | None = None
@@ -156,17 +157,22 @@ class P2PComponent(Component):
         if self.metrics is not None:
             self.metrics.p2p_messages.labels(topic, outcome).inc()
 
-    def _validate(self, topic: str, publisher: str, data: bytes) -> bool:
-        """Accept or drop before delivery and relay; runs on the libp2p thread."""
+    def _validate(self, topic: str, publisher: str, forwarder: str, data: bytes) -> bool:
+        """Accept or drop before delivery and relay; runs on the libp2p thread.
+
+        Rate limits apply to the publisher (signed, so attributable) and, ten times looser, to the peer
+        that relayed the message (which carries many publishers' traffic but must not carry a flood).
+        """
         if self.host is not None and publisher == self.host.peer_id:
             return True
-        if self.book.banned(publisher):
+        if self.book.banned(publisher) or self.book.banned(forwarder):
             self._count(topic, "banned")
             return False
-        if not self.limiter.allow(publisher):
-            self._count(topic, "rate_limited")
-            self.book.penalise(publisher, "rate_limited")
-            return False
+        for peer, limiter in ((publisher, self.limiter), (forwarder, self.relay_limiter)):
+            if not limiter.allow(peer):
+                self._count(topic, "rate_limited")
+                self.book.penalise(peer, "rate_limited")
+                return False
         try:
             decode(TOPICS[topic], data)
         except MessageError as e:

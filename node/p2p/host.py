@@ -33,7 +33,7 @@ CONTENT_PROTOCOL = "/zoo/library-bytes/1.0.0"
 GOSSIP_PROTOCOL = "/meshsub/1.0.0"
 MAX_REQUEST_LINE = 1024
 
-Validator = Callable[[str, str, bytes], bool]  # (topic, publisher peer id, data) -> accept
+Validator = Callable[[str, str, str, bytes], bool]  # (topic, publisher, forwarder, data) -> accept
 MessageSink = Callable[[str, str, bytes], None]  # (topic, publisher peer id, data)
 ContentLookup = Callable[[str], bytes | None]  # cid -> bytes this node holds, or None
 
@@ -162,7 +162,15 @@ class P2PHost:
         self._token = trio.lowlevel.current_trio_token()
         self._stop = trio.Event()
         host = new_host(key_pair=create_new_key_pair(self.seed))
-        gossip = GossipSub(protocols=[GOSSIP_PROTOCOL], degree=6, degree_low=4, degree_high=12)
+        # The router's own spam filter drops floods silently and unattributed; the validator's per-peer
+        # limits (counted in metrics, scored, configurable) take its place.
+        gossip = GossipSub(
+            protocols=[GOSSIP_PROTOCOL],
+            degree=6,
+            degree_low=4,
+            degree_high=12,
+            spam_protection_enabled=False,
+        )
         pubsub = Pubsub(host, gossip, max_inbound_rpc_size=64 * 1024)
         async with host.run(listen_addrs=[Multiaddr(self.listen)]), trio.open_nursery() as nursery:
             host.set_stream_handler(CONTENT_PROTOCOL, self._serve_content)
@@ -179,9 +187,9 @@ class P2PHost:
                 nursery.cancel_scope.cancel()
 
     def _validator_for(self, topic: str) -> Callable[[Any, Any], bool]:
-        def validate(_forwarder: Any, msg: Any) -> bool:
+        def validate(forwarder: Any, msg: Any) -> bool:
             try:
-                return self.validator(topic, _peer_str(msg.from_id), bytes(msg.data))
+                return self.validator(topic, _peer_str(msg.from_id), forwarder.to_base58(), bytes(msg.data))
             except Exception:
                 log.exception("p2p validator failed; dropping the message", topic=topic)
                 return False

@@ -45,7 +45,7 @@ def make_host(tmp_path: Path) -> Iterator[Callable[..., tuple[P2PHost, Inbox]]]:
     def make(
         name: str,
         content: dict[str, bytes] | None = None,
-        accept: Callable[[str, str, bytes], bool] = lambda *_: True,
+        accept: Callable[[str, str, str, bytes], bool] = lambda *_: True,
     ) -> tuple[P2PHost, Inbox]:
         inbox = Inbox()
         store = content or {}
@@ -81,7 +81,7 @@ def test_identity_is_created_once_private_and_stable(tmp_path: Path) -> None:
 
 def test_gossip_reaches_the_peer_and_the_validator_drops_what_it_refuses(make_host) -> None:
     a, _ = make_host("a")
-    b, inbox = make_host("b", accept=lambda _t, _p, data: not data.startswith(b"bad"))
+    b, inbox = make_host("b", accept=lambda _t, _p, _f, data: not data.startswith(b"bad"))
     assert b.connect(a.addrs[0]) == a.peer_id
     wait_until(lambda: b.peer_id in a.mesh_peers(TOPIC))
     a.publish(TOPIC, b"bad: dropped")

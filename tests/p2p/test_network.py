@@ -279,6 +279,21 @@ def test_a_fake_announcement_is_checked_ignored_and_scores_the_peer_down(net: Ne
     assert status(a).library == before
 
 
+def test_oversized_malformed_and_flooding_messages_are_dropped_and_counted(net: Net, rogue: P2PHost) -> None:
+    a = net.nodes["a"]
+    count = lambda outcome: metric(a, "zoo_p2p_messages_total", outcome=outcome)  # noqa: E731
+    before = {o: count(o) for o in ("oversized", "malformed", "rate_limited", "other_network")}
+    rogue.publish(LIBRARY_TOPIC, b"{" + b" " * 5000 + b"}")
+    rogue.publish(LIBRARY_TOPIC, b"not json")
+    elsewhere = Announcement(version=1, root="0x" + "11" * 32, cid=status(a).library.cid, chain_id=999,
+                             registry="0x" + "22" * 20)  # fmt: skip
+    for _ in range(40):  # well past the burst of 20
+        rogue.publish(LIBRARY_TOPIC, encode(elsewhere))
+    for outcome in before:
+        wait_until(f"{outcome} counted", lambda o=outcome: count(o) > before[o], 15, a)
+    assert count("rate_limited") - before["rate_limited"] >= 10
+
+
 def test_a_restarted_node_keeps_its_peer_id_and_reconnects_from_its_peer_book(net: Net) -> None:
     a = net.nodes["a"]
     before = peers(a).peer_id

@@ -1,0 +1,89 @@
+"""Library bytes from peers (real libp2p hosts on 127.0.0.1): verified against the CID, tamperers
+penalised and skipped, and IPFS first with peers as the fallback."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import free_port
+from zoo.node.p2p.content import FirstThatServes, PeerContent, content_verifier
+from zoo.node.p2p.host import P2PError, P2PHost, load_identity
+from zoo.node.p2p.peers import PeerBook
+from zoo.registry.errors import IntegrityError
+from zoo.registry.ipfs import IpfsClient, local_cid
+
+BYTES = os.urandom(10_000)
+CID = local_cid(BYTES)
+
+
+@pytest.fixture
+def hosts(tmp_path: Path) -> Iterator[Callable[[str, Callable[[str], bytes | None]], P2PHost]]:
+    started: list[P2PHost] = []
+
+    def make(name: str, content: Callable[[str], bytes | None]) -> P2PHost:
+        host = P2PHost(load_identity(tmp_path / name / "id.key"), "/ip4/127.0.0.1/tcp/0", [],
+                       validator=lambda *_: True, on_message=lambda *_: None, content=content,
+                       max_content_bytes=1 << 20)  # fmt: skip
+        host.start()
+        started.append(host)
+        return host
+
+    yield make
+    for host in started:
+        host.stop()
+
+
+def test_a_tampering_peer_is_penalised_and_the_next_one_serves(hosts, tmp_path: Path) -> None:
+    honest = hosts("honest", lambda cid: BYTES if cid == CID else None)
+    tamperer = hosts("tamperer", lambda _cid: BYTES[:-1] + b"!")
+    me = hosts("me", lambda _cid: None)
+    for other in (honest, tamperer):
+        me.connect(other.addrs[0])
+    book = PeerBook(tmp_path / "peers.json")
+    for _ in range(5):
+        book.reward(tamperer.peer_id)  # a good reputation: it is asked first
+    source = PeerContent(lambda: me, book, content_verifier())
+    assert source.fetch_verified(CID, timeout=10) == BYTES
+    assert book.score(tamperer.peer_id) == 5 - 20 and book.get(tamperer.peer_id).offences == {
+        "tampered_content": 1
+    }
+    assert book.score(honest.peer_id) == 1  # rewarded for good content
+    # Banned peers are not asked again; with only tamperers left, the failure is transient (P2PError),
+    # never an IntegrityError that would make the node refuse the chain's version.
+    book.penalise(tamperer.peer_id, "tampered_content")
+    assert book.banned(tamperer.peer_id)
+    honest.stop()
+    with pytest.raises(P2PError, match="no peer served verified content"):
+        source.fetch_verified(CID, timeout=5)
+
+
+def test_multi_block_cids_are_not_taken_from_peers_without_an_ipfs_daemon(hosts, tmp_path: Path) -> None:
+    peer = hosts("peer", lambda _cid: b"whatever")
+    me = hosts("me", lambda _cid: None)
+    me.connect(peer.addrs[0])
+    dag_pb = "bafybeigdyrzt5sfp7udm7hu76uh7y26nf3efuylqabf3oclgtqy55fbzdi"
+    with pytest.raises(P2PError, match="only an IPFS daemon can check"):
+        PeerContent(lambda: me, PeerBook(tmp_path / "p.json"), content_verifier()).fetch_verified(dag_pb)
+
+
+def test_ipfs_first_then_peers(hosts, tmp_path: Path) -> None:
+    peer = hosts("peer", lambda cid: BYTES if cid == CID else None)
+    me = hosts("me", lambda _cid: None)
+    me.connect(peer.addrs[0])
+    down = IpfsClient(f"http://127.0.0.1:{free_port()}", timeout=2)  # a real client; nothing listens
+    peers = PeerContent(lambda: me, PeerBook(tmp_path / "p.json"), content_verifier())
+    assert FirstThatServes([down, peers]).fetch_verified(CID, timeout=5) == BYTES
+
+    class Lying:
+        def fetch_verified(self, cid: str, **_: object) -> bytes:
+            raise IntegrityError(f"content does not hash to {cid}")
+
+    with pytest.raises(IntegrityError):  # a verdict on the content is not a transport failure
+        FirstThatServes([Lying(), peers]).fetch_verified(CID, timeout=5)
+    peer.stop()
+    with pytest.raises(P2PError, match="no source served"):
+        FirstThatServes([down, peers]).fetch_verified(CID, timeout=5)
