@@ -40,7 +40,14 @@ class RegistryChainView:
         self._registry()
 
     def root_of(self, version: int) -> str | None:
-        registry = self._registry()
-        if version < 1 or version > registry.current_version():
+        """One eth_call; None when the registry has no such version (it reverts with UnknownVersion)."""
+        from zoo.registry.chain.errors import ContractRevert
+
+        if version < 1:
             return None
-        return "0x" + bytes(registry.version_at(version).root).hex()
+        try:
+            return "0x" + bytes(self._registry().version_at(version).root).hex()
+        except ContractRevert as e:
+            if e.error == "UnknownVersion":
+                return None
+            raise
