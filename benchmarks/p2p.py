@@ -131,8 +131,9 @@ def routing(a: NodeProcess, b: NodeProcess, runs: int) -> tuple[list[float], lis
 def message_sizes(chain: Chain, a: NodeProcess) -> tuple[int, int]:
     lib = status(a).library
     chain_id = int(chain.w3.eth.chain_id)
+    registry = chain.info.registry_address
     announcement = Announcement(
-        version=lib.version, root=lib.root, cid=lib.cid, chain_id=chain_id, registry=chain.info.registry_address
+        version=lib.version, root=lib.root, cid=lib.cid, chain_id=chain_id, registry=registry
     )
     with NodeClient(a.address) as client:
         listing = client.peers()

@@ -30,6 +30,7 @@ from zoo.registry.errors import (
     IpfsUnavailable,
     ValidationError,
 )
+from zoo.registry.unixfs import unixfs_cid
 
 RAW_CID_MAX = 262_144  # Kubo's default chunk size: content up to this size is one raw block
 DEFAULT_MAX_CAT = 64 * 1024 * 1024
@@ -39,10 +40,9 @@ _ADD_PARAMS = {"cid-version": "1", "raw-leaves": "true", "cid-base": "base32", "
 
 
 def local_cid(data: bytes) -> str:
-    """CIDv1 (raw codec, sha2-256, base32) of content of at most RAW_CID_MAX bytes, as Kubo's add gives."""
-    if len(data) > RAW_CID_MAX:
-        raise ValueError(f"{len(data)} bytes is more than one raw block; ask the daemon (IpfsClient.cid_of)")
-    return str(CID("base32", 1, "raw", multihash.digest(data, "sha2-256")))
+    """The CIDv1 (base32) `add` gives `data`, computed here: a raw block up to RAW_CID_MAX bytes, a UnixFS
+    DAG of raw leaves beyond (see unixfs.py)."""
+    return unixfs_cid(data)
 
 
 def parse_cid(cid: str) -> CID:
@@ -52,11 +52,20 @@ def parse_cid(cid: str) -> CID:
         raise ValidationError("cid", f"{cid[:100]!r} is not a CID: {err}") from None
 
 
-def verify_raw(cid: str, data: bytes) -> None:
-    """Check `data` against a raw-codec CID locally (no daemon needed); IntegrityError if it differs."""
+def verify_local(cid: str, data: bytes) -> None:
+    """Check `data` against a CID without a daemon: raw blocks (any hash function multiformats knows) and
+    CIDv1 UnixFS files in the daemons' default layout; IntegrityError if it differs, ValidationError for
+    a CID this cannot check (CIDv0, other codecs)."""
     parsed = parse_cid(cid)
+    if parsed.codec.name == "dag-pb" and parsed.version == 1:
+        if unixfs_cid(data) != normalise_cid(cid):
+            raise IntegrityError(
+                f"content ({len(data)} bytes) does not hash to {cid}", cid=cid, size=len(data)
+            )
+        return
     if parsed.codec.name != "raw":
-        raise ValidationError("cid", f"{cid} is a {parsed.codec.name} CID, not a raw block")
+        kind = f"{parsed.codec.name} CIDv{parsed.version}"
+        raise ValidationError("cid", f"{cid} is a {kind}, which only an IPFS daemon can check")
     try:
         matches = multihash.digest(data, parsed.hashfun) == bytes(parsed.digest)
     except (KeyError, ValueError, TypeError) as err:
@@ -146,21 +155,22 @@ class IpfsClient:
         return {normalise_cid(k) for k in keys}
 
     def cid_of(self, data: bytes) -> str:
-        """The CID add() gives `data`: computed locally up to RAW_CID_MAX bytes, else by the daemon."""
-        if len(data) <= RAW_CID_MAX:
-            return local_cid(data)
-        return self.add(data, pin=False, only_hash=True)
+        """The CID add() gives `data` (computed locally, exactly as the daemon would)."""
+        return local_cid(data)
 
     def verify(self, cid: str, data: bytes) -> None:
         """Check that `data` is the content `cid` names; IntegrityError if not."""
         parsed = parse_cid(cid)
         codec = parsed.codec.name
         if codec == "raw":
-            verify_raw(cid, data)
+            verify_local(cid, data)
+            return
+        if codec == "dag-pb" and parsed.version == 1:
+            verify_local(cid, data)
             return
         if codec == "dag-pb":
-            # Kubo's default layout for this CID version (CIDv0 never has raw leaves); no cid-base, since
-            # base32 cannot spell a CIDv0 and the comparison is on normalised CIDs anyway.
+            # Kubo's default layout for CIDv0 (no raw leaves), which only the daemon builds; no cid-base,
+            # since base32 cannot spell a CIDv0 and the comparison is on normalised CIDs anyway.
             params = {
                 "cid-version": str(parsed.version),
                 "raw-leaves": _flag(parsed.version == 1),

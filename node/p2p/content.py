@@ -16,26 +16,26 @@ from zoo.node.logs import get_logger
 from zoo.node.p2p.host import P2PError, P2PHost
 from zoo.node.p2p.peers import PeerBook
 from zoo.registry.errors import ContentTooLarge, IntegrityError, ValidationError
-from zoo.registry.ipfs import parse_cid, verify_raw
+from zoo.registry.ipfs import parse_cid, verify_local
 
 log = get_logger(__name__)
 
 
 def content_verifier(ipfs: Any = None) -> Callable[[str, bytes], None]:
-    """Checks peer bytes against their CID: raw blocks locally; multi-block (dag-pb) CIDs need the
-    IPFS daemon's hashing, so without one such content is not taken from peers (P2PError, not a
-    penalty: the peer did nothing wrong)."""
+    """Checks peer bytes against their CID: locally for raw blocks and CIDv1 files (what the registry's
+    publishers produce); other CIDs (CIDv0) need the IPFS daemon's hashing, so without one such content
+    is not taken from peers (P2PError, not a penalty: the peer did nothing wrong)."""
 
     def verify(cid: str, data: bytes) -> None:
-        if parse_cid(cid).codec.name == "raw":
-            verify_raw(cid, data)
-        elif ipfs is not None:
+        try:
+            verify_local(cid, data)
+        except ValidationError:
+            if ipfs is None:
+                raise P2PError(
+                    f"{cid} is a CID only an IPFS daemon can check, and this node has none configured "
+                    "(ipfs.api_url), so it does not take that content from peers"
+                ) from None
             ipfs.verify(cid, data)
-        else:
-            raise P2PError(
-                f"{cid} names multi-block (dag-pb) content, which only an IPFS daemon can check; this node "
-                "has none configured (ipfs.api_url), so it does not take that content from peers"
-            )
 
     return verify
 

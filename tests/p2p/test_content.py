@@ -61,13 +61,18 @@ def test_a_tampering_peer_is_penalised_and_the_next_one_serves(hosts, tmp_path: 
         source.fetch_verified(CID, timeout=5)
 
 
-def test_multi_block_cids_are_not_taken_from_peers_without_an_ipfs_daemon(hosts, tmp_path: Path) -> None:
-    peer = hosts("peer", lambda _cid: b"whatever")
+def test_large_libraries_are_checked_locally_and_cidv0_needs_a_daemon(hosts, tmp_path: Path) -> None:
+    big = os.urandom(3 * 262_144 + 5)  # a multi-block UnixFS file: its CID is a dag-pb DAG root
+    big_cid = local_cid(big)
+    assert big_cid.startswith("bafy")
+    peer = hosts("peer", lambda cid: big if cid == big_cid else b"whatever")
     me = hosts("me", lambda _cid: None)
     me.connect(peer.addrs[0])
-    dag_pb = "bafybeigdyrzt5sfp7udm7hu76uh7y26nf3efuylqabf3oclgtqy55fbzdi"
+    source = PeerContent(lambda: me, PeerBook(tmp_path / "p.json"), content_verifier())
+    assert source.fetch_verified(big_cid, timeout=10) == big
+    cid_v0 = "QmYwAPJzv5CZsnA625s3Xf2nemtYgPpHdWEz79ojWnPbdG"
     with pytest.raises(P2PError, match="only an IPFS daemon can check"):
-        PeerContent(lambda: me, PeerBook(tmp_path / "p.json"), content_verifier()).fetch_verified(dag_pb)
+        source.fetch_verified(cid_v0, timeout=10)
 
 
 def test_ipfs_first_then_peers(hosts, tmp_path: Path) -> None:
