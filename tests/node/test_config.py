@@ -42,6 +42,9 @@ def test_file_then_env_then_overrides(tmp_path: Path) -> None:
         ('[server]\ntls_cert = "/x.pem"\n', "tls_cert and tls_key must be set together"),
         ("bogus = 1\n", "bogus: unknown key"),
         ('[inference]\nlesson_position = "footer"\n', "inference.lesson_position"),
+        ('[p2p]\nlisten = "127.0.0.1:4001"\n', "p2p.listen"),
+        ('[p2p]\nbootstrap = ["/ip4/10.0.0.2/tcp/4001"]\n', "not a dialable peer address"),
+        ('[p2p]\ndrop_score = 5\n', "p2p.drop_score"),
     ],
 )
 def test_bad_config_names_key_and_file(tmp_path: Path, toml: str, needle: str) -> None:
@@ -51,6 +54,14 @@ def test_bad_config_names_key_and_file(tmp_path: Path, toml: str, needle: str) -
         load_config(f, environ={})
     assert needle in str(e.value)
     assert str(f) in str(e.value)
+
+
+def test_p2p_bootstrap_from_the_environment() -> None:
+    peer = "/ip4/10.0.0.2/tcp/4001/p2p/12D3KooWS1RpvHzD32dg6E9h53tg6Cg1b2XU2PAFL6PqNT2C5D5U"
+    env = {"ZOO_NODE_P2P__BOOTSTRAP": f'["{peer}"]', "ZOO_NODE_P2P__ENABLED": "false"}
+    cfg = load_config(None, environ=env)
+    assert cfg.p2p.bootstrap == [peer] and cfg.p2p.enabled is False
+    assert load_config(None, environ={}).p2p.listen == "/ip4/127.0.0.1/tcp/0"  # loopback by default
 
 
 def test_env_errors_name_the_variable() -> None:

@@ -181,9 +181,16 @@ def test_second_daemon_on_same_data_dir_is_refused(node: NodeProcess, tmp_path: 
 
 
 def test_sigterm_exits_zero_within_grace(start_node) -> None:
-    n = start_node(name="term")
+    n = start_node({"p2p": {"enabled": False}}, name="term")
     with NodeClient(n.address) as c:
-        assert c.status().node_version
+        st = c.status()
+        assert st.node_version
+        # p2p switched off: a disabled component, no peer id, an empty peer list.
+        p2p = next(comp for comp in st.components if comp.name == "p2p")
+        assert node_pb2.ComponentState.Name(p2p.state) == "COMPONENT_STATE_DISABLED"
+        assert "p2p.enabled = false" in p2p.detail
+        assert st.peers.peer_id == "" and c.peers() == node_pb2.ListPeersResponse()
+        assert not (n.data_dir / "p2p").exists()
     t0 = time.monotonic()
     rc = n.stop(signal.SIGTERM, timeout_s=15)
     assert rc == 0, n.log()
