@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import random
 import signal
 import statistics
 import sys
@@ -54,12 +55,14 @@ def config(info: DevnetInfo, name: str, *, p2p: bool, ipfs: bool, model: bool, p
         "ipfs": {"api_url": info.ipfs_api} if ipfs else {},
         "model": {"threads": 1} if model else remote,
         "p2p": {"enabled": p2p, "bootstrap": bootstrap},
+        "log": {"level": os.environ.get("BENCH_LOG_LEVEL", "info")},
     }
 
 
 @contextlib.contextmanager
 def three_nodes(tmp: Path, info: DevnetInfo, *, p2p: bool, poll: float) -> Iterator[list[NodeProcess]]:
     nodes: list[NodeProcess] = []
+    stagger = random.Random(1)
     try:
         bootstrap: list[str] = []
         for name in "abc":
@@ -69,6 +72,8 @@ def three_nodes(tmp: Path, info: DevnetInfo, *, p2p: bool, poll: float) -> Itera
             node = launch(write_config(data.with_suffix(".toml"), base_config(data, extra)), data)
             node.wait_listening()
             nodes.append(node)
+            # Nodes of a real network start at unrelated moments: spread their poll phases likewise.
+            time.sleep(stagger.uniform(0, poll))
             if p2p and name == "a":
                 with NodeClient(node.address) as client:
                     addrs = wait_until("A's address", lambda c=client: list(c.peers().listen_addrs), 30)
@@ -88,11 +93,14 @@ def three_nodes(tmp: Path, info: DevnetInfo, *, p2p: bool, poll: float) -> Itera
                     os.killpg(node.proc.pid, signal.SIGKILL)
 
 
-def propagation(chain: Chain, nodes: list[NodeProcess], versions: int) -> list[float]:
+def propagation(chain: Chain, nodes: list[NodeProcess], versions: int, poll: float) -> list[float]:
     clients = [NodeClient(n.address) for n in nodes]
     out = []
+    pause = random.Random(0)
     try:
         for _ in range(versions):
+            # Land each execution at a random moment of the nodes' poll cycles, not in step with them.
+            time.sleep(pause.uniform(0, poll))
             lib = chain.next_library(2)
             root = root_hex(library_root(lib))
             chain.approve_library(lib)  # returns once the execution (LibraryUpdated) is mined
@@ -104,7 +112,6 @@ def propagation(chain: Chain, nodes: list[NodeProcess], versions: int) -> list[f
                     raise SystemExit(f"version {lib.version} not active on every node after 120 s")
                 time.sleep(0.01)
             out.append(time.perf_counter() - t0)
-            time.sleep(0.5)  # let the poll phases drift apart between versions
     finally:
         for c in clients:
             c.close()
@@ -163,10 +170,10 @@ def main() -> None:
     chain = chain_of(info)
     try:
         with three_nodes(tmp, info, p2p=False, poll=args.poll) as nodes:
-            polling = propagation(chain, nodes, args.versions)
+            polling = propagation(chain, nodes, args.versions, args.poll)
         print(summary("1. chain polling only", polling), flush=True)
         with three_nodes(tmp, info, p2p=True, poll=args.poll) as nodes:
-            gossip = propagation(chain, nodes, args.versions)
+            gossip = propagation(chain, nodes, args.versions, args.poll)
             print(summary("1. with gossip       ", gossip), flush=True)
             ratio = statistics.median(polling) / statistics.median(gossip)
             print(f"   block to active on all three: polling / gossip = {ratio:.2f}x (median)")

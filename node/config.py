@@ -154,7 +154,8 @@ class ChainConfig(_Section):
     confirmations: int = Field(0, ge=0, le=1000)
     """Follow LibraryUpdated events this many blocks behind the head."""
     poll_interval_s: float = Field(2.0, gt=0, le=3600)
-    """How often the node looks for newly approved library versions."""
+    """How often the node looks for newly approved library versions (each interval jittered by up to 20 %,
+    so nodes do not poll in step; a checked peer announcement triggers an extra poll at once)."""
     from_block: int = Field(0, ge=0)
     """First block to read registry events from (its deployment block; public RPCs limit log ranges)."""
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections.abc import Callable
 from typing import Any
@@ -107,7 +108,15 @@ class LibraryComponent(Component):
         assert self.follower_factory is not None
         follower = await asyncio.to_thread(self.follower_factory)
         backoff = self.poll_interval_s
+        next_poll = time.monotonic()
         while True:
+            # Wait for the next scheduled poll, or for a checked peer announcement that there is news.
+            woken = False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), max(0.0, next_poll - time.monotonic()))
+                woken = True
+            self._wake.clear()
+            log.debug("library poll", woken=woken)
             try:
                 result = await asyncio.to_thread(follower.poll)
                 self.last_error = ""
@@ -126,10 +135,11 @@ class LibraryComponent(Component):
                 self.last_error = f"{type(e).__name__}: {e}"
                 log.warning("library sync failed; retrying", error=self.last_error, retry_in_s=backoff)
                 backoff = min(backoff * 2, 30.0)
-            # Sleep until the next poll, or until a checked peer announcement says there is news.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), backoff)
-            self._wake.clear()
+            if not woken:
+                # An extra poll on a wake-up leaves the schedule alone, and each interval is jittered by
+                # up to 20 %: nodes must not poll in step (started together, or woken by one
+                # announcement), so that a new version is found early by whichever polls first.
+                next_poll = time.monotonic() + backoff * random.uniform(0.8, 1.2)
 
     def wake(self) -> None:
         """Poll the chain now (a peer announced a version that checks out against the chain)."""
