@@ -386,6 +386,7 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
     servicer.serving = lambda: serving_stats(admission, lambda: model.backend)
     metrics.watch_serving(servicer.serving)
     engine = build_engine(cfg, supervisor, usage, metrics)
+    router = _router(cfg, supervisor)
     servicers: list[Any] = [
         (node_pb2_grpc.add_NodeServiceServicer_to_server, servicer),
         (
@@ -400,7 +401,7 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
                 admission,
                 base_model=model_id(cfg, model_path),
                 adapters=AdapterDirectory(cfg.adapters_dir).names,
-                router=_router(cfg, supervisor),
+                router=router,
                 peer_id=lambda: getattr(supervisor.components["p2p"], "peer_id", ""),
             ),
         ),
@@ -475,6 +476,8 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
     # New RPCs and HTTP requests are refused at once; in-flight ones get the grace period to finish.
     grace = cfg.server.grace_period_s
     await asyncio.gather(server.stop(grace), *([http.stop(grace)] if http is not None else []))
+    if router is not None:
+        await router.close()
     await supervisor.stop()
     usage.flush()
     metrics.shutdown()

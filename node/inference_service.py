@@ -252,14 +252,14 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
             return dataclasses.replace(params, adapter=model), False
         from zoo.node.p2p.routing import is_forwarded
 
+        if is_forwarded(context.invocation_metadata()):
+            # Stale capabilities at the forwarder; UNAVAILABLE lets it try another peer. Never forward twice.
+            raise BackendUnavailable(f"model {model!r} is not served by this node (a routed request)")
         if self.router is None:
             raise NotFound(
                 f"model {model!r} is not served by this node (it serves {self.base_model!r}"
                 f"{' and its adapters' if self.adapters() else ''}) and p2p routing is off"
             )
-        if is_forwarded(context.invocation_metadata()):
-            # Stale capabilities at the forwarder; UNAVAILABLE lets it try another peer. Never forward twice.
-            raise BackendUnavailable(f"model {model!r} is not served by this node (a routed request)")
         return params, True
 
     async def _peer_refused(self, context: Any, e: Exception) -> None:
@@ -271,7 +271,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
             from zoo.node.p2p.routing import PeerRefused
 
             try:
-                return await self.router.infer(request)
+                return await self.router.infer(request, context.time_remaining())
             except PeerRefused as e:
                 await self._peer_refused(context, e)
         engine = self.engine()
@@ -293,7 +293,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
             from zoo.node.p2p.routing import PeerRefused
 
             try:
-                async for chunk in self.router.infer_stream(request):
+                async for chunk in self.router.infer_stream(request, context.time_remaining()):
                     yield chunk
             except PeerRefused as e:
                 await self._peer_refused(context, e)

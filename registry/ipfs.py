@@ -36,7 +36,16 @@ RAW_CID_MAX = 262_144  # Kubo's default chunk size: content up to this size is o
 DEFAULT_MAX_CAT = 64 * 1024 * 1024
 # The HTTP read waits this much longer than the daemon-side timeout, so the daemon answers first.
 _GRACE = 5.0
-_ADD_PARAMS = {"cid-version": "1", "raw-leaves": "true", "cid-base": "base32", "progress": "false"}
+# The layout unixfs.py computes, pinned so a daemon configured with another import profile cannot
+# produce CIDs that every node would then fail to verify.
+_ADD_PARAMS = {
+    "cid-version": "1",
+    "raw-leaves": "true",
+    "chunker": "size-262144",
+    "hash": "sha2-256",
+    "cid-base": "base32",
+    "progress": "false",
+}
 
 
 def local_cid(data: bytes) -> str:
@@ -57,7 +66,7 @@ def verify_local(cid: str, data: bytes) -> None:
     CIDv1 UnixFS files in the daemons' default layout; IntegrityError if it differs, ValidationError for
     a CID this cannot check (CIDv0, other codecs)."""
     parsed = parse_cid(cid)
-    if parsed.codec.name == "dag-pb" and parsed.version == 1:
+    if parsed.codec.name == "dag-pb" and parsed.version == 1 and parsed.hashfun.name == "sha2-256":
         if unixfs_cid(data) != normalise_cid(cid):
             raise IntegrityError(
                 f"content ({len(data)} bytes) does not hash to {cid}", cid=cid, size=len(data)

@@ -39,6 +39,7 @@ from zoo.node.p2p.peers import PeerBook, RateLimiter
 log = get_logger(__name__)
 
 TOPICS = {LIBRARY_TOPIC: Announcement, CAPABILITIES_TOPIC: Capabilities}
+MAX_DIALS_PER_ROUND = 16  # bootstrap peers first, then the book's best: a big book cannot stall a round
 
 
 class ChainView(Protocol):
@@ -98,9 +99,12 @@ class P2PComponent(Component):
         self.relay_limiter = RateLimiter(10 * settings.rate_per_s, 10 * settings.rate_burst)
         self.host: P2PHost | None = None
         self.current_version = 0  # the version this node serves (set by the daemon on activation)
-        self._inbox: asyncio.Queue[tuple[str, str, bytes]] | None = None
+        self._hints: asyncio.Queue[tuple[str, bytes]] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._verdicts: OrderedDict[tuple[int, str], bool] = OrderedDict()
+        self._woken: dict[int, float] = {}  # version -> when a hint last woke the library for it
+        self._chain_tried = 0.0
+        self._tasks: set[asyncio.Task[None]] = set()
         self._next_dial: dict[str, float] = {}  # address -> monotonic time of the next attempt
         self._backoff: dict[str, float] = {}
         self.connected: list[str] = []
@@ -109,7 +113,7 @@ class P2PComponent(Component):
 
     async def setup(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._inbox = asyncio.Queue(maxsize=1024)
+        self._hints = asyncio.Queue(maxsize=64)
         seed = load_identity(self.dir / "identity.key")
         host = P2PHost(
             seed,
@@ -129,6 +133,7 @@ class P2PComponent(Component):
         if host is None or not host.running:
             return State.FAILED, "the libp2p host is not running"
         self.connected = await asyncio.to_thread(host.connected)
+        self.book.mark_connected(self.connected)
         if self.metrics is not None:
             self.metrics.p2p_peers.set(len(self.connected))
         capable = len(self.book.capable())
@@ -139,13 +144,14 @@ class P2PComponent(Component):
 
     async def run_forever(self) -> None:
         async with asyncio.TaskGroup() as tg:
-            tg.create_task(self._handle_inbox())
+            tg.create_task(self._handle_hints())
             tg.create_task(self._advertise())
             tg.create_task(self._dial())
 
     async def stop(self) -> None:
         if self.host is not None:
             await asyncio.to_thread(self.host.stop)
+        await asyncio.to_thread(self.book.flush)
 
     @property
     def peer_id(self) -> str:
@@ -168,11 +174,14 @@ class P2PComponent(Component):
         if self.book.banned(publisher) or self.book.banned(forwarder):
             self._count(topic, "banned")
             return False
-        for peer, limiter in ((publisher, self.limiter), (forwarder, self.relay_limiter)):
-            if not limiter.allow(peer):
-                self._count(topic, "rate_limited")
-                self.book.penalise(peer, "rate_limited")
-                return False
+        if not self.limiter.allow(publisher):
+            self._count(topic, "rate_limited")
+            self.book.penalise(publisher, "rate_limited")
+            return False
+        if not self.relay_limiter.allow(forwarder):
+            # Not penalised: an honest relay may carry someone else's flood.
+            self._count(topic, "rate_limited")
+            return False
         try:
             decode(TOPICS[topic], data)
         except MessageError as e:
@@ -183,33 +192,39 @@ class P2PComponent(Component):
         return True
 
     def _deliver(self, topic: str, publisher: str, data: bytes) -> None:
-        loop, inbox = self._loop, self._inbox
-        if loop is None or inbox is None:
+        """An accepted message (libp2p thread): capabilities go straight into the book; announcements
+        cross to the asyncio loop, where checking them may wait on the chain."""
+        try:
+            if topic == CAPABILITIES_TOPIC:
+                self._capabilities(publisher, decode(Capabilities, data))
+                return
+        except MessageError as e:  # validated on arrival; only a bug gets here
+            self._count(topic, e.reason)
+            return
+        loop, hints = self._loop, self._hints
+        if loop is None or hints is None:
             return
 
         def put() -> None:
-            if inbox.full():
+            if hints.full():
                 self._count(topic, "queue_full")
             else:
-                inbox.put_nowait((topic, publisher, data))
+                hints.put_nowait((publisher, data))
 
         loop.call_soon_threadsafe(put)
 
     # -- gossip in (the asyncio loop) -----------------------------------------------------------------
 
-    async def _handle_inbox(self) -> None:
-        assert self._inbox is not None
+    async def _handle_hints(self) -> None:
+        assert self._hints is not None
         while True:
-            topic, publisher, data = await self._inbox.get()
+            publisher, data = await self._hints.get()
             try:
-                if topic == LIBRARY_TOPIC:
-                    await self._hint(publisher, decode(Announcement, data))
-                else:
-                    self._capabilities(publisher, decode(Capabilities, data))
+                await self._hint(publisher, decode(Announcement, data))
             except MessageError as e:  # validated on arrival; only a bug gets here
-                self._count(topic, e.reason)
+                self._count(LIBRARY_TOPIC, e.reason)
             except Exception:
-                log.exception("p2p message handling failed", topic=topic, peer=publisher)
+                log.exception("p2p announcement handling failed", peer=publisher)
 
     def _capabilities(self, publisher: str, caps: Capabilities) -> None:
         chain = self.chain() if self.chain is not None else None
@@ -238,7 +253,12 @@ class P2PComponent(Component):
                 log.info("p2p hint not checked: chain call failed", version=hint.version, error=str(e))
                 self._count(LIBRARY_TOPIC, "unchecked")
                 return
-            verdict = onchain is not None and onchain.lower() == hint.root
+            if onchain is None:
+                # Not on this node's chain view yet: a lie or just a lagging RPC. No verdict, no penalty,
+                # nothing done; the version arrives by polling if it is real.
+                self._count(LIBRARY_TOPIC, "unknown_version")
+                return
+            verdict = onchain.lower() == hint.root
             self._verdicts[key] = verdict
             while len(self._verdicts) > 1024:
                 self._verdicts.popitem(last=False)
@@ -254,9 +274,15 @@ class P2PComponent(Component):
             )
             return
         self._count(LIBRARY_TOPIC, "accepted")
-        if hint.version > self.current_version and self.on_newer_version is not None:
-            log.info("p2p announcement checks out; syncing now", peer=publisher, version=hint.version)
-            self.on_newer_version(hint.version)
+        now = time.monotonic()
+        # One wake-up per version and second at most: replaying an honest announcement cannot make the
+        # node poll back to back.
+        if hint.version > self.current_version and now - self._woken.get(hint.version, -1e9) > 1.0:
+            self._woken = {v: t for v, t in self._woken.items() if v > self.current_version}
+            self._woken[hint.version] = now
+            if self.on_newer_version is not None:
+                log.info("p2p announcement checks out; syncing now", peer=publisher, version=hint.version)
+                self.on_newer_version(hint.version)
 
     # -- gossip out -----------------------------------------------------------------------------------
 
@@ -264,6 +290,9 @@ class P2PComponent(Component):
         """The chain view once it has been reached (its chain id known), else None."""
         chain = self.chain() if self.chain is not None else None
         if chain is not None and not chain.chain_id:
+            if time.monotonic() - self._chain_tried < 5.0:
+                return None  # the chain was unreachable moments ago: do not queue more attempts
+            self._chain_tried = time.monotonic()
             try:
                 await asyncio.to_thread(chain.connect)
             except Exception as e:
@@ -275,7 +304,9 @@ class P2PComponent(Component):
         """Tell peers this node activated a version (called on the event loop; publishes in background)."""
         self.current_version = max(self.current_version, version)
         if self.host is not None and self._loop is not None:
-            self._loop.create_task(self._announce(version, root, cid))
+            task = self._loop.create_task(self._announce(version, root, cid))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     async def _announce(self, version: int, root: str, cid: str) -> None:
         chain = await self._chain()
@@ -321,6 +352,7 @@ class P2PComponent(Component):
             host = self.host
             if host is not None and host.running:
                 await self._dial_once(host)
+            await asyncio.to_thread(self.book.flush)
             await asyncio.sleep(self.settings.redial_interval_s)
 
     async def _dial_once(self, host: P2PHost) -> None:
@@ -330,8 +362,12 @@ class P2PComponent(Component):
                 log.warning("disconnecting a banned peer", peer=peer)
                 await asyncio.to_thread(host.disconnect, peer)
         targets = [(a, _peer_of(a)) for a in self.settings.bootstrap]
-        targets += [(a, r.peer_id) for r in self.book.dialable() for a in r.addrs]
+        targets += [(a, r.peer_id) for r in self.book.dialable() for a in r.addrs[:2]]
+        targets = targets[:MAX_DIALS_PER_ROUND]
         now = time.monotonic()
+        current = {a for a, _ in targets}
+        self._next_dial = {a: t for a, t in self._next_dial.items() if a in current}
+        self._backoff = {a: b for a, b in self._backoff.items() if a in current}
         tried: set[str] = set()
         for addr, peer in targets:
             if peer in connected or peer in tried or peer == host.peer_id or self.book.banned(peer):
@@ -349,7 +385,7 @@ class P2PComponent(Component):
             self._next_dial.pop(addr, None)
             self._backoff.pop(addr, None)
             connected.add(got)
-            self.book.seen(got, [addr])
+            self.book.seen(got, [addr], connected=True)
             log.info("p2p peer connected", peer=got, addr=addr)
 
     # -- what GetStatus, ListPeers and `zoo-node peers` show ------------------------------------------

@@ -68,13 +68,16 @@ class PeerContent:
         problems = []
         for peer in candidates[: self.max_peers]:
             try:
-                data = host.fetch(peer, cid, max_size, timeout or self.timeout_s)
+                # p2p.fetch_timeout_s: the caller's timeout is the IPFS one.
+                data = host.fetch(peer, cid, max_size, self.timeout_s)
             except P2PError as e:
                 problems.append(f"{peer[:16]}…: {e}")
                 continue
             try:
                 self.verify(cid, data)
-            except (IntegrityError, ValidationError) as e:
+            except ValidationError as e:  # a CID this node cannot check: nobody's fault, nothing taken
+                raise P2PError(f"cannot check content for {cid}: {e}") from None
+            except IntegrityError as e:
                 self.book.penalise(peer, "tampered_content")
                 problems.append(f"{peer[:16]}…: sent content that fails verification ({e})")
                 continue

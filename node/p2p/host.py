@@ -26,12 +26,15 @@ import trio
 from multiaddr import Multiaddr
 
 from zoo.node.logs import get_logger
+from zoo.registry.fsutil import write_atomic
 
 log = get_logger(__name__)
 
 CONTENT_PROTOCOL = "/zoo/library-bytes/1.0.0"
 GOSSIP_PROTOCOL = "/meshsub/1.0.0"
 MAX_REQUEST_LINE = 1024
+MAX_SERVING = 4  # content requests served at once; more are answered "busy" (each may hold 64 MiB)
+CALL_TIMEOUT_S = 10.0  # publish, list, disconnect
 
 Validator = Callable[[str, str, str, bytes], bool]  # (topic, publisher, forwarder, data) -> accept
 MessageSink = Callable[[str, str, bytes], None]  # (topic, publisher peer id, data)
@@ -53,9 +56,7 @@ def load_identity(path: Path) -> bytes:
     except FileNotFoundError:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         seed = os.urandom(32)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(seed)
+        write_atomic(path, seed, mode=0o600)  # a crash leaves no file or the whole key, never half
         return seed
     if len(seed) != 32:
         raise ValueError(f"{path} holds {len(seed)} bytes, not a 32-byte identity seed; move it aside")
@@ -119,6 +120,7 @@ class P2PHost:
         self._thread: threading.Thread | None = None
         self._host: Any = None
         self._pubsub: Any = None
+        self._serving: Any = None
 
     # -- lifecycle (any non-trio thread) --------------------------------------------------------------
 
@@ -126,6 +128,7 @@ class P2PHost:
         self._thread = threading.Thread(target=self._thread_main, name="p2p", daemon=True)
         self._thread.start()
         if not self._ready.wait(timeout):
+            self.stop()
             raise P2PError(f"the libp2p host did not start within {timeout:.0f} s")
         if self._error is not None:
             raise P2PError(f"the libp2p host failed to start: {self._error}") from self._error
@@ -161,6 +164,7 @@ class P2PHost:
 
         self._token = trio.lowlevel.current_trio_token()
         self._stop = trio.Event()
+        self._serving = trio.Semaphore(MAX_SERVING)
         host = new_host(key_pair=create_new_key_pair(self.seed))
         # The router's own spam filter drops floods silently and unattributed; the validator's per-peer
         # limits (counted in metrics, scored, configurable) take its place.
@@ -214,11 +218,22 @@ class P2PHost:
             raise P2PError("the libp2p host is not running")
         try:
             return trio.from_thread.run(fn, *args, trio_token=self._token)
-        except trio.RunFinishedError:
+        except (trio.RunFinishedError, trio.Cancelled):
+            # Cancelled is a BaseException: the host stopped (or crashed) while this call was running.
             raise P2PError("the libp2p host stopped") from None
 
+    def _bounded(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+        async def call() -> Any:
+            with trio.fail_after(CALL_TIMEOUT_S):
+                return await fn(*args)
+
+        try:
+            return self._call(call)
+        except trio.TooSlowError:
+            raise P2PError(f"the libp2p host did not answer within {CALL_TIMEOUT_S:.0f} s") from None
+
     def publish(self, topic: str, data: bytes) -> None:
-        self._call(self._pubsub.publish, topic, data)
+        self._bounded(self._pubsub.publish, topic, data)
 
     def connect(self, addr: str, timeout: float = 10.0) -> str:
         """Dial a /p2p/ multiaddr; returns the peer id."""
@@ -247,7 +262,7 @@ class P2PHost:
         async def peers() -> list[str]:
             return [p.to_base58() for p in self._host.get_connected_peers()]
 
-        return self._call(peers)
+        return self._bounded(peers)
 
     def mesh_peers(self, topic: str) -> list[str]:
         """Peers that have told us they subscribe to `topic` (gossip reaches them)."""
@@ -255,7 +270,7 @@ class P2PHost:
         async def peers() -> list[str]:
             return [p.to_base58() for p in self._pubsub.peer_topics.get(topic, set())]
 
-        return self._call(peers)
+        return self._bounded(peers)
 
     def disconnect(self, peer_id: str) -> None:
         from libp2p.peer.id import ID
@@ -264,7 +279,7 @@ class P2PHost:
             await self._host.disconnect(ID.from_base58(peer_id))
 
         try:
-            self._call(drop)
+            self._bounded(drop)
         except P2PError:
             raise
         except Exception as e:
@@ -304,8 +319,7 @@ class P2PHost:
                         raise P2PError(f"the peer sent {len(data)} bytes, announced {size}")
                     return data
                 finally:
-                    with trio.move_on_after(1):
-                        await stream.close()
+                    await _close(stream)
 
         try:
             return self._call(exchange)
@@ -320,28 +334,49 @@ class P2PHost:
 
     async def _serve_content(self, stream: Any) -> None:
         try:
-            with trio.fail_after(30):
-                line, _, _ = (await _read_line(stream, MAX_REQUEST_LINE)).partition(b"\n")
-                try:
-                    request = json.loads(line)
-                    cid = request["cid"]
-                    if not isinstance(cid, str) or len(cid) > 256:
-                        raise ValueError
-                except (ValueError, KeyError, TypeError):
-                    await stream.write(b'{"error": "bad request: expected {\\"cid\\": CID}"}\n')
-                    return
-                data = await trio.to_thread.run_sync(self.content, cid)
-                if data is None or len(data) > self.max_content_bytes:
-                    await stream.write(json.dumps({"error": f"no content for {cid}"}).encode() + b"\n")
-                    return
-                await stream.write(json.dumps({"size": len(data)}).encode() + b"\n")
-                for start in range(0, len(data), 65536):
-                    await stream.write(data[start : start + 65536])
+            try:
+                self._serving.acquire_nowait()
+            except trio.WouldBlock:
+                await stream.write(b'{"error": "busy: too many content requests at once; retry"}\n')
+                return
+            try:
+                with trio.fail_after(30):
+                    await self._serve_one(stream)
+            finally:
+                self._serving.release()
         except Exception as e:
             log.info("p2p content request failed", error=f"{type(e).__name__}: {e}")
         finally:
-            with trio.move_on_after(1):
-                await stream.close()
+            await _close(stream)
+
+    async def _serve_one(self, stream: Any) -> None:
+        line, _, _ = (await _read_line(stream, MAX_REQUEST_LINE)).partition(b"\n")
+        try:
+            request = json.loads(line)
+            cid = request["cid"]
+            if not isinstance(cid, str) or len(cid) > 256:
+                raise ValueError
+        except (ValueError, KeyError, TypeError):
+            await stream.write(b'{"error": "bad request: expected {\\"cid\\": CID}"}\n')
+            return
+        data = await trio.to_thread.run_sync(self.content, cid)
+        if data is None or len(data) > self.max_content_bytes:
+            await stream.write(json.dumps({"error": f"no content for {cid}"}).encode() + b"\n")
+            return
+        await stream.write(json.dumps({"size": len(data)}).encode() + b"\n")
+        for start in range(0, len(data), 65536):
+            await stream.write(data[start : start + 65536])
+
+
+async def _close(stream: Any) -> None:
+    """Close a stream even from a cancelled scope (a deadline that expired), within a second."""
+    with trio.CancelScope(shield=True) as scope:
+        scope.deadline = trio.current_time() + 1.0
+        try:
+            await stream.close()
+        except Exception:
+            with contextlib.suppress(Exception):
+                await stream.reset()
 
 
 def _peer_str(raw: bytes) -> str:

@@ -1,10 +1,12 @@
 """What a node knows about its peers: addresses, capabilities, score; kept across restarts.
 
-The book is a small JSON file in the data dir (written atomically), so a restarted node dials the peers
-it knew, not only its bootstrap list. Scores start at 0, go down for bad behaviour (a fake announcement,
-tampered content, a flood) and up a little for good content; a peer at or below `drop_score` is banned:
-its messages are dropped and it is not dialled or asked for content again. Capabilities expire after
-`ttl_s` without a refresh, so a stopped node stops being a routing target.
+The book is a small JSON file in the data dir, written atomically by `flush` (the component flushes it
+every few seconds from a worker thread and at stop; gossip never waits for a disk write), so a restarted
+node dials the peers it was connected to, not only its bootstrap list. Scores start at 0, go down for
+bad behaviour (a fake announcement, tampered content, a wrong answer, a flood) and up a little for good
+content; a peer at or below `drop_score` is banned: its messages are dropped and it is not dialled or
+asked for content again. Capabilities live in memory only and expire after `ttl_s` without a refresh,
+so a stopped node stops being a routing target.
 """
 
 from __future__ import annotations
@@ -23,7 +25,13 @@ from zoo.registry.fsutil import write_atomic
 log = get_logger(__name__)
 
 # How much each kind of behaviour moves a peer's score.
-PENALTIES = {"bad_hint": -10.0, "tampered_content": -20.0, "rate_limited": -1.0, "malformed": -2.0}
+PENALTIES = {
+    "bad_hint": -10.0,
+    "tampered_content": -20.0,
+    "wrong_root": -10.0,
+    "rate_limited": -1.0,
+    "malformed": -2.0,
+}
 REWARD_GOOD_CONTENT = 1.0
 MAX_SCORE = 10.0
 MAX_PEERS = 1000  # the book keeps the most recently seen ones
@@ -39,6 +47,7 @@ class PeerRecord:
     capabilities: dict[str, Any] | None = None
     capabilities_at: float = 0.0
     offences: dict[str, int] = field(default_factory=dict)
+    was_connected: bool = False  # only peers this node was connected to are dialled from the book
 
 
 class PeerBook:
@@ -49,6 +58,7 @@ class PeerBook:
         self.ttl_s = ttl_s
         self.drop_score = drop_score
         self._lock = threading.Lock()
+        self._dirty = False
         self._peers: dict[str, PeerRecord] = self._load()
 
     def _load(self) -> dict[str, PeerRecord]:
@@ -66,10 +76,22 @@ class PeerBook:
         return peers
 
     def _save(self) -> None:
-        records = sorted(self._peers.values(), key=lambda r: r.last_seen, reverse=True)[:MAX_PEERS]
-        self._peers = {r.peer_id: r for r in records}
-        data = {"peers": [asdict(r) for r in records]}
-        write_atomic(self.path, json.dumps(data, indent=1).encode(), mode=0o600)
+        """Mark the book changed (the lock is held); `flush` writes it."""
+        self._dirty = True
+        if len(self._peers) > MAX_PEERS:
+            # Keep the most recently seen; banned peers stay (their ban must not be forgotten).
+            keep = sorted(self._peers.values(), key=lambda r: (r.score > self.drop_score, r.last_seen))
+            self._peers = {r.peer_id: r for r in keep[-MAX_PEERS:]}
+
+    def flush(self) -> None:
+        """Write the book if it changed (blocking: call from a worker thread); capabilities are not kept."""
+        with self._lock:
+            if not self._dirty:
+                return
+            fresh = {"capabilities": None, "capabilities_at": 0.0}
+            records = [asdict(r) | fresh for r in self._peers.values()]
+            self._dirty = False
+        write_atomic(self.path, json.dumps({"peers": records}, indent=1).encode(), mode=0o600)
 
     def _record(self, peer_id: str) -> PeerRecord:
         record = self._peers.get(peer_id)
@@ -77,27 +99,34 @@ class PeerBook:
             record = self._peers[peer_id] = PeerRecord(peer_id)
         return record
 
-    def seen(self, peer_id: str, addrs: list[str] | None = None) -> None:
+    def seen(self, peer_id: str, addrs: list[str] | None = None, connected: bool = False) -> None:
         with self._lock:
             record = self._record(peer_id)
             record.last_seen = time.time()
+            record.was_connected = record.was_connected or connected
             if addrs:
                 record.addrs = sorted(set(addrs))[:8]
             self._save()
 
     def set_capabilities(self, peer_id: str, capabilities: Capabilities) -> None:
+        """Live capabilities (memory only) and the addresses they advertise (kept for redialling)."""
         with self._lock:
             record = self._record(peer_id)
             record.capabilities = capabilities.model_dump()
             record.capabilities_at = record.last_seen = time.time()
-            self._save()
-
-    def forget_capabilities(self, peer_id: str) -> None:
-        with self._lock:
-            record = self._peers.get(peer_id)
-            if record is not None and record.capabilities is not None:
-                record.capabilities, record.capabilities_at = None, 0.0
+            if capabilities.addrs and sorted(set(capabilities.addrs))[:8] != record.addrs:
+                record.addrs = sorted(set(capabilities.addrs))[:8]
                 self._save()
+
+    def mark_connected(self, peer_ids: list[str]) -> None:
+        """Peers seen connected: from now on they are redialled from the book after a restart."""
+        with self._lock:
+            for peer_id in peer_ids:
+                record = self._record(peer_id)
+                record.last_seen = time.time()
+                if not record.was_connected:
+                    record.was_connected = True
+                    self._save()
 
     def penalise(self, peer_id: str, offence: str) -> float:
         """Lower a peer's score for `offence` (a key of PENALTIES); returns the new score."""
@@ -105,6 +134,7 @@ class PeerBook:
             record = self._record(peer_id)
             record.score = record.score + PENALTIES[offence]
             record.offences[offence] = record.offences.get(offence, 0) + 1
+            record.last_seen = max(record.last_seen, time.time())
             if record.score <= self.drop_score:
                 record.capabilities, record.capabilities_at = None, 0.0
             self._save()
@@ -152,7 +182,8 @@ class PeerBook:
         return out
 
     def dialable(self) -> list[PeerRecord]:
-        return [r for r in self.records() if r.addrs and r.score > self.drop_score]
+        """Peers this node was connected to, with addresses, not banned: what it redials."""
+        return [r for r in self.records() if r.was_connected and r.addrs and r.score > self.drop_score]
 
 
 class RateLimiter:
@@ -165,6 +196,7 @@ class RateLimiter:
         self.rate = rate
         self.burst = burst
         self._buckets: dict[str, tuple[float, float]] = {}
+        self._pruned = 0.0
         self._lock = threading.Lock()
 
     def allow(self, key: str) -> bool:
@@ -174,6 +206,8 @@ class RateLimiter:
             tokens = min(self.burst, tokens + (now - at) * self.rate)
             allowed = tokens >= 1.0
             self._buckets[key] = (tokens - 1.0 if allowed else tokens, now)
-            if len(self._buckets) > 10 * MAX_PEERS:  # forget idle keys so a churn of ids cannot grow this
+            if len(self._buckets) > 10 * MAX_PEERS and now - self._pruned > 10:
+                # Forget idle keys so a churn of ids cannot grow this (at most every 10 s).
                 self._buckets = {k: v for k, v in self._buckets.items() if now - v[1] < 60}
+                self._pruned = now
             return allowed

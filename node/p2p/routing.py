@@ -10,6 +10,8 @@ carries the metadata `zoo-forwarded`, and a node never forwards such a request a
 
 from __future__ import annotations
 
+import asyncio
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -27,10 +29,15 @@ log = get_logger(__name__)
 FORWARDED = "zoo-forwarded"
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 MAX_ATTEMPTS = 2  # the least-loaded peer, then one other
+MAX_CHANNELS = 32  # open gRPC channels to peers, least recently used closed first
 
 
 class NoCapablePeer(BackendUnavailable):
     """No peer that advertises the model (and the pinned root) could answer: UNAVAILABLE."""
+
+
+class _WrongRoot(Exception):
+    """A peer answered a pinned request from another library root (it is penalised; try the next)."""
 
 
 class PeerRefused(Exception):
@@ -45,7 +52,8 @@ class Router:
     def __init__(self, book: PeerBook, timeout_s: float = 60.0) -> None:
         self.book = book
         self.timeout_s = timeout_s
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels: OrderedDict[str, grpc.aio.Channel] = OrderedDict()
+        self._closing: set[asyncio.Task[None]] = set()
 
     def candidates(self, model: str, library_root: str = "") -> list[tuple[str, Capabilities]]:
         found = [
@@ -59,7 +67,17 @@ class Router:
         channel = self._channels.get(address)
         if channel is None:
             channel = self._channels[address] = grpc.aio.insecure_channel(address)
+            while len(self._channels) > MAX_CHANNELS:
+                _, old = self._channels.popitem(last=False)
+                task = asyncio.get_running_loop().create_task(old.close(grace=5))
+                self._closing.add(task)
+                task.add_done_callback(self._closing.discard)
+        self._channels.move_to_end(address)
         return inference_pb2_grpc.InferenceServiceStub(channel)
+
+    def _timeout(self, remaining: float | None) -> float:
+        """The router's deadline, or the client's own when that is sooner."""
+        return self.timeout_s if remaining is None else max(0.001, min(self.timeout_s, remaining))
 
     def _targets(self, request: inference_pb2.InferRequest) -> list[tuple[str, Capabilities]]:
         targets = self.candidates(request.model, request.library_root.lower())
@@ -72,49 +90,61 @@ class Router:
         return targets[:MAX_ATTEMPTS]
 
     def _checked(self, peer_id: str, request: Any, response: inference_pb2.InferResponse) -> Any:
+        """The peer's answer with served_by set; WrongRoot when it ignored the pinned root."""
         if request.library_root and response.library_root.lower() != request.library_root.lower():
-            raise IntegrityError(
-                f"peer {peer_id} answered with library root {response.library_root}, not the pinned "
-                f"{request.library_root}"
+            self.book.penalise(peer_id, "wrong_root")
+            raise _WrongRoot(
+                f"{peer_id}: answered from library root {response.library_root}, not the pinned one"
             )
         response.served_by = peer_id
         return response
 
-    async def infer(self, request: inference_pb2.InferRequest) -> inference_pb2.InferResponse:
+    async def infer(
+        self, request: inference_pb2.InferRequest, remaining: float | None = None
+    ) -> inference_pb2.InferResponse:
         problems = []
         for peer_id, caps in self._targets(request):
             try:
                 response = await self._stub(caps.grpc).Infer(
-                    request, timeout=self.timeout_s, metadata=((FORWARDED, "1"),)
+                    request, timeout=self._timeout(remaining), metadata=((FORWARDED, "1"),)
                 )
+                return self._checked(peer_id, request, response)
             except grpc.aio.AioRpcError as e:
                 if e.code() not in RETRYABLE:
                     raise PeerRefused(peer_id, e.code(), e.details() or "") from None
                 problems.append(f"{peer_id}: {e.code().name}")
                 log.info("routed request failed; trying another peer", peer=peer_id, code=e.code().name)
-                continue
-            return self._checked(peer_id, request, response)
+            except _WrongRoot as e:
+                problems.append(str(e))
         raise NoCapablePeer(f"no peer serving model {request.model!r} answered: " + "; ".join(problems))
 
-    async def infer_stream(self, request: inference_pb2.InferRequest) -> AsyncIterator[Any]:
+    async def infer_stream(
+        self, request: inference_pb2.InferRequest, remaining: float | None = None
+    ) -> AsyncIterator[Any]:
         """The peer's chunks; another peer is tried only when the first fails before any chunk."""
         problems = []
         for peer_id, caps in self._targets(request):
             call = self._stub(caps.grpc).InferStream(
-                request, timeout=self.timeout_s, metadata=((FORWARDED, "1"),)
+                request, timeout=self._timeout(remaining), metadata=((FORWARDED, "1"),)
             )
             started = False
             try:
                 async for chunk in call:
-                    started = True
                     if chunk.HasField("final"):
                         self._checked(peer_id, request, chunk.final)
+                    started = True
                     yield chunk
                 return
             except grpc.aio.AioRpcError as e:
                 if started or e.code() not in RETRYABLE:
                     raise PeerRefused(peer_id, e.code(), e.details() or "") from None
                 problems.append(f"{peer_id}: {e.code().name}")
+            except _WrongRoot as e:
+                if started:
+                    raise IntegrityError(str(e)) from None
+                problems.append(str(e))
+            finally:
+                call.cancel()  # a client that went away, or an error here, ends the peer's work too
         raise NoCapablePeer(f"no peer serving model {request.model!r} answered: " + "; ".join(problems))
 
     async def close(self) -> None:

@@ -270,9 +270,16 @@ def test_a_fake_announcement_is_checked_ignored_and_scores_the_peer_down(net: Ne
 
     assert score() == -10.0
     assert status(a).library == before  # nothing fetched, nothing changed
+    # A version the chain does not have (yet): a lie, or an RPC lagging behind the sender's. Not held
+    # against the sender, and nothing is done.
+    unknown = lambda: metric(a, "zoo_p2p_messages_total", outcome="unknown_version")  # noqa: E731
+    unknown_before = unknown()
+    rogue.publish(LIBRARY_TOPIC, encode(fake.model_copy(update={"version": before.version + 5})))
+    wait_until("A to count the unknown version", lambda: unknown() > unknown_before, 15, a)
+    assert score() == -10.0
     # Repeats: three lies reach the ban threshold; A then drops the rogue's messages and disconnects it.
-    for version in (before.version + 5, before.version + 6):
-        rogue.publish(LIBRARY_TOPIC, encode(fake.model_copy(update={"version": version})))
+    for version, root in ((1, "0x" + "ac" * 32), (before.version, "0x" + "ad" * 32)):
+        rogue.publish(LIBRARY_TOPIC, encode(fake.model_copy(update={"version": version, "root": root})))
     banned = lambda: any(p.banned for p in peers(a).peers if p.peer_id == rogue.peer_id)  # noqa: E731
     wait_until("the rogue banned", banned, 15, a)
     wait_until("the rogue disconnected", lambda: rogue.peer_id not in connected(a), 15, a)

@@ -1,0 +1,61 @@
+"""The peer book: what survives a restart, what does not, and how scores ban."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from zoo.node.p2p.messages import Capabilities
+from zoo.node.p2p.peers import PeerBook, RateLimiter
+
+CAPS = Capabilities(backend="transformers", models=["m"], addrs=["/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWPeer"])
+
+
+def test_flush_keeps_connected_peers_and_scores_not_capabilities(tmp_path: Path) -> None:
+    path = tmp_path / "peers.json"
+    book = PeerBook(path, ttl_s=60)
+    book.set_capabilities("gossiped-only", CAPS)
+    book.set_capabilities("connected", CAPS)
+    book.mark_connected(["connected"])
+    book.penalise("liar", "bad_hint")
+    assert not path.exists()  # nothing written until flush (gossip never waits on the disk)
+    book.flush()
+    assert path.stat().st_mode & 0o777 == 0o600
+    again = PeerBook(path, ttl_s=60)
+    assert [r.peer_id for r in again.dialable()] == ["connected"]  # only peers it was connected to
+    assert again.get("connected").addrs == CAPS.addrs
+    assert again.score("liar") == -10 and again.get("liar").offences == {"bad_hint": 1}
+    assert all(r.capabilities is None for r in again.records())  # never trusted from disk
+    assert again.capable() == []
+
+
+def test_bans_and_expiry(tmp_path: Path) -> None:
+    book = PeerBook(tmp_path / "peers.json", ttl_s=0.2, drop_score=-25)
+    book.set_capabilities("p", CAPS)
+    assert [r.peer_id for r, _ in book.capable()] == ["p"]
+    time.sleep(0.3)
+    assert book.capable() == []  # stale capabilities expire
+    book.set_capabilities("p", CAPS)
+    for _ in range(2):
+        book.penalise("p", "bad_hint")
+    assert not book.banned("p")
+    book.penalise("p", "malformed")
+    book.penalise("p", "tampered_content")
+    assert book.banned("p") and book.capable() == []
+
+
+def test_a_damaged_book_costs_the_peers_not_the_start(tmp_path: Path) -> None:
+    path = tmp_path / "peers.json"
+    path.write_text("{not json")
+    assert PeerBook(path).records() == []
+    path.write_text(json.dumps({"peers": [{"peer_id": "x", "unknown_field": 1}]}))
+    assert PeerBook(path).records() == []
+
+
+def test_rate_limiter_bursts_then_refills() -> None:
+    limiter = RateLimiter(rate=10, burst=3)
+    assert [limiter.allow("p") for _ in range(4)] == [True, True, True, False]
+    assert limiter.allow("q")  # per key
+    time.sleep(0.15)
+    assert limiter.allow("p")
