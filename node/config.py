@@ -314,6 +314,9 @@ class P2PConfig(_Section):
     """Deadline of one library-bytes fetch from a peer."""
     routing: bool = True
     """Forward an Infer request for a model this node does not serve to a peer that advertises it."""
+    advertise_grpc: str | None = None
+    """HOST:PORT peers use to reach this node's gRPC API (routing). Default: the bound server.listen
+    address, unless that is a wildcard (0.0.0.0, ::), which is not advertised: set this instead."""
     route_timeout_s: float = Field(120.0, gt=0, le=3600)
     """Deadline of one routed request at the peer (one other peer is tried after a transport failure)."""
 
@@ -322,6 +325,13 @@ class P2PConfig(_Section):
     def _listen(cls, v: str) -> str:
         if not re.fullmatch(r"/ip[46]/[^/]+/tcp/\d{1,5}", v):
             raise ValueError(f"{v!r} is not a TCP listen multiaddr such as /ip4/127.0.0.1/tcp/4001")
+        return v
+
+    @field_validator("advertise_grpc")
+    @classmethod
+    def _advertise(cls, v: str | None) -> str | None:
+        if v is not None and parse_listen(v)[1] == 0:
+            raise ValueError(f"{v!r}: advertise the real port, not 0")
         return v
 
     @field_validator("bootstrap")

@@ -434,7 +434,12 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
     p2p = supervisor.components["p2p"]
     if not isinstance(p2p, DisabledComponent):
         p2p.capabilities = _capabilities(
-            cfg, model_id(cfg, model_path), library, admission, lambda: f"{host}:{bound_port}", http_url
+            cfg,
+            model_id(cfg, model_path),
+            library,
+            admission,
+            lambda: _advertised(cfg, host, bound_port),
+            http_url,
         )
         servicer.p2p = p2p
 
@@ -493,6 +498,13 @@ async def _start_http(cfg: NodeConfig, metrics: NodeMetrics, deps: ApiDeps) -> H
     except OSError as e:
         metrics.shutdown()
         raise StartupError(f"cannot serve the HTTP API on {cfg.http.listen}: {e}") from None
+
+
+def _advertised(cfg: NodeConfig, host: str, port: int) -> str:
+    """The gRPC address peers are told to route to ("" when only a wildcard is known)."""
+    if cfg.p2p.advertise_grpc:
+        return cfg.p2p.advertise_grpc
+    return "" if host.strip("[]") in ("0.0.0.0", "::", "") else f"{host}:{port}"
 
 
 def _router(cfg: NodeConfig, supervisor: Supervisor) -> Any:
