@@ -127,8 +127,16 @@ async def run_one(name: str, ablation: str, seed: int, base: dict[str, Any], arg
     async def quiet(*_: Any) -> None:
         return None
 
-    async def save(step: int, state: dict[str, Any], _event: Any) -> None:
+    async def save(step: int, state: dict[str, Any], event: Any) -> None:
         libraries[step] = decode_library(str(state["train"]["library"]).encode())
+        kind, point = event
+        if kind == "step_completed":  # hours-long runs: show that they move
+            line = (
+                f"  [{name}] {ablation} seed {seed}: step {step}/{point.get('steps_total', '?')} "
+                f"{point.get('decision', '')}, validation {point.get('validation_score', 0):.3f}, "
+                f"{point.get('library_size', 0)} experiences, {point.get('wall_s', 0):.0f} s"
+            )
+            print(line, flush=True)
 
     t0 = time.perf_counter()
     result = await run_tf_grpo(spec, llm, embedder, None, "", author="job:bench",
