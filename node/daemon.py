@@ -425,6 +425,7 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
         embedder_model_id(cfg.embedder.path),
         api_key=cfg.server.api_key.get_secret_value() if cfg.server.api_key else None,
         adapters=AdapterDirectory(cfg.adapters_dir),
+        router=router,
     )
     http = await _start_http(cfg, metrics, deps)
     http_url = http.address if http is not None else ""

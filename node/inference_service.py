@@ -18,7 +18,7 @@ import grpc
 
 from zoo.inference.adapters import check_adapter_name
 from zoo.inference.backend import BackendUnavailable, ResponseFormat
-from zoo.inference.engine import InferenceEngine, InferOutcome, InferParams
+from zoo.inference.engine import InferenceEngine, InferOutcome, InferParams, UsedExperience
 from zoo.inference.structured import parse_response_format
 from zoo.node.admission import Admission
 from zoo.node.config import InferenceConfig
@@ -208,6 +208,55 @@ def outcome_to_proto(o: InferOutcome, queue_ms: float) -> inference_pb2.InferRes
         ),
         finish_reason=o.finish_reason,
         adapter=o.adapter,
+    )
+
+
+def params_to_request(params: InferParams, model: str) -> inference_pb2.InferRequest:
+    """The InferRequest a peer needs to answer `params` with `model` (routing from the HTTP API)."""
+    rf = params.response_format
+    return inference_pb2.InferRequest(
+        messages=[inference_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in params.messages],
+        domain=params.domain,
+        k=params.k,
+        sampling=inference_pb2.SamplingParams(
+            max_tokens=params.max_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            seed=params.seed,
+            stop=params.stop,
+        ),
+        disable_experiences=params.disable_experiences,
+        library_root=params.library_root,
+        use_expert_factors=params.use_expert_factors,
+        response_format=inference_pb2.ResponseFormat(type=rf.type, json_schema=rf.schema)
+        if rf is not None
+        else None,
+        model=model,
+    )
+
+
+def outcome_from_proto(r: inference_pb2.InferResponse) -> InferOutcome:
+    """A peer's answer as the engine's outcome (inverse of outcome_to_proto)."""
+    return InferOutcome(
+        text=r.text,
+        experiences=[
+            UsedExperience(id=e.id, score=e.score, cited=e.cited, text=e.text, kind=e.kind, answer=e.answer)
+            for e in r.experiences
+        ],
+        library_root=r.library_root,
+        library_version=r.library_version,
+        model_id=r.model_id,
+        prompt_tokens=r.usage.prompt_tokens,
+        completion_tokens=r.usage.completion_tokens,
+        retrieval_ms=r.usage.retrieval_ms,
+        generation_ms=r.usage.generation_ms,
+        finish_reason=r.finish_reason,
+        max_tokens=r.sampling.max_tokens,
+        temperature=r.sampling.temperature,
+        top_p=r.sampling.top_p,
+        seed=r.sampling.seed,
+        stop=list(r.sampling.stop),
+        adapter=r.adapter,
     )
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import grpc
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -77,6 +78,7 @@ class ApiDeps:
     api_key: str | None = None
     max_body_bytes: int = 4 * 1024 * 1024
     adapters: AdapterDirectory | None = None  # named LoRA adapters, served as models of their own
+    router: Any = None  # a p2p Router: models this node does not serve are answered by a peer
 
 
 class OpenAIApi:
@@ -91,7 +93,7 @@ class OpenAIApi:
 
     async def chat_completions(self, request: Request) -> Response:
         body = ChatRequest.model_validate(await read_json(request, self.deps.max_body_bytes))
-        adapter = self._adapter_for(body.model)
+        adapter, remote = self._placement(body.model)
         check_chat(body)
         names = CHAT_FIELDS
         if body.max_completion_tokens is not None:
@@ -106,18 +108,18 @@ class OpenAIApi:
             adapter=adapter,
         )
         answer = ChatAnswer("chatcmpl-" + uuid.uuid4().hex, body.model, _include_usage(body))
-        return await self._answer(request, params, answer, body.stream, chat_field)
+        return await self._answer(request, params, answer, body.stream, chat_field, remote)
 
     async def completions(self, request: Request) -> Response:
         body = CompletionRequest.model_validate(await read_json(request, self.deps.max_body_bytes))
-        adapter = self._adapter_for(body.model)
+        adapter, remote = self._placement(body.model)
         check_completion(body)
         prompt = completion_prompt(body.prompt)
         params = self._params(
             body, COMPLETION_FIELDS, prompt=prompt, max_tokens=body.max_tokens, adapter=adapter
         )
         answer = CompletionAnswer("cmpl-" + uuid.uuid4().hex, body.model, _include_usage(body))
-        return await self._answer(request, params, answer, body.stream, completion_field)
+        return await self._answer(request, params, answer, body.stream, completion_field, remote)
 
     def _params(self, body: Generation, names: FieldNames, **fields: Any) -> InferParams:
         zoo = body.zoo or ZooOptions()
@@ -144,15 +146,20 @@ class OpenAIApi:
         answer: Answer,
         stream: bool | None,
         rename: Callable[[str], str],
+        remote: str = "",
     ) -> Response:
-        """Generate; the engine's and backend's ValidationErrors name fields as gRPC does, `rename` maps
-        them to this endpoint's JSON."""
+        """Generate (here, or at a peer serving `remote`); the engine's and backend's ValidationErrors name
+        fields as gRPC does, `rename` maps them to this endpoint's JSON."""
+        from zoo.node.p2p.routing import PeerRefused
+
         try:
             if stream:
-                return await self._stream(request, params, answer)
-            outcome, queue_ms = await unless_disconnected(request, self._complete(params))
+                return await self._stream(request, params, answer, remote)
+            outcome, queue_ms = await unless_disconnected(request, self._complete(params, remote))
         except ValidationError as e:
             raise api_error_for(e, rename) from None
+        except PeerRefused as e:
+            raise ApiError(_HTTP_STATUS_OF_GRPC.get(e.code, 502), str(e), type="peer_error") from None
         return JSONResponse(answer.whole(outcome, queue_ms))
 
     def _engine(self) -> InferenceEngine:
@@ -162,12 +169,22 @@ class OpenAIApi:
         return engine
 
     async def _generate(
-        self, params: InferParams
+        self, params: InferParams, remote: str = ""
     ) -> AsyncGenerator[tuple[float, Chunk | InferOutcome], None]:
         """The engine's chunks and outcome, each with the queue wait, holding an admission slot throughout.
+        With `remote` (a model a peer serves), the peer's, through the router (no local slot).
 
         Closing this generator closes the engine's stream, which stops generation.
         """
+        if remote:
+            from zoo.node.inference_service import outcome_from_proto, params_to_request
+
+            async for chunk in self.deps.router.infer_stream(params_to_request(params, remote)):
+                if chunk.HasField("final"):
+                    yield 0.0, outcome_from_proto(chunk.final)
+                else:
+                    yield 0.0, Chunk(delta=chunk.delta)
+            return
         engine = self._engine()
         async with (
             self.deps.admission.slot() as queue_ms,
@@ -176,17 +193,17 @@ class OpenAIApi:
             async for item in items:
                 yield queue_ms, item
 
-    async def _complete(self, params: InferParams) -> tuple[InferOutcome, float]:
-        async with contextlib.aclosing(self._generate(params)) as items:
+    async def _complete(self, params: InferParams, remote: str = "") -> tuple[InferOutcome, float]:
+        async with contextlib.aclosing(self._generate(params, remote)) as items:
             async for queue_ms, item in items:
                 if isinstance(item, InferOutcome):
                     return item, queue_ms
         raise BackendError("the engine ended its stream without an outcome")
 
-    async def _stream(self, request: Request, params: InferParams, answer: Answer) -> Response:
+    async def _stream(self, request: Request, params: InferParams, answer: Answer, remote: str) -> Response:
         """An SSE answer. The first item is awaited before the response starts, so admission, loading and
         validation failures (queue full, prompt too long, unknown root) are plain HTTP errors."""
-        items = self._generate(params)
+        items = self._generate(params, remote)
 
         async def first() -> tuple[float, Chunk | InferOutcome]:
             return await anext(items)
@@ -267,6 +284,14 @@ class OpenAIApi:
                 return JSONResponse(card)
         raise _model_not_found(wanted, [c["id"] for c in self._cards()])
 
+    def _placement(self, model: str) -> tuple[str, str]:
+        """(adapter, remote model): the adapter `model` names here ("" for the base model), or, when this
+        node serves neither and routing is on, `model` itself, to be answered by a peer (else 404)."""
+        served = model == self.deps.model_id or model in self._adapter_names()
+        if not served and self.deps.router is not None:
+            return "", model
+        return self._adapter_for(model), ""
+
     def _adapter_for(self, model: str) -> str:
         """The adapter a generation request's `model` names: "" for the base model (404 if neither)."""
         if model == self.deps.model_id:
@@ -275,6 +300,18 @@ class OpenAIApi:
         if model in adapters:
             return model
         raise _model_not_found(model, [self.deps.model_id, *adapters], "chat ")
+
+
+# A peer's refusal, passed on: the gRPC status it answered, as an HTTP status.
+_HTTP_STATUS_OF_GRPC = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.UNAUTHENTICATED: 502,  # this node's credentials at the peer, not the client's
+    grpc.StatusCode.PERMISSION_DENIED: 502,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+}
 
 
 def _include_usage(body: Generation) -> bool:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
 
 from tests.conftest import NodeProcess, base_config, free_port, launch, write_config
@@ -200,6 +201,30 @@ def test_a_request_for_a_model_only_b_serves_is_answered_by_b_through_a(net: Net
         with pytest.raises(grpc.RpcError) as e:  # bad input is refused before anything is forwarded
             client.inference.Infer(inference_pb2.InferRequest(model=BUNDLED), timeout=30)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_openai_clients_reach_b_s_model_through_a(net: Net) -> None:
+    a, b = net.nodes["a"], net.nodes["b"]
+    wait_until("B capable at A", lambda: capable_at(a, peers(b).peer_id), 20, a)
+    body = {"model": BUNDLED, "messages": [{"role": "user", "content": "What is 2 + 3?"}], "max_tokens": 8}
+    with httpx.Client(base_url=a.info["http"] + "/v1", timeout=120) as http:
+        routed = http.post("/chat/completions", json=body)
+        assert routed.status_code == 200, routed.text
+        with httpx.Client(base_url=b.info["http"] + "/v1", timeout=120) as direct_http:
+            direct = direct_http.post("/chat/completions", json=body).json()
+        answer = routed.json()
+        assert answer["model"] == BUNDLED
+        assert answer["choices"][0]["message"]["content"] == direct["choices"][0]["message"]["content"]
+        with http.stream("POST", "/chat/completions", json={**body, "stream": True}) as events:
+            assert events.status_code == 200
+            text = "".join(
+                json.loads(line[6:])["choices"][0]["delta"].get("content", "")
+                for line in events.iter_lines()
+                if line.startswith("data: {")
+            )
+        assert text == answer["choices"][0]["message"]["content"]
+        missing = http.post("/chat/completions", json={**body, "model": "no-such/model"})
+        assert missing.status_code == 503 and "no-such/model" in missing.json()["error"]["message"]
 
 
 def test_routing_tries_one_other_peer_after_a_transport_failure(net: Net, tmp_path: Path) -> None:
