@@ -286,9 +286,10 @@ class OpenAIApi:
 
     def _placement(self, model: str) -> tuple[str, str]:
         """(adapter, remote model): the adapter `model` names here ("" for the base model), or, when this
-        node serves neither and routing is on, `model` itself, to be answered by a peer (else 404)."""
+        node serves neither and a peer advertises it (routing on), `model` itself (else 404)."""
         served = model == self.deps.model_id or model in self._adapter_names()
-        if not served and self.deps.router is not None:
+        # A model no peer advertises either stays a 404 (model_not_found), as OpenAI clients expect.
+        if not served and self.deps.router is not None and self.deps.router.candidates(model):
             return "", model
         return self._adapter_for(model), ""
 
