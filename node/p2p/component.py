@@ -360,7 +360,10 @@ class P2PComponent(Component):
         for peer in connected:
             if self.book.banned(peer):
                 log.warning("disconnecting a banned peer", peer=peer)
-                await asyncio.to_thread(host.disconnect, peer)
+                try:
+                    await asyncio.to_thread(host.disconnect, peer)
+                except P2PError as e:
+                    log.info("p2p disconnect failed", peer=peer, error=str(e))
         targets = [(a, _peer_of(a)) for a in self.settings.bootstrap]
         targets += [(a, r.peer_id) for r in self.book.dialable() for a in r.addrs[:2]]
         targets = targets[:MAX_DIALS_PER_ROUND]

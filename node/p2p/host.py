@@ -222,18 +222,24 @@ class P2PHost:
             # Cancelled is a BaseException: the host stopped (or crashed) while this call was running.
             raise P2PError("the libp2p host stopped") from None
 
-    def _bounded(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+    def _guarded(self, fn: Callable[[], Awaitable[Any]], what: str, timeout: float = CALL_TIMEOUT_S) -> Any:
+        """Run `fn` on the host's loop within `timeout`; every failure a P2PError saying `what` failed."""
+
         async def call() -> Any:
-            with trio.fail_after(CALL_TIMEOUT_S):
-                return await fn(*args)
+            with trio.fail_after(timeout):
+                return await fn()
 
         try:
             return self._call(call)
         except trio.TooSlowError:
-            raise P2PError(f"the libp2p host did not answer within {CALL_TIMEOUT_S:.0f} s") from None
+            raise P2PError(f"{what} timed out after {timeout:.0f} s") from None
+        except P2PError:
+            raise
+        except Exception as e:
+            raise P2PError(f"{what} failed: {type(e).__name__}: {e}") from None
 
     def publish(self, topic: str, data: bytes) -> None:
-        self._bounded(self._pubsub.publish, topic, data)
+        self._guarded(lambda: self._pubsub.publish(topic, data), f"publishing on {topic}")
 
     def connect(self, addr: str, timeout: float = 10.0) -> str:
         """Dial a /p2p/ multiaddr; returns the peer id."""
@@ -244,25 +250,14 @@ class P2PHost:
         except Exception as e:
             raise P2PError(f"not a dialable /p2p/ multiaddr: {addr!r} ({e})") from None
 
-        async def dial() -> None:
-            with trio.fail_after(timeout):
-                await self._host.connect(info)
-
-        try:
-            self._call(dial)
-        except trio.TooSlowError:
-            raise P2PError(f"connecting to {addr} timed out after {timeout:.0f} s") from None
-        except P2PError:
-            raise
-        except Exception as e:
-            raise P2PError(f"cannot connect to {addr}: {type(e).__name__}: {e}") from None
+        self._guarded(lambda: self._host.connect(info), f"connecting to {addr}", timeout)
         return info.peer_id.to_base58()
 
     def connected(self) -> list[str]:
         async def peers() -> list[str]:
             return [p.to_base58() for p in self._host.get_connected_peers()]
 
-        return self._bounded(peers)
+        return self._guarded(peers, "listing connected peers")
 
     def mesh_peers(self, topic: str) -> list[str]:
         """Peers that have told us they subscribe to `topic` (gossip reaches them)."""
@@ -270,65 +265,49 @@ class P2PHost:
         async def peers() -> list[str]:
             return [p.to_base58() for p in self._pubsub.peer_topics.get(topic, set())]
 
-        return self._bounded(peers)
+        return self._guarded(peers, f"listing peers on {topic}")
 
     def disconnect(self, peer_id: str) -> None:
         from libp2p.peer.id import ID
 
-        async def drop() -> None:
-            await self._host.disconnect(ID.from_base58(peer_id))
-
-        try:
-            self._bounded(drop)
-        except P2PError:
-            raise
-        except Exception as e:
-            log.info("p2p disconnect failed", peer=peer_id, error=str(e))
+        self._guarded(lambda: self._host.disconnect(ID.from_base58(peer_id)), f"disconnecting {peer_id}")
 
     def fetch(self, peer_id: str, cid: str, max_bytes: int, timeout: float) -> bytes:
         """The bytes `peer_id` holds for `cid`, unverified (the caller checks them against the CID)."""
         from libp2p.peer.id import ID
 
         async def exchange() -> bytes:
-            with trio.fail_after(timeout):
-                stream = await self._host.new_stream(ID.from_base58(peer_id), [CONTENT_PROTOCOL])
+            stream = await self._host.new_stream(ID.from_base58(peer_id), [CONTENT_PROTOCOL])
+            try:
+                await stream.write(json.dumps({"cid": cid}).encode() + b"\n")
+                head, _, rest = (await _read_line(stream, MAX_REQUEST_LINE)).partition(b"\n")
                 try:
-                    await stream.write(json.dumps({"cid": cid}).encode() + b"\n")
-                    head, _, rest = (await _read_line(stream, MAX_REQUEST_LINE)).partition(b"\n")
-                    try:
-                        header = json.loads(head)
-                        size = header.get("size") if isinstance(header, dict) else None
-                    except ValueError:
-                        raise P2PError("the peer's answer header is not JSON") from None
-                    if size is None:
-                        error = header.get("error") if isinstance(header, dict) else None
-                        raise ContentRefused(f"the peer refused: {str(error)[:200]}")
-                    if not isinstance(size, int) or size < 0:
-                        raise P2PError(f"the peer announced a bad size {size!r}")
-                    if size > max_bytes:
-                        raise ContentRefused(f"the peer announced {size} bytes, over the limit {max_bytes}")
-                    chunks, got = [rest], len(rest)
-                    while got < size:
-                        chunk = await _read(stream, min(65536, size - got))
-                        if not chunk:
-                            break
-                        chunks.append(chunk)
-                        got += len(chunk)
-                    data = b"".join(chunks)
-                    if len(data) != size:
-                        raise P2PError(f"the peer sent {len(data)} bytes, announced {size}")
-                    return data
-                finally:
-                    await _close(stream)
+                    header = json.loads(head)
+                    size = header.get("size") if isinstance(header, dict) else None
+                except ValueError:
+                    raise P2PError("the peer's answer header is not JSON") from None
+                if size is None:
+                    error = header.get("error") if isinstance(header, dict) else None
+                    raise ContentRefused(f"the peer refused: {str(error)[:200]}")
+                if not isinstance(size, int) or size < 0:
+                    raise P2PError(f"the peer announced a bad size {size!r}")
+                if size > max_bytes:
+                    raise ContentRefused(f"the peer announced {size} bytes, over the limit {max_bytes}")
+                chunks, got = [rest], len(rest)
+                while got < size:
+                    chunk = await _read(stream, min(65536, size - got))
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+                    got += len(chunk)
+                data = b"".join(chunks)
+                if len(data) != size:
+                    raise P2PError(f"the peer sent {len(data)} bytes, announced {size}")
+                return data
+            finally:
+                await _close(stream)
 
-        try:
-            return self._call(exchange)
-        except trio.TooSlowError:
-            raise P2PError(f"fetching {cid} from {peer_id} timed out after {timeout:.0f} s") from None
-        except P2PError:
-            raise
-        except Exception as e:
-            raise P2PError(f"fetching {cid} from {peer_id} failed: {type(e).__name__}: {e}") from None
+        return self._guarded(exchange, f"fetching {cid} from {peer_id}", timeout)
 
     # -- the content protocol's server side (trio thread) ---------------------------------------------
 
