@@ -174,19 +174,17 @@ class P2PComponent(Component):
         if self.book.banned(publisher) or self.book.banned(forwarder):
             self._count(topic, "banned")
             return False
-        if not self.limiter.allow(publisher):
-            self._count(topic, "rate_limited")
-            self.book.penalise(publisher, "rate_limited")
-            return False
-        if not self.relay_limiter.allow(forwarder):
-            # Not penalised: an honest relay may carry someone else's flood.
+        # Floods are dropped, not scored: gossip replays a burst of cached messages to a peer that
+        # (re)connects, and an honest relay may carry someone else's flood.
+        if not self.limiter.allow(publisher) or not self.relay_limiter.allow(forwarder):
             self._count(topic, "rate_limited")
             return False
         try:
             decode(TOPICS[topic], data)
         except MessageError as e:
             self._count(topic, e.reason)
-            self.book.penalise(publisher, "malformed")
+            if e.reason != "invalid":  # a schema mismatch may be a newer node's message: not held against it
+                self.book.penalise(publisher, "malformed")
             log.info("p2p message dropped", topic=topic, peer=publisher, reason=str(e))
             return False
         return True

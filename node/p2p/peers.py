@@ -3,10 +3,10 @@
 The book is a small JSON file in the data dir, written atomically by `flush` (the component flushes it
 every few seconds from a worker thread and at stop; gossip never waits for a disk write), so a restarted
 node dials the peers it was connected to, not only its bootstrap list. Scores start at 0, go down for
-bad behaviour (a fake announcement, tampered content, a wrong answer, a flood) and up a little for good
-content; a peer at or below `drop_score` is banned: its messages are dropped and it is not dialled or
-asked for content again. Capabilities live in memory only and expire after `ttl_s` without a refresh,
-so a stopped node stops being a routing target.
+bad behaviour (a fake announcement, tampered content, a wrong answer, garbage) and up a little for good
+content, and a negative score recovers a point every ten minutes; a peer at or below `drop_score` is
+banned: its messages are dropped and it is not dialled or asked for content. Capabilities live in
+memory only and expire after `ttl_s` without a refresh, so a stopped node stops being a routing target.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ PENALTIES = {
     "bad_hint": -10.0,
     "tampered_content": -20.0,
     "wrong_root": -10.0,
-    "rate_limited": -1.0,
-    "malformed": -2.0,
+    "malformed": -2.0,  # not JSON, or over the size limit
 }
+RECOVERY_PER_S = 1 / 600  # a negative score recovers one point every ten minutes: bans do not last forever
 REWARD_GOOD_CONTENT = 1.0
 MAX_SCORE = 10.0
 MAX_PEERS = 1000  # the book keeps the most recently seen ones
@@ -48,6 +48,7 @@ class PeerRecord:
     capabilities_at: float = 0.0
     offences: dict[str, int] = field(default_factory=dict)
     was_connected: bool = False  # only peers this node was connected to are dialled from the book
+    penalised_at: float = 0.0
 
 
 class PeerBook:
@@ -132,9 +133,11 @@ class PeerBook:
         """Lower a peer's score for `offence` (a key of PENALTIES); returns the new score."""
         with self._lock:
             record = self._record(peer_id)
-            record.score = record.score + PENALTIES[offence]
+            now = time.time()
+            record.score = _recovered(record, now) + PENALTIES[offence]
+            record.penalised_at = now
             record.offences[offence] = record.offences.get(offence, 0) + 1
-            record.last_seen = max(record.last_seen, time.time())
+            record.last_seen = max(record.last_seen, now)
             if record.score <= self.drop_score:
                 record.capabilities, record.capabilities_at = None, 0.0
             self._save()
@@ -145,18 +148,18 @@ class PeerBook:
     def reward(self, peer_id: str) -> None:
         with self._lock:
             record = self._record(peer_id)
-            record.score = min(MAX_SCORE, record.score + REWARD_GOOD_CONTENT)
+            record.score = min(MAX_SCORE, _recovered(record, time.time()) + REWARD_GOOD_CONTENT)
+            record.penalised_at = time.time() if record.score < 0 else record.penalised_at
             self._save()
 
     def banned(self, peer_id: str) -> bool:
-        with self._lock:
-            record = self._peers.get(peer_id)
-            return record is not None and record.score <= self.drop_score
+        return self.score(peer_id) <= self.drop_score
 
     def score(self, peer_id: str) -> float:
+        """The peer's score now (a negative one recovers with time)."""
         with self._lock:
             record = self._peers.get(peer_id)
-            return record.score if record is not None else 0.0
+            return _recovered(record, time.time()) if record is not None else 0.0
 
     def get(self, peer_id: str) -> PeerRecord | None:
         with self._lock:
@@ -169,6 +172,7 @@ class PeerBook:
         with self._lock:
             out = [PeerRecord(**asdict(r)) for r in self._peers.values()]
         for r in out:
+            r.score = _recovered(r, now)
             if r.capabilities is not None and now - r.capabilities_at > self.ttl_s:
                 r.capabilities, r.capabilities_at = None, 0.0
         return sorted(out, key=lambda r: (-r.score, -r.last_seen))
@@ -184,6 +188,12 @@ class PeerBook:
     def dialable(self) -> list[PeerRecord]:
         """Peers this node was connected to, with addresses, not banned: what it redials."""
         return [r for r in self.records() if r.was_connected and r.addrs and r.score > self.drop_score]
+
+
+def _recovered(record: PeerRecord, now: float) -> float:
+    if record.score >= 0:
+        return record.score
+    return min(0.0, record.score + max(0.0, now - record.penalised_at) * RECOVERY_PER_S)
 
 
 class RateLimiter:

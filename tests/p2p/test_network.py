@@ -293,7 +293,7 @@ def test_a_fake_announcement_is_checked_ignored_and_scores_the_peer_down(net: Ne
                 return p.score
         return None
 
-    assert score() == -10.0
+    assert score() == pytest.approx(-10.0, abs=0.1)  # recovering slowly
     assert status(a).library == before  # nothing fetched, nothing changed
     # A version the chain does not have (yet): a lie, or an RPC lagging behind the sender's. Not held
     # against the sender, and nothing is done.
@@ -301,7 +301,7 @@ def test_a_fake_announcement_is_checked_ignored_and_scores_the_peer_down(net: Ne
     unknown_before = unknown()
     rogue.publish(LIBRARY_TOPIC, encode(fake.model_copy(update={"version": before.version + 5})))
     wait_until("A to count the unknown version", lambda: unknown() > unknown_before, 15, a)
-    assert score() == -10.0
+    assert score() == pytest.approx(-10.0, abs=0.1)  # recovering slowly
     # Repeats: three lies reach the ban threshold; A then drops the rogue's messages and disconnects it.
     for version, root in ((1, "0x" + "ac" * 32), (before.version, "0x" + "ad" * 32)):
         rogue.publish(LIBRARY_TOPIC, encode(fake.model_copy(update={"version": version, "root": root})))
@@ -338,6 +338,9 @@ def test_a_restarted_node_keeps_its_peer_id_and_reconnects_from_its_peer_book(ne
     restarted.wait_listening()
     assert wait_until("A's p2p host", lambda: peers(restarted).peer_id, 30, restarted) == before
     wait_until("A reconnected to B and C", lambda: {b_id, c_id} <= connected(restarted), 60, restarted)
+    time.sleep(2)  # the gossip replayed to a reconnecting peer must not count against anyone
+    scores = {p.peer_id: p.score for p in peers(restarted).peers}
+    assert scores[b_id] >= 0 and scores[c_id] >= 0 and {b_id, c_id} <= connected(restarted)
 
 
 def test_capabilities_expire_when_a_node_stops(net: Net) -> None:

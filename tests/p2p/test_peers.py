@@ -6,6 +6,8 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from zoo.node.p2p.messages import Capabilities
 from zoo.node.p2p.peers import PeerBook, RateLimiter
 
@@ -25,7 +27,8 @@ def test_flush_keeps_connected_peers_and_scores_not_capabilities(tmp_path: Path)
     again = PeerBook(path, ttl_s=60)
     assert [r.peer_id for r in again.dialable()] == ["connected"]  # only peers it was connected to
     assert again.get("connected").addrs == CAPS.addrs
-    assert again.score("liar") == -10 and again.get("liar").offences == {"bad_hint": 1}
+    assert again.score("liar") == pytest.approx(-10, abs=0.01)
+    assert again.get("liar").offences == {"bad_hint": 1}
     assert all(r.capabilities is None for r in again.records())  # never trusted from disk
     assert again.capable() == []
 
@@ -43,6 +46,19 @@ def test_bans_and_expiry(tmp_path: Path) -> None:
     book.penalise("p", "malformed")
     book.penalise("p", "tampered_content")
     assert book.banned("p") and book.capable() == []
+
+
+def test_negative_scores_recover_with_time(tmp_path: Path) -> None:
+    book = PeerBook(tmp_path / "peers.json", drop_score=-25)
+    for _ in range(3):
+        book.penalise("p", "bad_hint")
+    assert book.banned("p")
+    with book._lock:  # ten minutes later: a point back, still banned; 50 minutes: unbanned
+        book._peers["p"].penalised_at -= 600
+    assert book.score("p") == pytest.approx(-29, abs=0.01) and book.banned("p")
+    with book._lock:
+        book._peers["p"].penalised_at -= 2400
+    assert not book.banned("p") and book.score("p") == pytest.approx(-25, abs=0.01)
 
 
 def test_a_damaged_book_costs_the_peers_not_the_start(tmp_path: Path) -> None:
