@@ -275,26 +275,20 @@ def _p2p_component(
     cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, store: LibraryStore, metrics: NodeMetrics
 ) -> Any:
     from zoo.node.p2p.chain import RegistryChainView
-    from zoo.node.p2p.component import P2PComponent, P2PSettings
+    from zoo.node.p2p.component import P2PComponent
 
-    p = cfg.p2p
-    settings = P2PSettings(
-        listen=p.listen,
-        bootstrap=tuple(p.bootstrap),
-        capabilities_interval_s=p.capabilities_interval_s,
-        capabilities_ttl_s=p.capabilities_ttl_s,
-        redial_interval_s=p.redial_interval_s,
-        rate_per_s=p.rate_limit_per_s,
-        rate_burst=p.rate_limit_burst,
-        drop_score=p.drop_score,
-        fetch_timeout_s=p.fetch_timeout_s,
-        max_content_bytes=cfg.ipfs.max_library_bytes,
-    )
     chain = None
     if wiring.rpc_url and wiring.registry_address:
         view = RegistryChainView(wiring.rpc_url, wiring.registry_address)
         chain = lambda: view  # noqa: E731
-    return P2PComponent(settings, data_dir.path, content=store.bytes_for_cid, chain=chain, metrics=metrics)
+    return P2PComponent(
+        cfg.p2p,
+        data_dir.path,
+        content=store.bytes_for_cid,
+        chain=chain,
+        metrics=metrics,
+        max_content_bytes=cfg.ipfs.max_library_bytes,
+    )
 
 
 def _follower_factory(

@@ -18,11 +18,11 @@ import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from zoo.node.components import Component, State
+from zoo.node.config import P2PConfig
 from zoo.node.logs import get_logger
 from zoo.node.p2p.host import ContentLookup, P2PError, P2PHost, load_identity
 from zoo.node.p2p.messages import (
@@ -57,20 +57,6 @@ class ChainView(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class P2PSettings:
-    listen: str = "/ip4/127.0.0.1/tcp/0"
-    bootstrap: tuple[str, ...] = ()
-    capabilities_interval_s: float = 10.0
-    capabilities_ttl_s: float = 35.0
-    redial_interval_s: float = 5.0
-    rate_per_s: float = 5.0
-    rate_burst: float = 20.0
-    drop_score: float = -25.0
-    fetch_timeout_s: float = 20.0
-    max_content_bytes: int = 64 << 20
-
-
 class P2PComponent(Component):
     name = "p2p"
     probe_interval_s = 2.0
@@ -78,7 +64,7 @@ class P2PComponent(Component):
 
     def __init__(
         self,
-        settings: P2PSettings,
+        settings: P2PConfig,
         data_dir: Path,
         *,
         content: ContentLookup,
@@ -86,8 +72,10 @@ class P2PComponent(Component):
         chain: Callable[[], ChainView | None] | None = None,
         on_newer_version: Callable[[int], None] | None = None,
         metrics: Any = None,
+        max_content_bytes: int = 64 << 20,
     ) -> None:
         self.settings = settings
+        self.max_content_bytes = max_content_bytes
         self.dir = data_dir / "p2p"
         self.capabilities = capabilities
         self.content = content
@@ -95,8 +83,8 @@ class P2PComponent(Component):
         self.on_newer_version = on_newer_version
         self.metrics = metrics
         self.book = PeerBook(self.dir / "peers.json", settings.capabilities_ttl_s, settings.drop_score)
-        self.limiter = RateLimiter(settings.rate_per_s, settings.rate_burst)
-        self.relay_limiter = RateLimiter(10 * settings.rate_per_s, 10 * settings.rate_burst)
+        self.limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
+        self.relay_limiter = RateLimiter(10 * settings.rate_limit_per_s, 10 * settings.rate_limit_burst)
         self.host: P2PHost | None = None
         self.current_version = 0  # the version this node serves (set by the daemon on activation)
         self._hints: asyncio.Queue[tuple[str, bytes]] | None = None
@@ -122,7 +110,7 @@ class P2PComponent(Component):
             validator=self._validate,
             on_message=self._deliver,
             content=self.content,
-            max_content_bytes=self.settings.max_content_bytes,
+            max_content_bytes=self.max_content_bytes,
         )
         await asyncio.to_thread(host.start)
         self.host = host

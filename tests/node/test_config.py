@@ -44,7 +44,7 @@ def test_file_then_env_then_overrides(tmp_path: Path) -> None:
         ('[inference]\nlesson_position = "footer"\n', "inference.lesson_position"),
         ('[p2p]\nlisten = "127.0.0.1:4001"\n', "p2p.listen"),
         ('[p2p]\nbootstrap = ["/ip4/10.0.0.2/tcp/4001"]\n', "not a dialable peer address"),
-        ('[p2p]\ndrop_score = 5\n', "p2p.drop_score"),
+        ("[p2p]\ndrop_score = 5\n", "p2p.drop_score"),
         ('[p2p]\nadvertise_grpc = "node.example"\n', "p2p.advertise_grpc"),
     ],
 )
