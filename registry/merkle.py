@@ -2,8 +2,11 @@
 
 Leaves are the canonical bytes of the library's experiences in canonical order (sorted by id), hashed
 as sha256(0x00 || data); interior nodes are sha256(0x01 || left || right); the empty tree's root is
-sha256(""). pymerkle builds the tree and produces proofs. Proofs travel as RFC 9162 audit paths
-(sibling hashes from the leaf upwards), which the on-chain Solidity verifier consumes unchanged.
+sha256(""). Proofs travel as RFC 9162 audit paths (sibling hashes from the leaf upwards), which the
+on-chain Solidity verifier consumes unchanged.
+
+The tree is built level by level over hashlib digests (see MerkleTree); pymerkle, which builds the same
+tree node by node in Python objects, is the cross-check in the tests.
 """
 
 from __future__ import annotations
@@ -13,8 +16,6 @@ import hmac
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-from pymerkle import InmemoryTree
 
 from zoo.registry.canonical import encode_experience
 from zoo.registry.errors import ValidationError
@@ -74,33 +75,60 @@ class InclusionProof:
 
 
 class MerkleTree:
-    """A built tree over leaf data; use MerkleTree.from_leaves()."""
+    """A built tree over leaf data, every level kept; use MerkleTree.from_leaves().
 
-    def __init__(self, backend: InmemoryTree) -> None:
-        self.backend = backend  # the pymerkle tree, e.g. to cross-check its own proofs
+    Hand-written rather than pymerkle's InmemoryTree: that builds a Python object per node and took 1.9 s
+    for 100k leaves, a hundred times the hashing it does. Here each level is one list comprehension over
+    hashlib digests. Pairing neighbours and lifting an unpaired last node unchanged to the next level
+    gives exactly RFC 9162's recursive split at the largest power of two (the tests check every size to
+    70 and random sizes to 5,000 against the RFC's definition and pymerkle).
+    """
+
+    def __init__(self, levels: list[list[bytes]]) -> None:
+        self.levels = levels  # levels[0]: leaf hashes; levels[-1]: [root] (no levels: the empty tree)
 
     @classmethod
     def from_leaves(cls, leaves: Sequence[bytes]) -> MerkleTree:
-        # pymerkle's InmemoryTree hashes with the RFC 9162 prefixes (its default "security" mode) and keeps
-        # every node, so proofs are read off the tree in O(log n); 100k leaves build in 1-2.5 s on 2 cores.
-        return cls(InmemoryTree.init_from_entries(leaves, algorithm="sha256"))
+        sha256 = hashlib.sha256
+        level = [sha256(b"\x00" + data).digest() for data in leaves]
+        return cls.from_leaf_hashes(level)
+
+    @classmethod
+    def from_leaf_hashes(cls, hashes: Sequence[bytes]) -> MerkleTree:
+        sha256 = hashlib.sha256
+        level = list(hashes)
+        if not level:
+            return cls([])
+        levels = [level]
+        while len(level) > 1:
+            pairs = len(level) - 1
+            up = [sha256(b"\x01" + level[i] + level[i + 1]).digest() for i in range(0, pairs, 2)]
+            if len(level) % 2:
+                up.append(level[-1])
+            levels.append(up)
+            level = up
+        return cls(levels)
 
     @property
     def size(self) -> int:
-        return int(self.backend.get_size())
+        return len(self.levels[0]) if self.levels else 0
 
     @property
     def root(self) -> bytes:
-        return bytes(self.backend.get_root())
+        return self.levels[-1][0] if self.levels else EMPTY_ROOT
 
     def prove(self, index: int) -> InclusionProof:
         size = self.size
         if not 0 <= index < size:
             raise ValidationError("index", f"{index} is outside a tree of {size} leaves")
-        proof = self.backend.prove_inclusion(index + 1)  # pymerkle counts leaves from 1
-        # pymerkle's path starts with the leaf's own hash and continues with the siblings bottom-up;
-        # its `rule` bits (left/right) are implied by index and size in RFC 9162, so they are dropped.
-        return InclusionProof(leaf_index=index, tree_size=size, path=list(proof.path[1:]))
+        path = []
+        i = index
+        for level in self.levels[:-1]:
+            sibling = i ^ 1
+            if sibling < len(level):  # a lifted last node has no sibling on this level
+                path.append(level[sibling])
+            i >>= 1
+        return InclusionProof(leaf_index=index, tree_size=size, path=path)
 
 
 def verify_inclusion_hash(leaf: bytes, proof: InclusionProof, root: bytes) -> bool:

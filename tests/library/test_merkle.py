@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pymerkle import InclusionProof as PymerkleProof
-from pymerkle import InvalidProof
+from pymerkle import InmemoryTree, InvalidProof
 from pymerkle import verify_inclusion as pymerkle_verify
 
 from zoo.registry.canonical import encode_experience
@@ -161,7 +161,7 @@ def test_agrees_with_pymerkle_including_wrong_sizes(case: tuple[list[bytes], int
     leaves, i = case
     n = len(leaves)
     tree = MerkleTree.from_leaves(leaves)
-    theirs = tree.backend.prove_inclusion(i + 1)
+    theirs = InmemoryTree.init_from_entries(leaves, algorithm="sha256").prove_inclusion(i + 1)
     pymerkle_verify(leaf_hash(leaves[i]), tree.root, theirs)  # pymerkle accepts its own proof...
     proof = tree.prove(i)
     assert proof.path == theirs.path[1:]  # ...which is ours behind the leaf hash
@@ -174,6 +174,39 @@ def test_agrees_with_pymerkle_including_wrong_sizes(case: tuple[list[bytes], int
         # Never valid against the root of a tree of the claimed size.
         other_root = MerkleTree.from_leaves([*leaves, *_leaves(80)][:claimed]).root
         assert not verify_inclusion(leaves[i], lying, other_root)
+
+
+_EDGE_SIZES = sorted({n for k in range(13) for n in (2**k - 1, 2**k, 2**k + 1)} - {0})
+
+
+@pytest.mark.parametrize("n", [0, *_EDGE_SIZES, 5_000])
+def test_roots_and_proofs_agree_with_pymerkle_at_powers_of_two_and_beyond(n: int) -> None:
+    leaves = _leaves(n)
+    ours = MerkleTree.from_leaves(leaves)
+    if n == 0:
+        assert ours.root == EMPTY_ROOT
+        return
+    theirs = InmemoryTree.init_from_entries(leaves, algorithm="sha256")
+    assert ours.root == bytes(theirs.get_root())
+    for i in {0, 1 % n, n // 2, n - 2 if n > 1 else 0, n - 1}:
+        assert ours.prove(i).path == list(theirs.prove_inclusion(i + 1).path[1:]), (n, i)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 5_000), st.data())
+def test_random_sizes_agree_with_pymerkle(n: int, data: st.DataObject) -> None:
+    leaves = _leaves(n)
+    ours = MerkleTree.from_leaves(leaves)
+    assert ours.size == n
+    if n == 0:
+        assert ours.root == EMPTY_ROOT
+        return
+    theirs = InmemoryTree.init_from_entries(leaves, algorithm="sha256")
+    assert ours.root == bytes(theirs.get_root())
+    i = data.draw(st.integers(0, n - 1))
+    proof = ours.prove(i)
+    assert proof.path == list(theirs.prove_inclusion(i + 1).path[1:])
+    assert verify_inclusion(leaves[i], proof, ours.root)
 
 
 def test_wrong_size_refused_where_the_shape_differs() -> None:
