@@ -20,6 +20,10 @@ Rules (the encoding is a JSON text):
 decode_library() accepts exactly these bytes: anything that does not re-encode byte for byte (other
 key order, whitespace, escapes, non-NFC text, unsorted experiences) is refused, so one library has one
 encoding and therefore one CID.
+
+Speed: orjson writes the same bytes as the json module with these settings (a property test holds it to
+that) at a tenth of the cost, and parses faster. Each experience keeps its canonical bytes once computed
+(they are its Merkle leaf), so a decoded library re-encodes, and roots, without encoding anything again.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ import json
 import re
 import struct
 from typing import Any
+
+import orjson
 
 from zoo.registry.errors import ValidationError
 from zoo.registry.experience import CONFIDENCE_SCALE, EXAMPLE, Experience, Library
@@ -44,10 +50,18 @@ _CONFIDENCE_RE = re.compile(r"(0\.[0-9]{6}|1\.000000)")
 
 
 def canonical_json(obj: Any) -> bytes:
-    """Canonical JSON bytes of a document holding only dicts, lists, str, int, bool and None."""
-    return json.dumps(
-        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode()
+    """Canonical JSON bytes of a document holding only dicts, lists, str, int, bool and None.
+
+    The bytes of json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False), written by
+    orjson. Documents come from the builders below, which never hold a float (orjson would write NaN as
+    null where json refuses it).
+    """
+    return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
+
+
+# An experience's canonical bytes are kept in its instance __dict__ under this key: not a field, so
+# pydantic's ==, hash and model_dump ignore it; the model is frozen, so the bytes never go stale.
+_CACHED = "_canonical_bytes"
 
 
 def _b64(data: bytes) -> str:
@@ -101,25 +115,33 @@ def _lesson_document(e: Experience) -> dict[str, Any]:
 
 
 def library_document(lib: Library) -> dict[str, Any]:
+    return {**_library_header(lib), "experiences": [experience_document(e) for e in lib.experiences]}
+
+
+def _library_header(lib: Library) -> dict[str, Any]:
     return {
         "schema": schema_of(lib),
         "version": lib.version,
         "parent_root": lib.parent_root,
         "base_model": lib.base_model,
         "description": lib.description,
-        "experiences": [experience_document(e) for e in lib.experiences],
     }
 
 
 def encode_experience(e: Experience) -> bytes:
-    """Canonical bytes of one experience: its Merkle leaf data."""
-    return canonical_json(experience_document(e))
+    """Canonical bytes of one experience: its Merkle leaf data (computed once per instance)."""
+    cached = e.__dict__.get(_CACHED)
+    if cached is None:
+        cached = e.__dict__[_CACHED] = canonical_json(experience_document(e))
+    return cached
 
 
 def encode_library(lib: Library) -> bytes:
     """Canonical bytes of a library version: what is published to IPFS."""
     with gc_paused():
-        return canonical_json(library_document(lib))
+        doc = _library_header(lib)
+        doc["experiences"] = [orjson.Fragment(encode_experience(e)) for e in lib.experiences]
+        return canonical_json(doc)
 
 
 def decode_library(
@@ -131,7 +153,39 @@ def decode_library(
     order, whitespace, escapes, experience order, non-NFC strings) are accepted and normalised.
     """
     with gc_paused():
+        if require_canonical:
+            lib = _decode_canonical(data, max_size)
+            if lib is not None:
+                return lib
         return _decode_library(data, max_size, require_canonical)
+
+
+def _decode_canonical(data: bytes, max_size: int) -> Library | None:
+    """The fast path for canonical bytes, the common case: None whenever anything is wrong.
+
+    orjson parses (it limits nesting itself, so no depth scan is needed); the same validation as the
+    careful path builds the library, and re-encoding it must give the input back. Any failure returns
+    None and the careful path (_decode_library) decides, naming the problem exactly as it always has
+    (duplicate keys, non-integer numbers, the field at fault, the first differing byte).
+    """
+    if not isinstance(data, bytes) or len(data) > max_size:
+        return None
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(doc, dict) or doc.get("schema") not in (SCHEMA_V1, SCHEMA_V2):
+        return None
+    experiences = doc.pop("experiences", None)
+    if not isinstance(experiences, list):
+        return None
+    del doc["schema"]
+    try:
+        doc["experiences"] = [_experience_input(x, f"experiences[{i}]") for i, x in enumerate(experiences)]
+        lib = Library.parse(doc)
+    except ValidationError:
+        return None
+    return lib if encode_library(lib) == data else None
 
 
 def _decode_library(data: bytes, max_size: int, require_canonical: bool) -> Library:

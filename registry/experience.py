@@ -95,11 +95,12 @@ _CONTROL_BUT_TAB_NEWLINE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 def clean_string(value: str, *, multiline: bool = False) -> str:
     """NFC-normalise a string; refuse lone surrogates and control characters (tab/newline if multiline)."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise _err("unicode", "is not valid Unicode (lone surrogate)") from None
-    value = unicodedata.normalize("NFC", value)
+    if not value.isascii():  # ASCII is valid UTF-8 and already NFC: the common case skips both checks
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _err("unicode", "is not valid Unicode (lone surrogate)") from None
+        value = unicodedata.normalize("NFC", value)
     bad = (_CONTROL_BUT_TAB_NEWLINE if multiline else _CONTROL).search(value)
     if bad:
         raise _err("control_char", f"contains control character U+{ord(bad.group()):04X}")
@@ -203,6 +204,8 @@ class Provenance(_Model):
                 raise _err("datetime", "is not an ISO-8601 timestamp") from None
         if not isinstance(value, datetime):
             raise _err("datetime", "must be an ISO-8601 UTC timestamp or a datetime")
+        if value.tzinfo is UTC and not value.microsecond:
+            return value  # already what the conversion below gives (every decoded timestamp is)
         if value.tzinfo is None or value.utcoffset() is None:
             raise _err("datetime", "has no time zone; give UTC explicitly (e.g. 2025-10-17T12:00:00Z)")
         return value.astimezone(UTC).replace(microsecond=0)
@@ -442,6 +445,12 @@ class Experience(_Model):
                 },
             }
         )
+
+    def model_copy(self, *, update: Any = None, deep: bool = False) -> Self:
+        copy = super().model_copy(update=update, deep=deep)
+        if update:
+            copy.__dict__.pop("_canonical_bytes", None)  # canonical.py's cached bytes of the old content
+        return copy
 
     def replace(self, **changes: Any) -> Experience:
         """A validated copy with some fields changed; the id is re-derived (changing text makes a new id).

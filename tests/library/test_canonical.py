@@ -7,6 +7,7 @@ import random
 import unicodedata
 from collections.abc import Callable
 from datetime import UTC
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -14,10 +15,12 @@ from hypothesis import strategies as st
 
 from zoo.registry.canonical import (
     SCHEMA_V1,
+    canonical_json,
     decode_experience,
     decode_library,
     encode_experience,
     encode_library,
+    experience_document,
     library_document,
 )
 from zoo.registry.errors import ValidationError
@@ -265,3 +268,66 @@ def test_decode_experience_refuses_oversized_leaf(make_experience: Make) -> None
     data = encode_experience(make_experience(0))
     with pytest.raises(ValidationError, match="the limit is 10"):
         decode_experience(data, max_size=10)
+
+
+# -- golden bytes and the encoder's equivalence with the json module ------------------------------------
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+@pytest.mark.parametrize("name", ["library-v1", "library-v2", "library-empty"])
+def test_golden_libraries_decode_re_encode_and_root_unchanged(name: str) -> None:
+    # Written by the json-module encoder before the codec moved to orjson; they must never change: a
+    # changed byte is a changed CID and root for every library ever published.
+    data = (GOLDEN / f"{name}.json").read_bytes()
+    root = (GOLDEN / f"{name}.root").read_text().strip()
+    lib = decode_library(data)
+    assert encode_library(lib) == data
+    assert "0x" + library_root(lib).hex() == root
+    fresh = Library.create(
+        version=lib.version,
+        parent_root=lib.parent_root,
+        base_model=lib.base_model,
+        description=lib.description,
+        experiences=[e.replace() for e in lib.experiences],  # new instances: nothing cached
+    )
+    assert encode_library(fresh) == data
+    assert "0x" + library_root(fresh).hex() == root
+    for e in lib.experiences:
+        assert encode_experience(e) == json_module_bytes(experience_document(e))
+
+
+def json_module_bytes(doc: object) -> bytes:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+_json_text = st.text(st.characters(exclude_categories=("Cs",)), max_size=30)
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53) + 1, 2**53 - 1) | _json_text,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_json_text, inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_json_values)
+def test_canonical_json_writes_the_json_modules_bytes(doc: object) -> None:
+    assert canonical_json(doc) == json_module_bytes(doc)
+
+
+def test_cached_bytes_do_not_change_equality_or_survive_an_update(make_experience: Make) -> None:
+    a, b = make_experience(1), make_experience(1)
+    encode_experience(a)
+    assert a == b and hash(a) == hash(b) and a.model_dump() == b.model_dump()
+    changed = a.model_copy(update={"confidence": 0.25})
+    assert encode_experience(changed) == json_module_bytes(experience_document(changed))
+    assert b'"0.250000"' in encode_experience(changed)
+
+
+def test_fast_and_careful_decoding_agree_on_refusals(library: Library) -> None:
+    # The fast path hands anything it cannot accept to the careful one, which names the problem.
+    data = encode_library(library)
+    _rejected(data.replace(b'"version":0', b'"version":0.0'), "library", "JSON number 0.0")
+    _rejected(data[:-1] + b',"schema":"x"}', "library", "duplicate key 'schema'")
+    _rejected(data.replace(b'"description":"test library"', b'"description":"test\\u0020library"'),
+              "library", "not in canonical form")  # fmt: skip
