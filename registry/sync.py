@@ -126,7 +126,9 @@ class LibrarySyncer:
         if problem is not None:  # an old registry's history may hold any bytes: never hand them to IPFS
             raise ValidationError("cid", f"the chain's CID for this version is unusable: {problem}")
         data = self.ipfs.fetch_verified(onchain.cid, timeout=self.fetch_timeout_s, max_size=self.max_bytes)
-        library = decode_library(data, max_size=self.max_bytes)
+        # The active version's experiences are reused where the new one keeps them byte for byte.
+        active = self.store.current()
+        library = decode_library(data, max_size=self.max_bytes, reuse=active.library if active else None)
         if library.version != onchain.version:
             raise IntegrityError(f"content says version {library.version}, the chain says {onchain.version}")
         if len(library.experiences) != onchain.tree_size:
