@@ -3,17 +3,30 @@ inclusion proofs, IPFS publish/fetch and the sync latency from an executed appro
 
 Every figure has a baseline measured in the same run on the same bytes, and the ratio against it:
 
-  encode library       encode_library(lib)                      vs sha256 of the encoded bytes
-  decode library       decode_library(bytes) (full validation)  vs json.loads of the same bytes
+  encode library       encode_library(lib), experiences never   vs sha256 of the encoded bytes
+                       encoded before ("cold"); and again with
+                       their canonical bytes kept ("warm")
+  decode library       decode_library(bytes) (full validation)  vs json.loads of the same bytes, as a
+                                                                caller would run it (the issue's floor),
+                                                                and with the collector paused, as
+                                                                decode runs (the stricter floor)
+  decode, reusing      decode_library(next, reuse=lib): the     vs json.loads of the same bytes
+                       next version changes --changed of them
   Merkle root          library_root(lib): leaf encoding + tree  vs sha256 of the leaves' bytes (one pass)
+                       (cold experiences)
   Merkle tree          MerkleTree.from_leaves(leaves)           vs sha256 of the leaves' bytes (one pass)
   proof generate       tree.prove(i), mean of --proofs indices  vs sha256 of the leaf's bytes
   proof verify         verify_inclusion(leaf, proof, root)      vs sha256 of the leaf's bytes
   publish              IpfsClient.add(library bytes), new       vs add of as many fresh random bytes
                        content each sample (nothing deduped)
   fetch                IpfsClient.fetch_verified(cid)           vs cat of those random bytes
-  sync                 LibrarySyncer.sync_once() right after    vs cat of those random bytes
-                       the execute transaction is mined
+  sync, all new        LibrarySyncer.sync_once() right after    vs cat of those random bytes
+                       the execute transaction is mined; every
+                       experience differs from the active ones
+  sync, --changed new  the same for a next version changing     vs cat of those random bytes
+                       that share of the experiences
+  sync peak RSS        the process's peak resident memory during the all-new sync (the peak is reset just
+                       before it, /proc/self/clear_refs), against the canonical bytes
 
 IPFS is the js-ipfs daemon (zoo.devnet.ipfs.IpfsDaemon) of a devnet brought up in a temporary directory,
 which also provides the chain for the sync figure: each size is published, proposed, voted on by three dev
@@ -24,11 +37,13 @@ of publish and sync use that many distinct libraries, each approved as the next 
 The syncer's IPFS daemon already holds the content (one local daemon), so sync excludes network transfer.
 
 Run: .venv/bin/python benchmarks/library.py [--sizes 1000,10000,100000] [--proofs 1000] [--sync-limit 60]
+                                           [--changed 0.01]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import os
@@ -96,6 +111,63 @@ def mean_time(fn: Callable[[int], Any], indices: list[int]) -> float:
     return (time.perf_counter() - t0) / len(indices)
 
 
+def cold(lib: Library) -> Library:
+    """The same library in new experience instances that have never been encoded (no bytes kept)."""
+    fresh = [e.model_copy(update={"confidence": e.confidence}) for e in lib.experiences]
+    return lib.model_copy(update={"experiences": tuple(fresh)})
+
+
+def json_loads_gc_paused(data: bytes) -> Any:
+    gc.disable()
+    try:
+        return json.loads(data)
+    finally:
+        gc.enable()
+
+
+def reset_peak_rss() -> bool:
+    """Reset the kernel's peak-RSS mark of this process (Linux 4.0+); False where that is not possible."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def rss_kib(field: str) -> int:
+    """VmRSS or VmHWM (peak) of this process from /proc/self/status, in KiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def next_version(lib: Library, share: float, variant: int) -> Library:
+    """lib's successor with `share` of its experiences replaced by new ones (the rest kept as they are)."""
+    n = len(lib.experiences)
+    changed = max(1, round(n * share))
+    replaced = set(random.Random(variant).sample(range(n), changed))
+    kept = [e for i, e in enumerate(lib.experiences) if i not in replaced]
+    new = [
+        Experience.create(
+            text=f"When handling revised case {variant}-{i}, check the boundary values first.",
+            domain="bench.case",
+            confidence=0.75,
+            author="job:bench",
+            base_model=BASE_MODEL,
+            created_at=CREATED,
+        )
+        for i in range(changed)
+    ]
+    return Library.create(
+        version=lib.version + 1,
+        parent_root="0x" + library_root(lib).hex(),
+        base_model=BASE_MODEL,
+        description=lib.description,
+        experiences=[*kept, *new],
+    )
+
+
 def experiences(n: int, variant: int = 0) -> list[Experience]:
     """n valid experiences; each variant has other confidences, so its bytes differ in every chunk."""
     return [
@@ -159,27 +231,26 @@ def bench_size(
     leaves = library_leaves(lib)
     joined = b"".join(leaves)
     extra["bytes"] = len(data)
+    sha_data = median_time(lambda: hashlib.sha256(data).digest(), repeats)
 
-    rows.append(
-        Row(
-            n,
-            "encode library",
-            median_time(lambda: encode_library(lib), repeats),
-            "sha256(bytes)",
-            median_time(lambda: hashlib.sha256(data).digest(), repeats),
-        )
-    )
-    rows.append(
-        Row(
-            n,
-            "decode library",
-            median_time(lambda: decode_library(data), repeats),
-            "json.loads(bytes)",
-            median_time(lambda: json.loads(data), repeats),
-        )
-    )
+    colds = [cold(lib) for _ in range(repeats)]
+    rows.append(Row(n, "encode library, cold", median_time(lambda: encode_library(colds.pop()), repeats),
+                    "sha256(bytes)", sha_data))  # fmt: skip
+    rows.append(Row(n, "encode library, warm", median_time(lambda: encode_library(lib), repeats),
+                    "sha256(bytes)", sha_data))  # fmt: skip
+    decode = median_time(lambda: decode_library(data), repeats)
+    loads = median_time(lambda: json.loads(data), repeats)
+    rows.append(Row(n, "decode library", decode, "json.loads(bytes)", loads))
+    rows.append(Row(n, "decode library", decode, "json.loads, gc paused",
+                    median_time(lambda: json_loads_gc_paused(data), repeats)))  # fmt: skip
+    successor = next_version(lib, args.changed, variant=n)
+    successor_data = encode_library(successor)
+    rows.append(Row(n, f"decode, {args.changed:.0%} new, reuse",
+                    median_time(lambda: decode_library(successor_data, reuse=lib), repeats),
+                    "json.loads(bytes)", loads))  # fmt: skip
     sha_leaves = median_time(lambda: hashlib.sha256(joined).digest(), repeats)
-    rows.append(Row(n, "Merkle root (encode+tree)", median_time(lambda: library_root(lib), repeats),
+    colds = [cold(lib) for _ in range(repeats)]
+    rows.append(Row(n, "Merkle root (encode+tree)", median_time(lambda: library_root(colds.pop()), repeats),
                     "sha256(leaves)", sha_leaves))  # fmt: skip
     rows.append(Row(n, "Merkle tree (from leaves)",
                     median_time(lambda: MerkleTree.from_leaves(leaves), repeats),
@@ -224,17 +295,35 @@ def bench_size(
                     "cat random bytes", raw_cat))  # fmt: skip
 
     if do_sync:
-        samples = []
+        samples, peaks = [], []
         for variant, cid in zip(libs, cids, strict=True):
             variant_root = library_root(variant)
             proposal = dao.propose_and_pass(variant_root, cid, len(variant.experiences))
             dao.execute(proposal)  # returns once the receipt (with the LibraryUpdated log) is back
+            rss_before, resettable = rss_kib("VmRSS"), reset_peak_rss()
             t0 = time.perf_counter()
             result = syncer.sync_once()
             samples.append(time.perf_counter() - t0)
+            if resettable:
+                peaks.append((rss_kib("VmHWM") - rss_before) * 1024)
             assert result.activated is not None and result.activated.root == "0x" + variant_root.hex()
             assert result.activated.version == variant.version
-        rows.append(Row(n, "sync (executed -> active)", statistics.median(samples), "cat random bytes",
+        rows.append(Row(n, "sync, all new", statistics.median(samples), "cat random bytes",
+                        raw_cat))  # fmt: skip
+        if peaks:
+            extra["sync_peak_rss"] = max(peaks)
+        # Next versions changing --changed of the experiences, each approved after the one before.
+        samples, base = [], result.activated.library
+        for k in range(repeats):
+            successor = next_version(base, args.changed, variant=1000 * n + k)
+            cid = ipfs.add(encode_library(successor))
+            dao.execute(dao.propose_and_pass(library_root(successor), cid, len(successor.experiences)))
+            t0 = time.perf_counter()
+            result = syncer.sync_once()
+            samples.append(time.perf_counter() - t0)
+            assert result.activated is not None and result.activated.version == successor.version
+            base = result.activated.library
+        rows.append(Row(n, f"sync, {args.changed:.0%} new", statistics.median(samples), "cat random bytes",
                         raw_cat))  # fmt: skip
     return rows, extra
 
@@ -244,6 +333,9 @@ def main() -> None:
     parser.add_argument("--sizes", default="1000,10000,100000", help="comma-separated experience counts")
     parser.add_argument("--proofs", type=int, default=1000, help="random indices for the proof figures")
     parser.add_argument("--sync-limit", type=float, default=60.0, help="skip sync when estimated above (s)")
+    parser.add_argument(
+        "--changed", type=float, default=0.01, help="share of experiences a next version changes"
+    )
     args = parser.parse_args()
     sizes = sorted(int(s) for s in args.sizes.split(",") if s.strip())
 
@@ -269,6 +361,10 @@ def main() -> None:
             if sync:
                 last_sync = (n, sync[0].seconds)
             note = "" if do_sync else f"; sync skipped (estimated {estimate:.0f} s > {args.sync_limit:.0f} s)"
+            peak = extra.get("sync_peak_rss")
+            if peak is not None:
+                note += (f"; peak RSS during the all-new sync +{peak / 1e6:.0f} MB "
+                         f"({peak / extra['bytes']:.1f}x the canonical bytes)")  # fmt: skip
             print(
                 f"{n:>7} experiences: {extra['bytes'] / 1e6:.2f} MB canonical, "
                 f"generated in {fmt(extra['generate'])} per library{note}",
@@ -276,12 +372,12 @@ def main() -> None:
             )
 
         print()
-        header = f"{'size':>7}  {'operation':<27}{'time':>11}  {'baseline':<18}{'baseline':>11}{'ratio':>9}"
+        header = f"{'size':>7}  {'operation':<27}{'time':>11}  {'baseline':<22}{'baseline':>11}{'ratio':>9}"
         print(header)
         print("-" * len(header))
         for r in rows:
             print(
-                f"{r.size:>7}  {r.operation:<27}{fmt(r.seconds):>11}  {r.baseline:<18}"
+                f"{r.size:>7}  {r.operation:<27}{fmt(r.seconds):>11}  {r.baseline:<22}"
                 f"{fmt(r.baseline_seconds):>11}{r.ratio:>9.1f}"
             )
         ipfs.close()
