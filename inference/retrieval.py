@@ -55,8 +55,9 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -84,6 +85,8 @@ _KMEANS_ITERATIONS = 10
 _TIE_MARGIN = 8
 # Neighbours of the query fetched (at least) before a domain filter is applied on the approximate path.
 _OVERFETCH = 64
+# Candidates the approximate index proposes for an unfiltered top-k, all re-scored exactly.
+_CANDIDATES = 32
 
 ProgressFn = Callable[[int, int], None]
 
@@ -116,46 +119,69 @@ class BuildStats:
     embedded: int  # vectors computed by the embedder during this build
     seconds: float
     kind: str  # "exact" or "ivf"
+    reused: int = 0  # vectors taken from an index already in memory (the version being replaced)
 
 
 class _IvfIndex:
-    """faiss IndexIVFFlat over unit vectors, row number = faiss id (rows are added in order)."""
+    """A candidate generator: faiss IndexIVFScalarQuantizer (8 bits per dimension) over unit vectors,
+    row number = faiss id (rows are added in order). Its scores are approximate; the caller re-scores
+    candidates exactly from the float32 matrix, which is why 8-bit codes suffice (a quarter of the
+    memory of IVFFlat's float copy, and of the file that start-up loads)."""
 
-    def __init__(self, vectors: np.ndarray, *, seed: int) -> None:
+    def __init__(self, index: Any, quantizer: Any = None) -> None:
+        self._index = index
+        self._quantizer = quantizer  # a trained index only references its quantizer: keep it alive
+        self.size = int(index.ntotal)
+        self.nlist = int(index.nlist)
+
+    @classmethod
+    def train(cls, vectors: np.ndarray, *, seed: int) -> _IvfIndex:
         import faiss  # imported only when a library is large enough to need it
 
-        self._faiss = faiss
         n, dim = vectors.shape
-        self.size = n
-        self.nlist = max(1, min(round(4 * math.sqrt(n)), n // _MIN_POINTS_PER_LIST))
-        self._quantizer = faiss.IndexFlatIP(dim)
-        index = faiss.IndexIVFFlat(self._quantizer, dim, self.nlist, faiss.METRIC_INNER_PRODUCT)
+        nlist = max(1, min(round(4 * math.sqrt(n)), n // _MIN_POINTS_PER_LIST))
+        quantizer = faiss.IndexFlatIP(dim)
+        index = faiss.IndexIVFScalarQuantizer(
+            quantizer, dim, nlist, faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_INNER_PRODUCT
+        )
         index.cp.seed = seed
         index.cp.spherical = True  # unit-norm centroids: assigning by inner product is assigning by cosine
         index.cp.niter = _KMEANS_ITERATIONS
         index.cp.max_points_per_centroid = _TRAIN_POINTS_PER_LIST
         index.train(vectors)
         index.add(vectors)
-        self._index = index
+        return cls(index, quantizer)
 
-    def search(
-        self, query: np.ndarray, k: int, nprobe: int, lo: int, hi: int
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """(rows, scores) of up to k best rows in [lo, hi) among the nprobe lists nearest the query."""
-        faiss = self._faiss
+    @classmethod
+    def deserialize(cls, data: np.ndarray) -> _IvfIndex:
+        import faiss
+
+        return cls(faiss.deserialize_index(data))
+
+    def candidates(self, query: np.ndarray, k: int, nprobe: int) -> np.ndarray:
+        """Rows of up to k approximately best matches among the nprobe lists nearest the query."""
+        import faiss
+
         # Parameters are per call, not set on the index: concurrent searches must not share them.
-        selector = faiss.IDSelectorRange(lo, hi, True) if (lo, hi) != (0, self.size) else None
-        params = faiss.SearchParametersIVF(nprobe=min(nprobe, self.nlist), sel=selector)
-        scores, rows = self._index.search(query.reshape(1, -1), k, params=params)
-        keep = rows[0] >= 0  # -1 marks "fewer than k found in the probed lists"
-        return rows[0][keep], scores[0][keep]
+        params = faiss.SearchParametersIVF(nprobe=min(nprobe, self.nlist))
+        _scores, rows = self._index.search(query.reshape(1, -1), k, params=params)
+        return rows[0][rows[0] >= 0]  # -1 marks "fewer than k found in the probed lists"
 
     def serialize(self) -> bytes:
-        return bytes(self._faiss.serialize_index(self._index))
+        import faiss
+
+        return bytes(faiss.serialize_index(self._index))
 
 
 class RetrievalIndex:
-    """An immutable search structure over one library's experiences. Thread-safe to search."""
+    """An immutable search structure over one library's experiences. Thread-safe to search.
+
+    It always holds the unit float32 vectors as a matrix, rows in (domain, id) order: exact search over
+    any domain range is one matrix-vector product on a slice, and every reported score is exact. From
+    `ann_threshold` rows an approximate index (see _IvfIndex) also proposes candidates for unfiltered
+    and broad queries. An index may start without it (`ann=False`: ready at once, searched exactly)
+    and gain it later through with_ann(), a new index sharing this one's rows and matrix.
+    """
 
     def __init__(
         self,
@@ -169,6 +195,7 @@ class RetrievalIndex:
         exact_subset_limit: int | None = None,
         seed: int = DEFAULT_SEED,
         stats: BuildStats | None = None,
+        ann: bool = True,
     ) -> None:
         """Index `experiences` whose vectors are the rows of `vectors` (same order); see also build()."""
         if len(experiences) != len(vectors):
@@ -179,27 +206,105 @@ class RetrievalIndex:
             raise ValueError(f"nprobe must be at least 1, got {nprobe}")
         started = time.perf_counter()
         order = sorted(range(len(experiences)), key=lambda i: (experiences[i].domain, experiences[i].id))
-        self.experiences: tuple[Experience, ...] = tuple(experiences[i] for i in order)
-        self._domains = [e.domain for e in self.experiences]
-        self._ids = [e.id for e in self.experiences]
-        self.embedder = embedder
-        self.version = version
-        self.nprobe = nprobe
-        self.exact_subset_limit = ann_threshold if exact_subset_limit is None else exact_subset_limit
-        matrix = normalise_rows(np.asarray(vectors, dtype=np.float32)[order]) if order else None
-        self._matrix: np.ndarray | None = None
-        self._ivf: _IvfIndex | None = None
-        if matrix is not None and len(matrix) >= ann_threshold:
-            self._ivf = _IvfIndex(matrix, seed=seed)  # holds its own copy; the matrix is dropped
-        else:
-            self._matrix = matrix
-        self.kind = "ivf" if self._ivf is not None else "exact"
+        matrix = (
+            normalise_rows(np.asarray(vectors, dtype=np.float32)[order])
+            if order
+            else np.zeros((0, embedder.dim), dtype=np.float32)
+        )
+        self._setup(
+            tuple(experiences[i] for i in order),
+            matrix,
+            embedder,
+            version=version,
+            ann_threshold=ann_threshold,
+            nprobe=nprobe,
+            exact_subset_limit=exact_subset_limit,
+            seed=seed,
+        )
+        if ann and self.wants_ann:
+            self._ivf = _IvfIndex.train(self._matrix, seed=seed)
         spent = time.perf_counter() - started
         if stats is None:
             stats = BuildStats(len(self.experiences), 0, 0, spent, self.kind)
         self.stats = BuildStats(
-            stats.experiences, stats.cached, stats.embedded, stats.seconds + spent, self.kind
+            stats.experiences, stats.cached, stats.embedded, stats.seconds + spent, self.kind, stats.reused
         )
+
+    @classmethod
+    def from_rows(
+        cls,
+        experiences: tuple[Experience, ...],
+        matrix: np.ndarray,
+        embedder: Embedder,
+        ivf: _IvfIndex | None,
+        *,
+        version: int,
+        ann_threshold: int,
+        nprobe: int,
+        seed: int,
+        seconds: float,
+    ) -> RetrievalIndex:
+        """An index over rows already in (domain, id) order with unit vectors (as index_files loads
+        them): nothing is sorted, normalised or copied."""
+        index = object.__new__(cls)
+        index._setup(
+            experiences,
+            matrix,
+            embedder,
+            version=version,
+            ann_threshold=ann_threshold,
+            nprobe=nprobe,
+            exact_subset_limit=None,
+            seed=seed,
+        )
+        index._ivf = ivf
+        index.stats = BuildStats(len(experiences), len(experiences), 0, seconds, index.kind)
+        return index
+
+    def _setup(
+        self,
+        experiences: tuple[Experience, ...],
+        matrix: np.ndarray,
+        embedder: Embedder,
+        *,
+        version: int,
+        ann_threshold: int,
+        nprobe: int,
+        exact_subset_limit: int | None,
+        seed: int,
+    ) -> None:
+        self.experiences = experiences
+        self._domains = [e.domain for e in experiences]
+        self._ids = [e.id for e in experiences]
+        self.embedder = embedder
+        self.version = version
+        self.nprobe = nprobe
+        self.ann_threshold = ann_threshold
+        self.seed = seed
+        self.exact_subset_limit = ann_threshold if exact_subset_limit is None else exact_subset_limit
+        self._matrix = matrix
+        self._ivf: _IvfIndex | None = None
+        self._row_of: dict[str, int] | None = None
+
+    @property
+    def kind(self) -> str:
+        return "ivf" if self._ivf is not None else "exact"
+
+    @property
+    def wants_ann(self) -> bool:
+        """Large enough for the approximate index, and not holding it yet."""
+        return self._ivf is None and len(self.experiences) >= self.ann_threshold
+
+    def with_ann(self, ivf: _IvfIndex | None = None) -> RetrievalIndex:
+        """This index plus its approximate index (trained now unless given), sharing rows and matrix."""
+        started = time.perf_counter()
+        clone = object.__new__(RetrievalIndex)
+        clone.__dict__.update(self.__dict__)
+        clone._ivf = ivf if ivf is not None else _IvfIndex.train(self._matrix, seed=self.seed)
+        s = self.stats
+        spent = time.perf_counter() - started
+        clone.stats = BuildStats(s.experiences, s.cached, s.embedded, s.seconds + spent, "ivf", s.reused)
+        return clone
 
     @classmethod
     def build(
@@ -212,31 +317,46 @@ class RetrievalIndex:
         nprobe: int = DEFAULT_NPROBE,
         seed: int = DEFAULT_SEED,
         progress: ProgressFn | None = None,
+        ann: bool = True,
+        reuse: Sequence[RetrievalIndex] = (),
     ) -> RetrievalIndex:
-        """Embed what the cache lacks (progress(done, to_embed) after each chunk), then index everything."""
+        """Gather the vectors (from `reuse`d indexes in memory, then the cache, then the embedder, with
+        progress(done, to_embed) after each embedded chunk), then index everything."""
         started = time.perf_counter()
         experiences = library.experiences
+        matrix = np.empty((len(experiences), embedder.dim), dtype=np.float32)
+        have = np.zeros(len(experiences), dtype=bool)
+        reused = 0
+        for other in reuse:
+            if other.embedder.name != embedder.name or not len(other) or have.all():
+                continue
+            rows = other.rows_of(e.id for e in experiences)
+            found = (rows >= 0) & ~have
+            matrix[found] = other._matrix[rows[found]]
+            have |= found
+            reused += int(found.sum())
         key = cache_model_key(embedder)
-        known = cache.get_many(key, (e.id for e in experiences), dim=embedder.dim) if cache else {}
-        missing = [e for e in experiences if e.id not in known]
-        fresh: dict[str, np.ndarray] = {}
+        wanted = [e.id for e, done in zip(experiences, have, strict=True) if not done]
+        known = cache.get_many(key, wanted, dim=embedder.dim) if cache and wanted else {}
+        missing = [i for i, e in enumerate(experiences) if not have[i] and e.id not in known]
+        for i, e in enumerate(experiences):
+            if not have[i] and e.id in known:
+                matrix[i] = known[e.id]
         for start in range(0, len(missing), EMBED_CHUNK):
             chunk = missing[start : start + EMBED_CHUNK]
-            vectors = embedder.embed([embedding_text(e) for e in chunk])
+            vectors = embedder.embed([embedding_text(experiences[i]) for i in chunk])
             if vectors.shape != (len(chunk), embedder.dim):
                 raise ValueError(
                     f"embedder {embedder.name} returned shape {vectors.shape} for {len(chunk)} texts"
                 )
-            batch = {e.id: v for e, v in zip(chunk, vectors, strict=True)}
             if cache is not None:
-                cache.put_many(key, batch)
-            fresh.update(batch)
+                cache.put_many(key, {experiences[i].id: v for i, v in zip(chunk, vectors, strict=True)})
+            matrix[chunk] = vectors
             if progress is not None:
                 progress(start + len(chunk), len(missing))
-        matrix = np.empty((len(experiences), embedder.dim), dtype=np.float32)
-        for row, e in enumerate(experiences):
-            matrix[row] = known[e.id] if e.id in known else fresh[e.id]
-        stats = BuildStats(len(experiences), len(known), len(fresh), time.perf_counter() - started, "")
+        stats = BuildStats(
+            len(experiences), len(known), len(missing), time.perf_counter() - started, "", reused
+        )
         return cls(
             experiences,
             matrix,
@@ -246,6 +366,7 @@ class RetrievalIndex:
             nprobe=nprobe,
             seed=seed,
             stats=stats,
+            ann=ann,
         )
 
     @classmethod
@@ -255,6 +376,13 @@ class RetrievalIndex:
 
     def __len__(self) -> int:
         return len(self.experiences)
+
+    def rows_of(self, ids: Iterable[str]) -> np.ndarray:
+        """The row of each id in this index, -1 where it has none."""
+        if self._row_of is None:
+            self._row_of = {exp_id: row for row, exp_id in enumerate(self._ids)}  # benign race: same dict
+        row_of = self._row_of
+        return np.fromiter((row_of.get(i, -1) for i in ids), dtype=np.int64)
 
     def embed_query(self, query: str | np.ndarray) -> np.ndarray:
         """The query as a unit float32 vector: a string is embedded, a vector is checked and normalised."""
@@ -294,11 +422,8 @@ class RetrievalIndex:
             return []  # nothing to rank, so the query need not even be embedded
         q = self.embed_query(query)
         want = min(k, hi - lo)
-        if self._ivf is not None:
-            rows, scores = self._search_ivf(q, want, lo, hi)
-        else:
-            assert self._matrix is not None
-            rows, scores = self._search_exact(q, want, lo, hi)
+        found = self._search_ann(q, want, lo, hi) if self._ivf is not None else None
+        rows, scores = found if found is not None else self._search_exact(q, want, lo, hi)
         # Scores of float32 unit vectors can stray a rounding step outside [-1, 1].
         ranked = sorted(
             ((min(1.0, max(-1.0, float(s))), int(r)) for r, s in zip(rows, scores, strict=True)),
@@ -307,7 +432,6 @@ class RetrievalIndex:
         return [Hit(self.experiences[r], s) for s, r in ranked[:want] if s >= min_score]
 
     def _search_exact(self, q: np.ndarray, k: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-        assert self._matrix is not None
         scores = self._matrix[lo:hi] @ q
         if k < len(scores):
             top = np.argpartition(-scores, k - 1)[:k]
@@ -317,31 +441,29 @@ class RetrievalIndex:
             rows = np.arange(len(scores))
         return rows + lo, scores[rows]
 
-    def _search_ivf(self, q: np.ndarray, k: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    def _search_ann(self, q: np.ndarray, k: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Candidates from the approximate index, scored exactly; None where exact search must answer.
+
+        A domain range of at most exact_subset_limit rows is searched exactly (a slice of the matrix).
+        A broader one takes the query's own approximate neighbourhood, over-fetched, and keeps what is
+        in range: when that holds k rows they are the range's best as surely as an unfiltered top-k is
+        the library's; when not, the query's neighbours lie outside the domain and its best matches
+        inside are scattered over lists a probe would miss, so the range is searched exactly too.
+        """
         assert self._ivf is not None
-        ivf, size = self._ivf, hi - lo
+        size = hi - lo
         if size < len(self) and size <= self.exact_subset_limit:
-            return ivf.search(q, k + _TIE_MARGIN, ivf.nlist, lo, hi)  # every list, only rows in range
-        if size < len(self):
-            # Over-fetch the query's own neighbourhood and keep what is in range. When that holds k
-            # rows, they are the range's best as surely as an unfiltered top-k is the library's; when
-            # it does not, the query's neighbours lie outside the domain and its best matches inside
-            # are scattered over far lists an approximate probe misses, so the range is searched exactly.
-            rows, scores = ivf.search(q, max(_OVERFETCH, 8 * k), self.nprobe, 0, len(self))
-            inside = (rows >= lo) & (rows < hi)
-            if np.count_nonzero(inside) >= k:
-                return rows[inside], scores[inside]
-            return ivf.search(q, k + _TIE_MARGIN, ivf.nlist, lo, hi)
-        rows, scores = ivf.search(q, k + _TIE_MARGIN, self.nprobe, lo, hi)
-        if len(rows) < k:  # the probed lists hold fewer than k rows (a very large k): search them all
-            rows, scores = ivf.search(q, k + _TIE_MARGIN, ivf.nlist, lo, hi)
-        return rows, scores
+            return None
+        fetch = max(_CANDIDATES, k + _TIE_MARGIN) if size == len(self) else max(_OVERFETCH, 8 * k)
+        rows = self._ivf.candidates(q, fetch, self.nprobe)
+        rows = rows[(rows >= lo) & (rows < hi)]
+        if len(rows) < k:  # a narrow neighbourhood, or a k beyond the probed lists
+            return None
+        return rows, self._matrix[rows] @ q
 
     def fingerprint(self) -> bytes:
-        """The index contents as bytes (faiss serialisation or the exact matrix): equal for equal builds."""
-        if self._ivf is not None:
-            return self._ivf.serialize()
-        return b"" if self._matrix is None else self._matrix.tobytes()
+        """The index contents as bytes (the matrix, and the faiss serialisation): equal for equal builds."""
+        return self._matrix.tobytes() + (self._ivf.serialize() if self._ivf is not None else b"")
 
 
 class Snapshot(NamedTuple):
@@ -357,6 +479,12 @@ class Retriever:
     update() builds in the calling thread (the daemon's worker) while searches go on against the old
     index; the swap is one reference assignment under a lock held for microseconds, never while
     building. Builds are serialised among themselves so each library is embedded once.
+
+    update() makes a version's index active without waiting for its approximate index: vectors of
+    experiences the held indexes already have are copied from them, so a version that changes a few
+    of 100k experiences embeds only those few and is searched (exactly) at once. complete_ann() then
+    trains the approximate index and swaps it in. With `index_dir`, indexes are also kept on disk (see
+    index_files.py), so a restart loads them instead of rebuilding.
     """
 
     def __init__(
@@ -368,12 +496,14 @@ class Retriever:
         ann_threshold: int = DEFAULT_ANN_THRESHOLD,
         nprobe: int = DEFAULT_NPROBE,
         seed: int = DEFAULT_SEED,
+        index_dir: Path | None = None,
     ) -> None:
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
         self.embedder = embedder
         self.cache = cache
         self.keep = keep
+        self.index_dir = index_dir
         self._build_args: dict[str, Any] = {"ann_threshold": ann_threshold, "nprobe": nprobe, "seed": seed}
         self._state_lock = threading.Lock()
         self._build_lock = threading.Lock()
@@ -414,7 +544,8 @@ class Retriever:
             return self._prepare(stored, progress)
 
     def update(self, stored: StoredVersion, progress: ProgressFn | None = None) -> Snapshot:
-        """Make a stored version's index the active one (building it first when needed)."""
+        """Make a stored version's index the active one (building it first when needed, searched
+        exactly until complete_ann() adds its approximate index)."""
         # The build lock covers the swap too, so concurrent updates take effect in the order they build.
         with self._build_lock:
             index = self._prepare(stored, progress)
@@ -424,7 +555,28 @@ class Retriever:
                 self._built[root] = index
                 self._built.move_to_end(root)
                 self._evict()
-                return self._current
+                current = self._current
+        self._save(current)
+        return current
+
+    def complete_ann(self, root: str | None = None) -> bool:
+        """Train the approximate index of a held version (the active one by default) that wants one,
+        and swap it in; False when there was nothing to do (small, already done, or no longer held)."""
+        with self._build_lock:
+            with self._state_lock:
+                root = (root or self._current.root).lower()
+                index = self._built.get(root)
+            if index is None or not index.wants_ann:
+                return False
+            upgraded = index.with_ann()
+            with self._state_lock:
+                if self._built.get(root) is not index:
+                    return False
+                self._built[root] = upgraded
+                if self._current.root == root:
+                    self._current = Snapshot(upgraded, root)
+        self._save(Snapshot(upgraded, root))
+        return True
 
     def _held(self, root: str) -> RetrievalIndex | None:
         with self._state_lock:
@@ -438,13 +590,42 @@ class Retriever:
         held = self._held(root)
         if held is not None:
             return held
-        index = RetrievalIndex.build(
-            stored.library, self.embedder, self.cache, progress=progress, **self._build_args
-        )
+        index = self._load(stored)
+        if index is None:
+            with self._state_lock:
+                reuse = [self._current.index, *reversed(self._built.values())]
+            index = RetrievalIndex.build(
+                stored.library,
+                self.embedder,
+                self.cache,
+                progress=progress,
+                ann=False,
+                reuse=reuse,
+                **self._build_args,
+            )
         with self._state_lock:
             self._built[root] = index
             self._evict()
         return index
+
+    def _load(self, stored: StoredVersion) -> RetrievalIndex | None:
+        if self.index_dir is None:
+            return None
+        from zoo.inference.index_files import load_index
+
+        return load_index(self.index_dir, stored, self.embedder, **self._build_args)
+
+    def _save(self, snapshot: Snapshot) -> None:
+        """Keep the index on disk for a restart (what is there already is not written again), and drop
+        the files of versions no longer held. A failure costs a rebuild after a restart, nothing more."""
+        if self.index_dir is None or not snapshot.root:
+            return
+        from zoo.inference.index_files import prune_indexes, save_index
+
+        save_index(self.index_dir, snapshot.root, snapshot.index)
+        with self._state_lock:
+            held = set(self._built) | {self._current.root}
+        prune_indexes(self.index_dir, keep=held)
 
     def _evict(self) -> None:
         # Least recently used first, never the active index: every request uses it, so it counts as the

@@ -162,7 +162,11 @@ def build_components(
         on_refused=lambda reason: metrics.library_refused.labels(reason).inc(),
     )
     retrieval = RetrievalComponent(
-        library, cfg.embedder.path, data_dir.path / "embeddings.sqlite", cfg.inference.ann_threshold
+        library,
+        cfg.embedder.path,
+        data_dir.path / "embeddings.sqlite",
+        cfg.inference.ann_threshold,
+        index_dir=data_dir.path / "retrieval",
     )
     library.on_change = retrieval.library_changed
     if p2p is not None:

@@ -77,17 +77,35 @@ async def keep_index_current(
 ) -> None:
     """Rebuild the retrieval index in a worker thread whenever the active library changes.
 
-    Queries keep using the previous index until the new one is swapped in whole.
+    Queries keep using the previous index until the new one is swapped in whole; a large library is
+    searched exactly at once and gains its approximate index next, unless a newer version came first.
     """
-    built_root = ""
+    built_root, ann_tried = "", ""
     while True:
         active = library.active
         if active is not None and active.root != built_root:
-            await asyncio.to_thread(retriever.update, active)
+            snapshot = await asyncio.to_thread(retriever.update, active)
             built_root = active.root
+            stats = snapshot.index.stats
             log.info(
-                "retrieval index ready", version=active.version, experiences=len(active.library.experiences)
+                "retrieval index ready",
+                version=active.version,
+                experiences=stats.experiences,
+                reused=stats.reused,
+                cached=stats.cached,
+                embedded=stats.embedded,
+                seconds=round(stats.seconds, 3),
             )
+            continue  # a newer version may have arrived meanwhile: it goes first
+        index, root = retriever.snapshot()
+        if root and root == built_root != ann_tried and index.wants_ann and not version_changed.is_set():
+            ann_tried = root  # tried once per version: a failure leaves exact search, which is correct
+            try:
+                if await asyncio.to_thread(retriever.complete_ann, root):
+                    log.info("approximate retrieval index ready", root=root)
+            except Exception as e:  # the exact index keeps serving
+                log.warning("approximate retrieval index failed; searching exactly", error=str(e))
+            continue
         await version_changed.wait()
         version_changed.clear()
 
@@ -100,12 +118,18 @@ class RetrievalComponent(Component):
     has_background_task = True
 
     def __init__(
-        self, library: LibraryComponent, embedder_path: Path | None, cache_file: Path, ann_threshold: int
+        self,
+        library: LibraryComponent,
+        embedder_path: Path | None,
+        cache_file: Path,
+        ann_threshold: int,
+        index_dir: Path | None = None,
     ):
         self.library = library
         self.embedder_path = embedder_path
         self.cache_file = cache_file
         self.ann_threshold = ann_threshold
+        self.index_dir = index_dir
         self.retriever: Any = None
         self.changed = asyncio.Event()
 
@@ -121,7 +145,12 @@ class RetrievalComponent(Component):
         from zoo.inference.retrieval import Retriever
 
         embedder = SentenceTransformerEmbedder(self.embedder_path)
-        return Retriever(embedder, EmbeddingCache(self.cache_file), ann_threshold=self.ann_threshold)
+        return Retriever(
+            embedder,
+            EmbeddingCache(self.cache_file),
+            ann_threshold=self.ann_threshold,
+            index_dir=self.index_dir,
+        )
 
     async def run_forever(self) -> None:
         await keep_index_current(self.library, self.retriever, self.changed)

@@ -1,8 +1,8 @@
 """A small client for the Kubo RPC API (POST /api/v0/...) on httpx, with content verified against CIDs.
 
 Written to Kubo's documented RPC API and tested against js-ipfs, which serves the same API; it uses
-only add, cat, pin/add, pin/ls and version. ipfshttpclient refuses daemons newer than Kubo 0.8 and is
-unmaintained, hence this client. It is synchronous; async callers run it in a worker thread.
+only add, cat, files/stat, pin/add, pin/ls and version. ipfshttpclient refuses daemons newer than Kubo
+0.8 and is unmaintained, hence this client. It is synchronous; async callers run it in a worker thread.
 
 Libraries are added as CIDv1 with raw leaves in base32 (`bafk...` for one block, `bafy...` beyond
 262,144 bytes). A raw CID is checked locally by hashing; a UnixFS (dag-pb) CID is checked by asking the
@@ -147,6 +147,21 @@ class IpfsClient:
                 chunks.append(chunk)
         return b"".join(chunks)
 
+    def declared_size(self, cid: str, *, timeout: float | None = None) -> int | None:
+        """The size the content's root block declares (files/stat: one block fetched, not the content);
+        None when the daemon cannot say. Only a hint: a hostile DAG can declare any size."""
+        parse_cid(cid)
+        wait = self.timeout if timeout is None else timeout
+        params = {"arg": f"/ipfs/{cid}", "timeout": _duration(wait)}
+        try:
+            with self._request("files/stat", params=params, timeout=wait) as response:
+                size = self._json(response).get("Size")
+        except (IpfsTimeout, IpfsUnavailable):
+            raise
+        except IpfsError:
+            return None
+        return size if type(size) is int and size >= 0 else None
+
     def pin(self, cid: str, *, timeout: float | None = None) -> None:
         """Pin a CID recursively (fetching it first if the daemon lacks it)."""
         parse_cid(cid)
@@ -198,7 +213,18 @@ class IpfsClient:
     def fetch_verified(
         self, cid: str, *, timeout: float | None = None, max_size: int = DEFAULT_MAX_CAT
     ) -> bytes:
-        """cat() and verify(): the bytes returned are the ones the CID commits to."""
+        """cat() and verify(): the bytes returned are the ones the CID commits to.
+
+        Content whose root declares more than max_size bytes is refused before anything is downloaded;
+        content that lies about its size is cut off by cat() one byte past max_size.
+        """
+        declared = self.declared_size(cid, timeout=timeout)
+        if declared is not None and declared > max_size:
+            raise ContentTooLarge(
+                f"{cid} declares {declared} bytes, over the limit of {max_size}; refused before download",
+                cid=cid,
+                size=declared,
+            )
         data = self.cat(cid, timeout=timeout, max_size=max_size)
         self.verify(cid, data)
         return data

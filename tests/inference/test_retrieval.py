@@ -537,3 +537,107 @@ def test_swapping_during_concurrent_searches(embedder: SentenceTransformerEmbedd
     assert not errors, errors[0]
     assert sum(searches) >= 12 * 20
     assert set().union(*seen) == {v1.root, v2.root}
+
+
+# -- updates that reuse what is in memory; the approximate index added later; indexes kept on disk ------
+
+
+def test_an_update_copies_the_vectors_the_held_index_has_and_embeds_only_the_rest(
+    embedder: SentenceTransformerEmbedder,
+) -> None:
+    counting = CountingEmbedder(embedder)
+    retriever = Retriever(counting)  # no cache at all: whatever is not embedded again came from memory
+    v1 = stored(make_library(LESSONS[:6], version=1))
+    v2 = stored(make_library(LESSONS[1:7], version=2))
+    retriever.update(v1)
+    counting.texts.clear()
+    snap = retriever.update(v2)
+    assert counting.texts == [embedding_text(make_experience(*LESSONS[6]))]
+    stats = snap.index.stats
+    assert (stats.reused, stats.cached, stats.embedded) == (5, 0, 1)
+    fresh = RetrievalIndex.build(v2.library, embedder, None)
+    assert np.allclose(snap.index._matrix, fresh._matrix, atol=1e-6)  # same vectors, same rows
+    for query in (TRIANGLE_QUERY, LOAN_QUERY):
+        assert [h.experience.id for h in snap.index.search(query, k=4)] == [
+            h.experience.id for h in fresh.search(query, k=4)
+        ]
+
+
+class CountingTable(TableEmbedder):
+    def __init__(self, table: dict[str, np.ndarray], dim: int, name: str = "table") -> None:
+        super().__init__(table, dim, name)
+        self.calls = 0
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        self.calls += len(texts)
+        return super().embed(texts)
+
+
+def test_a_large_version_serves_exactly_at_once_then_gains_its_approximate_index(
+    synthetic: Synthetic, tmp_path: Path
+) -> None:
+    table = CountingTable(synthetic.table.table, DIM, name="synthetic")
+    retriever = Retriever(table, ann_threshold=20_000, index_dir=tmp_path / "idx")
+    version = stored(synthetic.library)
+    snap = retriever.update(version)
+    assert snap.index.kind == "exact" and snap.index.wants_ann
+    queries = synthetic.queries[:40]
+    exact_answers = [[h.experience.id for h in snap.index.search(q, k=5)] for q in queries]
+    assert exact_answers == [[h.experience.id for h in synthetic.exact.search(q, k=5)] for q in queries]
+    assert retriever.complete_ann() is True and retriever.complete_ann() is False
+    upgraded = retriever.snapshot()
+    assert upgraded.root == snap.root and upgraded.index.kind == "ivf" and not upgraded.index.wants_ann
+    assert upgraded.index.fingerprint() == synthetic.ann.fingerprint()  # as if built in one go
+    assert snap.index.kind == "exact"  # a request holding the exact snapshot keeps it, unchanged
+
+    # A restart (a new retriever on the same directory) loads both halves: nothing embedded or trained.
+    table.calls = 0
+    again = Retriever(table, ann_threshold=20_000, index_dir=tmp_path / "idx")
+    loaded = again.update(version).index
+    assert table.calls == 0 and loaded.kind == "ivf" and loaded.stats.embedded == 0
+    assert loaded.fingerprint() == synthetic.ann.fingerprint()
+    for q in queries:
+        assert [h.experience.id for h in loaded.search(q, k=5, domain="alpha")] == [
+            h.experience.id for h in synthetic.exact.search(q, k=5, domain="alpha")
+        ]
+
+
+def test_saved_index_files_that_do_not_check_out_are_dropped_and_rebuilt(
+    synthetic: Synthetic, tmp_path: Path
+) -> None:
+    small = Library.create(version=3, base_model="m", experiences=synthetic.library.experiences[:500])
+    version = stored(small)
+    table = CountingTable(synthetic.table.table, DIM, name="synthetic")
+    Retriever(table, index_dir=tmp_path).update(version)
+    where = tmp_path / version.root
+    assert (where / "matrix.npy").exists() and (where / "meta.json").exists()
+    assert not (where / "ann.faiss").exists()  # below the threshold: exact only
+
+    data = bytearray((where / "matrix.npy").read_bytes())
+    data[-7] ^= 0x40  # one flipped bit in a vector
+    (where / "matrix.npy").write_bytes(bytes(data))
+    table.calls = 0
+    rebuilt = Retriever(table, index_dir=tmp_path).update(version).index
+    assert table.calls == 500 and rebuilt.stats.embedded == 500  # not served from the damaged file
+    assert (where / "meta.json").exists()  # and written again
+
+    other = CountingTable(synthetic.table.table, DIM, name="another-embedder")
+    assert Retriever(other, index_dir=tmp_path).update(version).index.stats.embedded == 500
+
+    # Versions no longer held lose their files; the active one keeps them.
+    retriever = Retriever(table, index_dir=tmp_path, keep=1)
+    retriever.update(version)
+    newer = stored(Library.create(version=4, base_model="m", experiences=synthetic.library.experiences[:600]))
+    retriever.update(newer)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [newer.root]
+
+
+def test_filtered_queries_below_the_threshold_are_exact_matrix_slices(synthetic: Synthetic) -> None:
+    ann, exact = synthetic.ann, synthetic.exact
+    lo, hi = ann.domain_range("alpha.one")
+    assert 0 < hi - lo <= ann.exact_subset_limit
+    for q in synthetic.queries[:30]:
+        assert ann._search_ann(ann.embed_query(q), 5, lo, hi) is None  # the approximate index stays out
+        found = ann.search(q, k=5, domain="alpha.one")
+        truth = exact.search(q, k=5, domain="alpha.one")
+        assert [(h.experience.id, h.score) for h in found] == [(h.experience.id, h.score) for h in truth]

@@ -18,7 +18,14 @@ import pytest
 
 from zoo.devnet.ipfs import IpfsDaemon, IpfsDaemonError
 from zoo.registry.canonical import decode_library, encode_library
-from zoo.registry.errors import IntegrityError, IpfsError, IpfsTimeout, IpfsUnavailable, ValidationError
+from zoo.registry.errors import (
+    ContentTooLarge,
+    IntegrityError,
+    IpfsError,
+    IpfsTimeout,
+    IpfsUnavailable,
+    ValidationError,
+)
 from zoo.registry.experience import Library
 from zoo.registry.ipfs import RAW_CID_MAX, IpfsClient, local_cid, normalise_cid, parse_cid
 from zoo.registry.merkle import library_root
@@ -91,8 +98,23 @@ def test_max_size_enforced(ipfs: IpfsClient) -> None:
     assert ipfs.cat(cid, max_size=len(data)) == data
     with pytest.raises(IpfsError, match="exceeds max_size=1000"):
         ipfs.cat(cid, max_size=1000)
-    with pytest.raises(IpfsError, match="exceeds max_size"):
-        ipfs.fetch_verified(cid, max_size=len(data) - 1)
+    assert ipfs.declared_size(cid) == len(data)
+
+
+def test_content_declaring_too_many_bytes_is_refused_before_download(
+    ipfs: IpfsClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = os.urandom(RAW_CID_MAX * 2 + 5)
+    cid = ipfs.add(data)
+    assert ipfs.fetch_verified(cid, max_size=len(data)) == data
+
+    def no_download(*args: object, **kwargs: object) -> bytes:
+        raise AssertionError("cat must not be called for content over the limit")
+
+    monkeypatch.setattr(ipfs, "cat", no_download)
+    limit = len(data) - 1
+    with pytest.raises(ContentTooLarge, match=f"declares {len(data)} bytes, over the limit of {limit}"):
+        ipfs.fetch_verified(cid, max_size=limit)
 
 
 def test_daemon_errors_carry_its_message(ipfs: IpfsClient) -> None:
@@ -172,7 +194,10 @@ def test_corrupted_leaf_of_large_content_detected(ipfs: IpfsClient, ipfs_daemon:
 def test_lying_gateway_detected() -> None:
     # A remote API that answers cat with other bytes than the CID names.
     def handler(request: httpx.Request) -> httpx.Response:
-        assert request.method == "POST" and request.url.path == "/api/v0/cat"
+        assert request.method == "POST"
+        if request.url.path == "/api/v0/files/stat":
+            return httpx.Response(200, json={"Size": len(b"forged content")})
+        assert request.url.path == "/api/v0/cat"
         return httpx.Response(200, content=b"forged content")
 
     cid = local_cid(b"genuine content")

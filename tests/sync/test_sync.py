@@ -283,6 +283,7 @@ def test_oversized_content_is_refused(chain: Chain, tmp_path: Path) -> None:
         h.syncer.sync_once()
     assert h.store.current() == before
     assert len(h.refusals) == 1
+    assert "over the limit of 1024; refused before download" in h.refusals[0][2]
     fetched = len(h.ipfs.fetched)
     assert h.syncer.sync_once().activated is None
     assert len(h.ipfs.fetched) == fetched, "an oversized version was downloaded again"
