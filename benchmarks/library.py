@@ -25,6 +25,9 @@ Every figure has a baseline measured in the same run on the same bytes, and the 
                        experience differs from the active ones
   sync, --changed new  the same for a next version changing     vs cat of those random bytes
                        that share of the experiences
+  executed -> serving  sync of a next version with --serving-changed new experiences, then its retrieval
+                       index made active as the node does (unchanged vectors copied from the active
+                       index, the new ones embedded by the bundled MiniLM); vs cat of random bytes
   sync peak RSS        the process's peak resident memory during the all-new sync (the peak is reset just
                        before it, /proc/self/clear_refs), against the canonical bytes
 
@@ -37,7 +40,7 @@ of publish and sync use that many distinct libraries, each approved as the next 
 The syncer's IPFS daemon already holds the content (one local daemon), so sync excludes network transfer.
 
 Run: .venv/bin/python benchmarks/library.py [--sizes 1000,10000,100000] [--proofs 1000] [--sync-limit 60]
-                                           [--changed 0.01]
+                                           [--changed 0.01] [--serving-changed 10]
 """
 
 from __future__ import annotations
@@ -58,9 +61,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from web3 import Web3
 
 from zoo.devnet.manager import Devnet, warp
+from zoo.inference.embedder import SentenceTransformerEmbedder
+from zoo.inference.embedding_cache import EmbeddingCache
+from zoo.inference.retrieval import Retriever, cache_model_key
 from zoo.registry.canonical import decode_library, encode_library
 from zoo.registry.chain import RegistryClient
 from zoo.registry.experience import Experience, Library
@@ -205,7 +212,13 @@ class Dao:
 
 
 def bench_size(
-    n: int, args: argparse.Namespace, ipfs: IpfsClient, dao: Dao, syncer: LibrarySyncer, do_sync: bool
+    n: int,
+    args: argparse.Namespace,
+    ipfs: IpfsClient,
+    dao: Dao,
+    syncer: LibrarySyncer,
+    do_sync: bool,
+    retriever: Retriever | None,
 ) -> tuple[list[Row], dict[str, float]]:
     repeats = 5 if n <= 1_000 else 3 if n <= 10_000 else 1
     rows: list[Row] = []
@@ -325,7 +338,46 @@ def bench_size(
             base = result.activated.library
         rows.append(Row(n, f"sync, {args.changed:.0%} new", statistics.median(samples), "cat random bytes",
                         raw_cat))  # fmt: skip
+        if retriever is not None:
+            rows.append(serving_row(n, base, retriever, ipfs, dao, syncer, args, raw_cat, extra))
     return rows, extra
+
+
+def serving_row(
+    n: int,
+    base: Library,
+    retriever: Retriever,
+    ipfs: IpfsClient,
+    dao: Dao,
+    syncer: LibrarySyncer,
+    args: argparse.Namespace,
+    raw_cat: float,
+    extra: dict[str, float],
+) -> Row:
+    """Executed -> serving, as the node does it: sync, then the retrieval index of the new version made
+    active (vectors of unchanged experiences copied from the active index, new ones embedded by the real
+    MiniLM). The active index of `base` is set up first from synthetic vectors put in the cache."""
+    active = syncer.store.current()
+    assert active is not None and active.library.version == base.version
+    rng = np.random.default_rng(n)
+    key = cache_model_key(retriever.embedder)
+    vectors = rng.standard_normal((len(base.experiences), retriever.embedder.dim)).astype(np.float32)
+    assert retriever.cache is not None
+    retriever.cache.put_many(key, {e.id: v for e, v in zip(base.experiences, vectors, strict=True)})
+    retriever.update(active)
+    successor = next_version(base, args.serving_changed / n, variant=7 * n)
+    cid = ipfs.add(encode_library(successor))
+    dao.execute(dao.propose_and_pass(library_root(successor), cid, len(successor.experiences)))
+    t0 = time.perf_counter()
+    result = syncer.sync_once()
+    assert result.activated is not None
+    snapshot = retriever.update(result.activated)
+    seconds = time.perf_counter() - t0
+    assert snapshot.root == result.activated.root and snapshot.index.stats.embedded == args.serving_changed
+    t0 = time.perf_counter()
+    if retriever.complete_ann():
+        extra["ann_seconds"] = time.perf_counter() - t0
+    return Row(n, f"executed -> serving, {args.serving_changed} new", seconds, "cat random bytes", raw_cat)
 
 
 def main() -> None:
@@ -333,9 +385,9 @@ def main() -> None:
     parser.add_argument("--sizes", default="1000,10000,100000", help="comma-separated experience counts")
     parser.add_argument("--proofs", type=int, default=1000, help="random indices for the proof figures")
     parser.add_argument("--sync-limit", type=float, default=60.0, help="skip sync when estimated above (s)")
-    parser.add_argument(
-        "--changed", type=float, default=0.01, help="share of experiences a next version changes"
-    )
+    parser.add_argument("--changed", type=float, default=0.01, help="share a next version changes")
+    parser.add_argument("--serving-changed", type=int, default=10,
+                        help="new experiences in the executed -> serving figure (0: skip it)")  # fmt: skip
     args = parser.parse_args()
     sizes = sorted(int(s) for s in args.sizes.split(",") if s.strip())
 
@@ -347,6 +399,10 @@ def main() -> None:
         dao = Dao(info.rpc_url, info.registry_address, info.settings)
         syncer = LibrarySyncer(dao.voters[0], ipfs, LibraryStore(scratch / "node"), fetch_timeout_s=300)
         syncer.sync_once()  # the genesis version, so each size's sync is one new version
+        retriever = None
+        if args.serving_changed:
+            cache = EmbeddingCache(scratch / "embeddings.sqlite")
+            retriever = Retriever(SentenceTransformerEmbedder(), cache, keep=1)
         versions = f"python {platform.python_version()}, js-ipfs {ipfs.version()['Version']}"
         print(f"{versions}, {os.cpu_count()} CPUs")
 
@@ -355,12 +411,14 @@ def main() -> None:
         for n in sizes:
             estimate = last_sync[1] * n / last_sync[0] if last_sync else 0.0
             do_sync = estimate <= args.sync_limit
-            size_rows, extra = bench_size(n, args, ipfs, dao, syncer, do_sync)
+            size_rows, extra = bench_size(n, args, ipfs, dao, syncer, do_sync, retriever)
             rows += size_rows
             sync = [r for r in size_rows if r.operation.startswith("sync")]
             if sync:
                 last_sync = (n, sync[0].seconds)
             note = "" if do_sync else f"; sync skipped (estimated {estimate:.0f} s > {args.sync_limit:.0f} s)"
+            if "ann_seconds" in extra:
+                note += f"; approximate index trained {extra['ann_seconds']:.1f} s after serving"
             peak = extra.get("sync_peak_rss")
             if peak is not None:
                 note += (f"; peak RSS during the all-new sync +{peak / 1e6:.0f} MB "
