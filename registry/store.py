@@ -17,6 +17,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +29,9 @@ from zoo.registry.fsutil import write_atomic
 from zoo.registry.merkle import library_root
 
 _VERSION_FILE = re.compile(r"v(\d+)-0x([0-9a-f]{64})\.json")
+# Decoded versions kept in memory, most recently used last: a node syncing for months must not hold every
+# version it ever accepted (100k experiences are tens of MB each); older ones are read again if asked for.
+CACHED_VERSIONS = 4
 
 
 def root_hex(root: bytes) -> str:
@@ -53,7 +58,8 @@ class LibraryStore:
         self.dir = Path(data_dir) / "library"
         self.versions_dir = self.dir / "versions"
         self.versions_dir.mkdir(parents=True, exist_ok=True)
-        self._cache: dict[str, StoredVersion] = {}
+        self._cache: OrderedDict[str, StoredVersion] = OrderedDict()
+        self._cache_lock = threading.Lock()  # the daemon reads from request threads and the sync worker
         # Temp files are what a crash mid-write leaves behind; the real files were never touched.
         for tmp in self.dir.rglob(".*.tmp"):
             tmp.unlink(missing_ok=True)
@@ -83,7 +89,7 @@ class LibraryStore:
         write_atomic(path.with_suffix(".meta"), json.dumps(meta).encode())
         write_atomic(path, data)
         stored = StoredVersion(library, root, cid, path, meta["sha256"])
-        self._cache[root] = stored
+        self._remember(stored)
         return stored
 
     def list(self) -> list[tuple[int, str]]:
@@ -132,20 +138,38 @@ class LibraryStore:
             )
         return data, cid, digest
 
+    def _remember(self, stored: StoredVersion) -> None:
+        with self._cache_lock:
+            self._cache[stored.root] = stored
+            self._cache.move_to_end(stored.root)
+            while len(self._cache) > CACHED_VERSIONS:
+                self._cache.popitem(last=False)
+
+    def _cached(self, root: str) -> StoredVersion | None:
+        with self._cache_lock:
+            stored = self._cache.get(root)
+            if stored is not None:
+                self._cache.move_to_end(root)
+            return stored
+
     def _load(self, version: int, root: str) -> StoredVersion:
-        if root in self._cache:
-            return self._cache[root]
+        cached = self._cached(root)
+        if cached is not None:
+            return cached
         path = self._version_file(version, root)
         data, cid, digest = self._read_intact(path)
+        with self._cache_lock:
+            recent = next(reversed(self._cache.values()), None)
         try:
-            library = decode_library(data)
+            # Versions share most experiences: those of the most recent one are reused, not re-validated.
+            library = decode_library(data, reuse=recent.library if recent else None)
         except ValidationError as e:
             raise IntegrityError(f"stored library {path.name} is corrupt: {e}", path=str(path)) from None
         computed = root_hex(library_root(library))
         if computed != root or library.version != version:
             raise IntegrityError(f"stored library {path.name} does not match its root (got {computed})")
         stored = StoredVersion(library, root, cid, path, digest)
-        self._cache[root] = stored
+        self._remember(stored)
         return stored
 
     # -- the current pointer ------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from zoo.registry.errors import IntegrityError, NotFound
 from zoo.registry.experience import Experience, Library
 from zoo.registry.ipfs import local_cid
 from zoo.registry.merkle import library_root
-from zoo.registry.store import LibraryStore, root_hex
+from zoo.registry.store import CACHED_VERSIONS, LibraryStore, root_hex
 
 REPO = Path(__file__).resolve().parents[2]
 BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -110,6 +110,21 @@ def test_put_get_activate_current_round_trip(tmp_path: Path) -> None:
             "current.json",
         ]
     )
+
+
+def test_memory_holds_a_few_recent_versions_and_older_ones_are_read_again(tmp_path: Path) -> None:
+    store = LibraryStore(tmp_path)
+    libs = [make_lib(v, shared=20) for v in range(1, CACHED_VERSIONS + 3)]
+    stored = [store.put(lib, cid_of(lib)) for lib in libs]
+    store.activate(stored[-1])
+    assert len(store._cache) == CACHED_VERSIONS  # not one per version ever accepted
+    assert store.get(version=libs[-1].version) is stored[-1]  # recent: the very object, no disk read
+    old = store.get(version=1)  # evicted: read from disk and verified again
+    assert old is not stored[0] and old.library == libs[0] and old.root == stored[0].root
+    # The re-read reuses the experiences a recent version holds rather than validating them again.
+    shared = {e.id: e for e in stored[-1].library.experiences}
+    assert all(e is shared[e.id] for e in old.library.experiences if e.id in shared)
+    assert sum(e.id in shared for e in old.library.experiences) == 20
 
 
 def test_put_with_wrong_expected_root_raises_and_writes_nothing(tmp_path: Path) -> None:
