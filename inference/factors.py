@@ -98,7 +98,7 @@ def compress(
     scales = tuple(
         float(magnitudes[start : start + block_size].mean()) for start in range(0, len(ids), block_size)
     )
-    return ExpertFactors(
+    return ExpertFactors.create(
         tokenizer=tokenizer,
         token_ids=tuple(int(t) for t in ids),
         signs=signs,

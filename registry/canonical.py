@@ -2,14 +2,13 @@
 
 Rules (the encoding is a JSON text):
 - Objects have sorted keys, no insignificant whitespace, UTF-8 output with non-ASCII characters written
-  as themselves; Python's json module then escapes exactly `"`, `\\` and control characters (as \\n,
-  \\t, ... or \\u00xx). With no floats in the document this coincides with RFC 8785 (JCS).
-- Every string is NFC (the models normalise on validation) and the key set of each object is fixed:
-  optional values are written as null or [] rather than left out.
-- No JSON floats at all, so no reader can round a number differently:
-  confidence is a decimal string with exactly six fractional digits ("0.870000"), the model holding
-  the same value quantised to millionths; factor scales are the little-endian float32 bytes in base64;
-  packed sign bits are base64 (RFC 4648, with padding); created_at is "YYYY-MM-DDTHH:MM:SSZ".
+  as themselves; exactly `"`, `\\` and control characters are escaped (as \\n, \\t, ... or \\u00xx), as
+  Python's json module does. With no floats in the document this coincides with RFC 8785 (JCS).
+- Every string is NFC and the key set of each object is fixed: optional values are written as null or []
+  rather than left out.
+- No JSON floats at all, so no reader can round a number differently: confidence is a decimal string with
+  exactly six fractional digits ("0.870000"); factor scales are the little-endian float32 bytes in
+  base64; packed sign bits are base64 (RFC 4648, with padding); created_at is "YYYY-MM-DDTHH:MM:SSZ".
   Integers (version, token ids, block size) stay below 2**53.
 - A library lists its experiences sorted by id and carries a schema tag. A library of lessons only is
   "zoo.experience-library/1", exactly as before worked examples existed; one that holds an example is
@@ -17,13 +16,15 @@ Rules (the encoding is a JSON text):
   document is the same in both, so its Merkle leaf, and the root of every format-1 library, never change;
   an example's document adds "kind": "example", "answer" and "reasoning" (null when it has none).
 
+The experience classes (experience.py) are msgspec Structs laid out as these documents, so msgspec writes
+the canonical bytes directly and decodes them with its typed decoder, in C, at about the speed of a plain
+json.loads (tests hold its output to the json module's, byte for byte, and to golden files).
+
 decode_library() accepts exactly these bytes: anything that does not re-encode byte for byte (other
 key order, whitespace, escapes, non-NFC text, unsorted experiences) is refused, so one library has one
-encoding and therefore one CID.
-
-Speed: orjson writes the same bytes as the json module with these settings (a property test holds it to
-that) at a tenth of the cost, and parses faster. Each experience keeps its canonical bytes once computed
-(they are its Merkle leaf), so a decoded library re-encodes, and roots, without encoding anything again.
+encoding and therefore one CID. A refusal names the field, or the first differing byte; where the fast
+decoder fails, a careful parse with the json module finds the precise reason (duplicate keys, a
+non-integer number, broken UTF-8, nesting) so the message says it.
 """
 
 from __future__ import annotations
@@ -35,113 +36,87 @@ import re
 import struct
 from typing import Any
 
-import orjson
+import msgspec
 
 from zoo.registry.errors import ValidationError
-from zoo.registry.experience import CONFIDENCE_SCALE, EXAMPLE, Experience, Library
+from zoo.registry.experience import (
+    CONFIDENCE_SCALE,
+    SCHEMA_V1,
+    SCHEMA_V2,
+    Experience,
+    Library,
+    format_confidence,
+    problem_at,
+)
 from zoo.registry.gc_pause import gc_paused
 
-SCHEMA_V1 = "zoo.experience-library/1"
-SCHEMA_V2 = "zoo.experience-library/2"
-SCHEMA = SCHEMA_V2  # the newest; a library is written in the oldest format that can hold it (schema_of)
+SCHEMA = SCHEMA_V2  # the newest; a library is written in the oldest format that can hold it
 DEFAULT_MAX_LIBRARY_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_EXPERIENCE_BYTES = 256 * 1024
 _CONFIDENCE_RE = re.compile(r"(0\.[0-9]{6}|1\.000000)")
+_ENCODER = msgspec.json.Encoder()
+_LIBRARY = msgspec.json.Decoder(Library)
+_EXPERIENCE = msgspec.json.Decoder(Experience)
+
+
+class _LibraryOfRaw(msgspec.Struct, forbid_unknown_fields=True):
+    """A library document whose experiences are left as their raw bytes (see decode_library's reuse)."""
+
+    base_model: str
+    description: str
+    experiences: tuple[msgspec.Raw, ...]
+    parent_root: str
+    schema: str
+    version: int
+
+
+_LIBRARY_OF_RAW = msgspec.json.Decoder(_LibraryOfRaw)
+
+__all__ = [
+    "DEFAULT_MAX_EXPERIENCE_BYTES",
+    "DEFAULT_MAX_LIBRARY_BYTES",
+    "SCHEMA",
+    "SCHEMA_V1",
+    "SCHEMA_V2",
+    "canonical_json",
+    "decode_experience",
+    "decode_library",
+    "encode_experience",
+    "encode_library",
+    "experience_document",
+    "format_confidence",
+    "library_document",
+    "schema_of",
+]
 
 
 def canonical_json(obj: Any) -> bytes:
-    """Canonical JSON bytes of a document holding only dicts, lists, str, int, bool and None.
-
-    The bytes of json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False), written by
-    orjson. Documents come from the builders below, which never hold a float (orjson would write NaN as
-    null where json refuses it).
-    """
-    return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
-
-
-# An experience's canonical bytes are kept in its instance __dict__ under this key: not a field, so
-# pydantic's ==, hash and model_dump ignore it; the model is frozen, so the bytes never go stale.
-_CACHED = "_canonical_bytes"
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
-def format_confidence(confidence: float) -> str:
-    millionths = round(confidence * CONFIDENCE_SCALE)
-    return f"{millionths // CONFIDENCE_SCALE}.{millionths % CONFIDENCE_SCALE:06d}"
+    """Canonical JSON bytes of a document holding only dicts, lists, str, int, bool and None."""
+    return msgspec.json.encode(obj, order="sorted")
 
 
 def schema_of(lib: Library) -> str:
     """The schema tag a library is written with: format 2 only when it holds a worked example."""
-    return SCHEMA_V2 if any(e.kind == EXAMPLE for e in lib.experiences) else SCHEMA_V1
+    return lib.schema
 
 
 def experience_document(e: Experience) -> dict[str, Any]:
     """The JSON document of one experience (before serialisation)."""
-    doc = _lesson_document(e)
-    if e.kind == EXAMPLE:
-        doc.update(kind=EXAMPLE, answer=e.answer, reasoning=e.reasoning)
-    return doc
-
-
-def _lesson_document(e: Experience) -> dict[str, Any]:
-    created = e.provenance.created_at
-    factors = e.factors
-    return {
-        "id": e.id,
-        "text": e.text,
-        "domain": e.domain,
-        "confidence": format_confidence(e.confidence),
-        "examples": list(e.examples),
-        "factors": None
-        if factors is None
-        else {
-            "tokenizer": factors.tokenizer,
-            "token_ids": list(factors.token_ids),
-            "signs": _b64(factors.signs),
-            "block_size": factors.block_size,
-            "scales": _b64(struct.pack(f"<{len(factors.scales)}f", *factors.scales)),
-        },
-        "provenance": {
-            # Spelled out rather than strftime("%Y"), which does not zero-pad years below 1000 everywhere.
-            "created_at": f"{created.year:04d}-{created.month:02d}-{created.day:02d}T"
-            f"{created.hour:02d}:{created.minute:02d}:{created.second:02d}Z",
-            "author": e.provenance.author,
-            "base_model": e.provenance.base_model,
-        },
-    }
+    return msgspec.to_builtins(e)  # type: ignore[no-any-return]
 
 
 def library_document(lib: Library) -> dict[str, Any]:
-    return {**_library_header(lib), "experiences": [experience_document(e) for e in lib.experiences]}
-
-
-def _library_header(lib: Library) -> dict[str, Any]:
-    return {
-        "schema": schema_of(lib),
-        "version": lib.version,
-        "parent_root": lib.parent_root,
-        "base_model": lib.base_model,
-        "description": lib.description,
-    }
+    return msgspec.to_builtins(lib)  # type: ignore[no-any-return]
 
 
 def encode_experience(e: Experience) -> bytes:
-    """Canonical bytes of one experience: its Merkle leaf data (computed once per instance)."""
-    cached = e.__dict__.get(_CACHED)
-    if cached is None:
-        cached = e.__dict__[_CACHED] = canonical_json(experience_document(e))
-    return cached
+    """Canonical bytes of one experience: its Merkle leaf data."""
+    return _ENCODER.encode(e)
 
 
 def encode_library(lib: Library) -> bytes:
     """Canonical bytes of a library version: what is published to IPFS."""
-    with gc_paused():
-        doc = _library_header(lib)
-        doc["experiences"] = [orjson.Fragment(encode_experience(e)) for e in lib.experiences]
-        return canonical_json(doc)
+    return _ENCODER.encode(lib)
 
 
 def decode_library(
@@ -156,56 +131,84 @@ def decode_library(
     With require_canonical=False, documents that differ from the canonical bytes only in layout (key
     order, whitespace, escapes, experience order, non-NFC strings) are accepted and normalised.
 
-    `reuse` (e.g. the version being replaced) lends its validated experiences: an experience whose
-    canonical bytes it already holds is taken as it is, not validated again. Sound because validation
-    is a function of those bytes alone; a new version that changes a few experiences of 100k validates
-    only those few.
+    `reuse` (e.g. the version being replaced) lends its experiences: one whose canonical bytes it holds
+    is taken as that very object, so versions that share most experiences share them in memory too.
     """
-    with gc_paused():
-        if require_canonical:
-            lib = _decode_canonical(data, max_size, reuse)
-            if lib is not None:
-                return lib
-        return _decode_library(data, max_size, require_canonical)
-
-
-def _decode_canonical(data: bytes, max_size: int, reuse: Library | None) -> Library | None:
-    """The fast path for canonical bytes, the common case: None whenever anything is wrong.
-
-    orjson parses (it limits nesting itself, so no depth scan is needed); the same validation as the
-    careful path builds the library, and re-encoding it must give the input back. Any failure returns
-    None and the careful path (_decode_library) decides, naming the problem exactly as it always has
-    (duplicate keys, non-integer numbers, the field at fault, the first differing byte).
-    """
-    if not isinstance(data, bytes) or len(data) > max_size:
-        return None
+    _check_size(data, max_size, "library")
+    if not require_canonical:
+        with gc_paused():
+            return Library.parse(_library_input(_load(data, max_size, "library")))
     try:
-        doc = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(doc, dict) or doc.get("schema") not in (SCHEMA_V1, SCHEMA_V2):
-        return None
-    experiences = doc.pop("experiences", None)
-    if not isinstance(experiences, list):
-        return None
-    del doc["schema"]
-    known = {encode_experience(e): e for e in reuse.experiences} if reuse is not None else {}
+        with gc_paused():
+            reusing = reuse is not None and reuse.experiences
+            lib = _decode_reusing(data, reuse) if reusing else _LIBRARY.decode(data)  # type: ignore[arg-type]
+    except (msgspec.ValidationError, msgspec.DecodeError) as e:
+        # The careful path names what the fast decoder only reports by position: broken UTF-8 or JSON,
+        # duplicate keys, non-integer numbers, a wrong top-level shape or schema, a malformed confidence.
+        _library_input(_load(data, max_size, "library"))
+        if isinstance(e, msgspec.ValidationError):
+            raise problem_at(e) from None
+        raise ValidationError("library", f"is not valid JSON: {e}") from None
+    _check_canonical(_ENCODER.encode(lib), data, "library")
+    return lib
+
+
+def _decode_reusing(data: bytes, reuse: Library) -> Library:
+    known = {encode_experience(e): e for e in reuse.experiences}
+    doc = _LIBRARY_OF_RAW.decode(data)
+    experiences = []
+    for i, raw in enumerate(doc.experiences):
+        e = known.get(bytes(raw))
+        if e is None:
+            try:
+                e = _EXPERIENCE.decode(raw)
+            except msgspec.ValidationError as err:
+                raise _at_experience(err, i) from err.__cause__
+        experiences.append(e)
+    return Library(
+        base_model=doc.base_model,
+        description=doc.description,
+        experiences=tuple(experiences),
+        parent_root=doc.parent_root,
+        schema=doc.schema,
+        version=doc.version,
+    )
+
+
+def _at_experience(err: msgspec.ValidationError, i: int) -> msgspec.ValidationError:
+    """An error of experience i decoded alone, located as if the whole library had been decoded."""
+    message, found, path = str(err).rpartition(" - at `$")
+    if not found:
+        return msgspec.ValidationError(f"{err} - at `$.experiences[{i}]`")
+    return msgspec.ValidationError(f"{message} - at `$.experiences[{i}]{path}")
+
+
+def decode_experience(
+    data: bytes, *, max_size: int = DEFAULT_MAX_EXPERIENCE_BYTES, require_canonical: bool = True
+) -> Experience:
+    """Parse and validate the bytes of one experience (e.g. a Merkle leaf that came with a proof)."""
+    _check_size(data, max_size, "experience")
+    if not require_canonical:
+        return Experience.parse(_experience_input(_load(data, max_size, "experience"), ""))
     try:
-        if known:
-            parse = Experience.parse
-            doc["experiences"] = [
-                known.get(canonical_json(x)) or parse(_experience_input(x, "")) for x in experiences
-            ]
-        else:
-            doc["experiences"] = [_experience_input(x, "") for x in experiences]
-        lib = Library.parse(doc)
-    except ValidationError:
-        return None
-    return lib if encode_library(lib) == data else None
+        e = _EXPERIENCE.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError) as err:
+        _experience_input(_load(data, max_size, "experience"), "")
+        if isinstance(err, msgspec.ValidationError):
+            raise problem_at(err) from None
+        raise ValidationError("experience", f"is not valid JSON: {err}") from None
+    _check_canonical(_ENCODER.encode(e), data, "experience")
+    return e
 
 
-def _decode_library(data: bytes, max_size: int, require_canonical: bool) -> Library:
-    doc = _load(data, max_size, "library")
+def _check_size(data: Any, max_size: int, what: str) -> None:
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise ValidationError(what, f"must be bytes, not {type(data).__name__}")
+    if len(data) > max_size:
+        raise ValidationError(what, f"is {len(data)} bytes; the limit is {max_size}", size=len(data))
+
+
+def _library_input(doc: Any) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise ValidationError("library", "must be a JSON object")
     if doc.get("schema") not in (SCHEMA_V1, SCHEMA_V2):
@@ -216,20 +219,7 @@ def _decode_library(data: bytes, max_size: int, require_canonical: bool) -> Libr
         raise ValidationError("experiences", "must be a list")
     fields = {k: v for k, v in doc.items() if k != "schema"}
     fields["experiences"] = [_experience_input(x, f"experiences[{i}]") for i, x in enumerate(experiences)]
-    lib = Library.parse(fields)
-    if require_canonical:
-        _check_canonical(encode_library(lib), data, "library")
-    return lib
-
-
-def decode_experience(
-    data: bytes, *, max_size: int = DEFAULT_MAX_EXPERIENCE_BYTES, require_canonical: bool = True
-) -> Experience:
-    """Parse and validate the bytes of one experience (e.g. a Merkle leaf that came with a proof)."""
-    e = Experience.parse(_experience_input(_load(data, max_size, "experience"), ""))
-    if require_canonical:
-        _check_canonical(encode_experience(e), data, "experience")
-    return e
+    return fields
 
 
 # -- decoding helpers --------------------------------------------------------------------------------
@@ -328,6 +318,10 @@ def _experience_input(doc: Any, path: str) -> dict[str, Any]:
             factors["scales"] = struct.unpack(f"<{len(raw) // 4}f", raw)
         out["factors"] = factors
     return out
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
 
 
 def _unb64(value: Any, field: str) -> bytes:

@@ -163,7 +163,7 @@ def test_round_trip_keeps_signs_and_block_means(case: tuple[list[int], list[floa
         nonzero = sorted_deltas[block] != 0
         if alpha > 0:
             assert (np.sign(got[block][nonzero]) == np.sign(sorted_deltas[block][nonzero])).all()
-    assert ExpertFactors.parse(f.model_dump()) == f
+    assert ExpertFactors.parse(f.to_dict()) == f
 
 
 def test_factors_validate_and_survive_canonical_encoding() -> None:
@@ -171,7 +171,7 @@ def test_factors_validate_and_survive_canonical_encoding() -> None:
     ids = rng.choice(49152, size=131, replace=False)
     f = compress(ids, rng.normal(size=131), TAG, block_size=64)
     assert len(f.signs) == 17 and len(f.scales) == 3
-    assert ExpertFactors.parse(f.model_dump()) == f
+    assert ExpertFactors.parse(f.to_dict()) == f
     e = experience(f, confidence=0.8)
     data = encode_experience(e)
     back = decode_experience(data)

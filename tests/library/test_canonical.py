@@ -228,7 +228,7 @@ def test_decode_names_the_bad_field(library: Library) -> None:
 
     doc = _doc(library)
     doc["experiences"][0]["provenance"]["votes"] = 3
-    _rejected(json.dumps(doc).encode(), "experiences[0].provenance.votes", "Extra inputs")
+    _rejected(json.dumps(doc).encode(), "experiences[0].provenance.votes", "is not a field here")
 
     doc = _doc(library)
     doc["experiences"][0]["factors"] = {"scales": "AAA=", "signs": "AA=="}
@@ -247,7 +247,7 @@ def test_decode_requires_canonical_bytes(library: Library) -> None:
     doc = _doc(library)
     doc["experiences"].reverse()
     unsorted = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-    _rejected(unsorted, "library", "not in canonical form")
+    _rejected(unsorted, "experiences", "must be sorted by id")
     assert decode_library(unsorted, require_canonical=False) == library
 
     doc = _doc(library)
@@ -257,10 +257,10 @@ def test_decode_requires_canonical_bytes(library: Library) -> None:
 
 
 def test_decode_refuses_non_nfc_text(library: Library) -> None:
-    doc = library_document(library.model_copy(update={"description": "ok"}))
+    doc = library_document(library)
     doc["description"] = unicodedata.normalize("NFD", "café")
     data = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-    _rejected(data, "library", "not in canonical form")
+    _rejected(data, "description", "not in Unicode normal form NFC")
     assert decode_library(data, require_canonical=False).description == "café"
 
 
@@ -277,7 +277,7 @@ GOLDEN = Path(__file__).parent / "golden"
 
 @pytest.mark.parametrize("name", ["library-v1", "library-v2", "library-empty"])
 def test_golden_libraries_decode_re_encode_and_root_unchanged(name: str) -> None:
-    # Written by the json-module encoder before the codec moved to orjson; they must never change: a
+    # Written by the json-module encoder before the codec moved to msgspec; they must never change: a
     # changed byte is a changed CID and root for every library ever published.
     data = (GOLDEN / f"{name}.json").read_bytes()
     root = (GOLDEN / f"{name}.root").read_text().strip()
@@ -315,15 +315,6 @@ def test_canonical_json_writes_the_json_modules_bytes(doc: object) -> None:
     assert canonical_json(doc) == json_module_bytes(doc)
 
 
-def test_cached_bytes_do_not_change_equality_or_survive_an_update(make_experience: Make) -> None:
-    a, b = make_experience(1), make_experience(1)
-    encode_experience(a)
-    assert a == b and hash(a) == hash(b) and a.model_dump() == b.model_dump()
-    changed = a.model_copy(update={"confidence": 0.25})
-    assert encode_experience(changed) == json_module_bytes(experience_document(changed))
-    assert b'"0.250000"' in encode_experience(changed)
-
-
 def test_fast_and_careful_decoding_agree_on_refusals(library: Library) -> None:
     # The fast path hands anything it cannot accept to the careful one, which names the problem.
     data = encode_library(library)
@@ -356,4 +347,6 @@ def test_reuse_takes_unchanged_experiences_as_they_are(library: Library, make_ex
     assert info.value.field == f"experiences[{target}].domain"
     doc = _doc(nxt)
     doc["experiences"][target]["text"] = unicodedata.normalize("NFD", "When café ünïcode is in the text.")
+    _rejected(json_module_bytes(doc), f"experiences[{target}].text", "not in Unicode normal form NFC")
+    doc["experiences"][target]["text"] = "When the text changes, the id no longer matches it."
     _rejected(json_module_bytes(doc), f"experiences[{target}].id", "does not match the content")

@@ -151,7 +151,7 @@ def test_round_trips_through_an_experience(tokenizer: Any) -> None:
         factors=factors,
     )
     assert exp.factors == factors
-    again = Experience.parse(exp.model_dump())
+    again = Experience.parse(exp.to_dict())
     assert again == exp
     ids, values = decompress(again.factors)  # type: ignore[arg-type]
     assert list(ids) == list(factors.token_ids)
