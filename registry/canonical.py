@@ -45,6 +45,7 @@ from zoo.registry.experience import (
     SCHEMA_V2,
     Experience,
     Library,
+    Problem,
     format_confidence,
     problem_at,
 )
@@ -142,13 +143,11 @@ def decode_library(
         with gc_paused():
             reusing = reuse is not None and reuse.experiences
             lib = _decode_reusing(data, reuse) if reusing else _LIBRARY.decode(data)  # type: ignore[arg-type]
-    except (msgspec.ValidationError, msgspec.DecodeError) as e:
+    except ValueError as e:  # msgspec's ValidationError and DecodeError, UnicodeDecodeError, a Problem
         # The careful path names what the fast decoder only reports by position: broken UTF-8 or JSON,
         # duplicate keys, non-integer numbers, a wrong top-level shape or schema, a malformed confidence.
         _library_input(_load(data, max_size, "library"))
-        if isinstance(e, msgspec.ValidationError):
-            raise problem_at(e) from None
-        raise ValidationError("library", f"is not valid JSON: {e}") from None
+        raise _located(e, "library") from None
     _check_canonical(_ENCODER.encode(lib), data, "library")
     return lib
 
@@ -192,13 +191,20 @@ def decode_experience(
         return Experience.parse(_experience_input(_load(data, max_size, "experience"), ""))
     try:
         e = _EXPERIENCE.decode(data)
-    except (msgspec.ValidationError, msgspec.DecodeError) as err:
+    except ValueError as err:
         _experience_input(_load(data, max_size, "experience"), "")
-        if isinstance(err, msgspec.ValidationError):
-            raise problem_at(err) from None
-        raise ValidationError("experience", f"is not valid JSON: {err}") from None
+        raise _located(err, "experience") from None
     _check_canonical(_ENCODER.encode(e), data, "experience")
     return e
+
+
+def _located(err: ValueError, what: str) -> ValidationError:
+    """A fast-path failure the careful path did not explain, as a ValidationError naming the field."""
+    if isinstance(err, msgspec.ValidationError):
+        return problem_at(err)
+    if isinstance(err, Problem):  # the library's own check, when it was assembled from reused experiences
+        return ValidationError(err.field, err.message)
+    return ValidationError(what, f"is not valid JSON: {err}")
 
 
 def _check_size(data: Any, max_size: int, what: str) -> None:
