@@ -116,11 +116,7 @@ def clean_string(value: object, *, multiline: bool = False, where: str = "value"
     if not isinstance(value, str):
         raise Problem(where, f"must be a string (got {type(value).__name__})", value)
     if not value.isascii():
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise Problem(where, "is not valid Unicode (lone surrogate)") from None
-        value = unicodedata.normalize("NFC", value)
+        value = unicodedata.normalize("NFC", value)  # keeps a lone surrogate, which _check_clean refuses
     _check_clean(value, where, multiline=multiline)
     return value
 
@@ -412,12 +408,7 @@ class ExpertFactors(Struct, **_STRUCT):  # type: ignore[call-arg]
             raise Problem("scales", f"{len(scales)} values for {n} tokens in blocks of {self.block_size}; "
                                     f"need {blocks}")  # fmt: skip
         for i, s in enumerate(scales):
-            if not math.isfinite(s):
-                raise Problem("scales", f"scale {i} is not a finite number")
-            # A scale is a mean |log-boost|: negative makes no sense, and beyond MAX_SCALE (e^100) it only
-            # serves to overflow the float32 logits bias once weighted.
-            if not 0.0 <= s <= MAX_SCALE:
-                raise Problem("scales", f"scale {i} must be in [0, {MAX_SCALE:g}] (got {s:g})")
+            _check_scale(i, s)
 
     @property
     def scales(self) -> tuple[float, ...]:
@@ -497,12 +488,18 @@ def _scales(value: object) -> bytes:
     floats = []
     for i, s in enumerate(value):
         f = _number(s, "scales")
-        if not math.isfinite(f):
-            raise Problem("scales", f"scale {i} is not a finite number")
-        if not 0.0 <= f <= MAX_SCALE:
-            raise Problem("scales", f"scale {i} must be in [0, {MAX_SCALE:g}] (got {f:g})")
+        _check_scale(i, f)  # before packing: a finite float beyond float32's range cannot be packed
         floats.append(f)
     return struct.pack(f"<{len(floats)}f", *floats)
+
+
+def _check_scale(i: int, s: float) -> None:
+    if not math.isfinite(s):
+        raise Problem("scales", f"scale {i} is not a finite number")
+    # A scale is a mean |log-boost|: negative makes no sense, and beyond MAX_SCALE (e^100) it only serves
+    # to overflow the float32 logits bias once weighted.
+    if not 0.0 <= s <= MAX_SCALE:
+        raise Problem("scales", f"scale {i} must be in [0, {MAX_SCALE:g}] (got {s:g})")
 
 
 class Experience(Struct, kw_only=True, omit_defaults=True, **_STRUCT):  # type: ignore[call-arg]
@@ -836,14 +833,9 @@ def problem_at(err: msgspec.ValidationError) -> ValidationError:
     if not _:
         message, path = text, ""
     path = path.rstrip("`").lstrip(".")
-    cause = err.__cause__ if isinstance(err.__cause__, Problem) else None
-    m = None if cause else re.fullmatch(r"([a-z_]+(?:\[\d+\])?): (.*)", message, flags=re.S)
-    if cause is not None:
-        field, message = cause.field, cause.message
-    elif m:
-        field, message = m.group(1), m.group(2)
-    else:
-        field = ""
+    # msgspec chains a __post_init__ refusal as the cause: the Problem names the field inside the path.
+    cause = err.__cause__
+    field, message = (cause.field, cause.message) if isinstance(cause, Problem) else ("", message)
     unknown = re.fullmatch(r"Object contains unknown field `(.*)`", message)
     if unknown:
         field, message = unknown.group(1), "is not a field here (unknown fields are refused)"
