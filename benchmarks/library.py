@@ -59,17 +59,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from web3 import Web3
 
-from zoo.devnet.manager import Devnet, warp
+from zoo.devnet.dev_dao import DevDao
+from zoo.devnet.manager import Devnet
 from zoo.inference.embedder import SentenceTransformerEmbedder
 from zoo.inference.embedding_cache import EmbeddingCache
 from zoo.inference.retrieval import Retriever, cache_model_key
 from zoo.registry.canonical import decode_library, encode_library
-from zoo.registry.chain import RegistryClient
 from zoo.registry.experience import Experience, Library
 from zoo.registry.ipfs import IpfsClient
-from zoo.registry.keys import dev_account
 from zoo.registry.merkle import MerkleTree, library_leaves, library_root, verify_inclusion
 from zoo.registry.store import LibraryStore
 from zoo.registry.sync import LibrarySyncer
@@ -181,32 +179,11 @@ def experiences(n: int, variant: int = 0) -> list[Experience]:
     ]
 
 
-class Dao:
-    """Approve library versions on the devnet the way the DAO does (three dev accounts vote for)."""
-
-    def __init__(self, rpc_url: str, registry: str, settings: dict[str, int]) -> None:
-        self.w3 = Web3(Web3.HTTPProvider(rpc_url, request_kwargs={"timeout": 60}))
-        self.voters = [RegistryClient(self.w3, registry, dev_account(i)) for i in range(3)]
-        self.wait_s = settings["voting_period_s"] + settings["execution_delay_s"] + 1
-
-    def propose_and_pass(self, root: bytes, cid: str, tree_size: int) -> int:
-        """Everything up to (not including) execute; returns the proposal id."""
-        proposal = self.voters[0].propose(root, cid, tree_size=tree_size).proposal_id
-        warp(self.w3, 1)
-        for voter in self.voters:
-            voter.vote(proposal, True)
-        warp(self.w3, self.wait_s)
-        return proposal
-
-    def execute(self, proposal: int) -> None:
-        self.voters[0].execute(proposal)
-
-
 def bench_size(
     n: int,
     args: argparse.Namespace,
     ipfs: IpfsClient,
-    dao: Dao,
+    dao: DevDao,
     syncer: LibrarySyncer,
     do_sync: bool,
     retriever: Retriever | None,
@@ -216,7 +193,7 @@ def bench_size(
     extra: dict[str, float] = {}
 
     # `repeats` libraries, each the next version of the one before (as the sync figure approves them).
-    current = dao.voters[0].current()
+    current = dao.proposer.current()
     parent, libs = "0x" + current.root.hex(), []
     t0 = time.perf_counter()
     for k in range(repeats):
@@ -298,7 +275,7 @@ def bench_size(
         samples, peaks = [], []
         for variant, cid in zip(libs, cids, strict=True):
             variant_root = library_root(variant)
-            proposal = dao.propose_and_pass(variant_root, cid, len(variant.experiences))
+            proposal = dao.propose_and_pass(variant_root, cid, tree_size=len(variant.experiences))
             dao.execute(proposal)  # returns once the receipt (with the LibraryUpdated log) is back
             rss_before, resettable = rss_kib("VmRSS"), reset_peak_rss()
             t0 = time.perf_counter()
@@ -317,7 +294,7 @@ def bench_size(
         for k in range(repeats):
             successor = next_version(base, args.changed, variant=1000 * n + k)
             cid = ipfs.add(encode_library(successor))
-            dao.execute(dao.propose_and_pass(library_root(successor), cid, len(successor.experiences)))
+            dao.approve(library_root(successor), cid, tree_size=len(successor.experiences))
             t0 = time.perf_counter()
             result = syncer.sync_once()
             samples.append(time.perf_counter() - t0)
@@ -335,7 +312,7 @@ def serving_row(
     base: Library,
     retriever: Retriever,
     ipfs: IpfsClient,
-    dao: Dao,
+    dao: DevDao,
     syncer: LibrarySyncer,
     args: argparse.Namespace,
     raw_cat: float,
@@ -354,7 +331,7 @@ def serving_row(
     retriever.update(active)
     successor = next_version(base, args.serving_changed / n, variant=7 * n)
     cid = ipfs.add(encode_library(successor))
-    dao.execute(dao.propose_and_pass(library_root(successor), cid, len(successor.experiences)))
+    dao.approve(library_root(successor), cid, tree_size=len(successor.experiences))
     t0 = time.perf_counter()
     result = syncer.sync_once()
     assert result.activated is not None
@@ -383,8 +360,8 @@ def main() -> None:
     try:
         info, _ = devnet.up(die_with_parent=True)
         ipfs = IpfsClient(info.ipfs_api, timeout=300)
-        dao = Dao(info.rpc_url, info.registry_address, info.settings)
-        syncer = LibrarySyncer(dao.voters[0], ipfs, LibraryStore(scratch / "node"), fetch_timeout_s=300)
+        dao = DevDao.of(info)
+        syncer = LibrarySyncer(dao.proposer, ipfs, LibraryStore(scratch / "node"), fetch_timeout_s=300)
         syncer.sync_once()  # the genesis version, so each size's sync is one new version
         retriever = None
         if args.serving_changed:

@@ -26,9 +26,7 @@ from zoo.devnet.ipfs import IpfsDaemon
 from zoo.devnet.manager import Devnet, DevnetInfo
 from zoo.node.client import NodeClient
 from zoo.registry.canonical import encode_library
-from zoo.registry.chain import RegistryClient
 from zoo.registry.ipfs import IpfsClient
-from zoo.registry.keys import dev_account
 from zoo.registry.merkle import library_root
 from zoo.registry.store import LibraryStore, root_hex
 from zoo.v1 import node_pb2
@@ -41,8 +39,7 @@ NODE_EXTRA = {
 
 def chain_of(info: DevnetInfo) -> Chain:
     w3 = Web3(Web3.HTTPProvider(info.rpc_url, request_kwargs={"timeout": 30}))
-    voters = [RegistryClient(w3, info.registry_address, dev_account(i)) for i in range(3)]
-    return Chain(info, w3, IpfsClient(info.ipfs_api, timeout=10), voters)
+    return Chain(info, w3, IpfsClient(info.ipfs_api, timeout=10))
 
 
 def wait_until(what: str, check: Callable[[], Any], timeout_s: float = 30.0, node: NodeProcess | None = None):

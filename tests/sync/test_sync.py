@@ -19,15 +19,15 @@ from typing import Any
 import pytest
 from web3 import Web3
 
+from zoo.devnet.dev_dao import DevDao
 from zoo.devnet.genesis import genesis_library
-from zoo.devnet.manager import Devnet, DevnetInfo, warp
+from zoo.devnet.manager import Devnet, DevnetInfo
 from zoo.node.library import ChainEvents
 from zoo.registry.canonical import encode_library
 from zoo.registry.chain import RegistryClient, TxResult
 from zoo.registry.errors import IpfsUnavailable
 from zoo.registry.experience import Experience, Library
 from zoo.registry.ipfs import IpfsClient
-from zoo.registry.keys import dev_account
 from zoo.registry.merkle import library_root
 from zoo.registry.store import LibraryStore, root_hex
 from zoo.registry.sync import LibraryFollower, LibrarySyncer, Refused
@@ -54,11 +54,14 @@ class Chain:
     info: DevnetInfo
     w3: Web3
     ipfs: IpfsClient
-    voters: list[RegistryClient] = field(default_factory=list)
+    dao: DevDao = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.dao = DevDao(self.w3, self.info.registry_address, self.info.settings)
 
     @property
     def registry(self) -> RegistryClient:
-        return self.voters[0]
+        return self.dao.proposer
 
     def reader(self) -> RegistryClient:
         """A read-only client, as the node has."""
@@ -78,13 +81,7 @@ class Chain:
 
     def approve(self, root: bytes, cid: str, tree_size: int = 1) -> TxResult:
         """propose -> warp into voting -> three votes for -> warp past voting and delay -> execute."""
-        proposal = self.registry.propose(root, cid, tree_size=tree_size).proposal_id
-        warp(self.w3, 1)
-        for voter in self.voters:
-            voter.vote(proposal, True)
-        s = self.info.settings
-        warp(self.w3, s["voting_period_s"] + s["execution_delay_s"] + 1)
-        return self.registry.execute(proposal)
+        return self.dao.approve(root, cid, tree_size=tree_size)
 
     def approve_library(self, lib: Library, tree_size: int | None = None) -> str:
         cid = self.ipfs.add(encode_library(lib))
@@ -99,9 +96,8 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
     assert not reused
     w3 = Web3(Web3.HTTPProvider(info.rpc_url, request_kwargs={"timeout": 30}))
     ipfs = IpfsClient(info.ipfs_api, timeout=10)
-    voters = [RegistryClient(w3, info.registry_address, dev_account(i)) for i in range(3)]
     try:
-        yield Chain(info, w3, ipfs, voters)
+        yield Chain(info, w3, ipfs)
     finally:
         ipfs.close()
         assert sorted(devnet.down()) == ["anvil", "chain-state", "ipfs"]
