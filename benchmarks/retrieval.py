@@ -66,15 +66,20 @@ def synthetic(n: int, n_queries: int, seed: int) -> tuple[np.ndarray, list[str],
     return vectors, [DOMAINS[d] for d in domains], queries
 
 
-def experiences_for(domains: list[str]) -> list[Experience]:
+def experiences_for(
+    domains: list[str],
+    text: str = "When benchmarking case {i}, apply rule {i}.",
+    created_at: str = "2026-01-01T00:00:00Z",
+) -> list[Experience]:
+    """One lesson per domain given, its text the template filled with its position."""
     return [
         Experience.create(
-            text=f"When benchmarking case {i}, apply rule {i}.",
+            text=text.format(i=i, domain=d),
             domain=d,
             confidence=0.5,
             author="job:bench",
             base_model="bench",
-            created_at="2026-01-01T00:00:00Z",
+            created_at=created_at,
         )
         for i, d in enumerate(domains)
     ]
@@ -167,17 +172,8 @@ def bench_end_to_end(n_queries: int, seed: int) -> None:
     p50, p99 = p50_p99(lat)
     print(f"  end to end (embed + search, 100k {index.kind} index): p50 {p50:.2f} ms  p99 {p99:.2f} ms")
 
-    lessons = [
-        Experience.create(
-            text=f"When solving exercise family {i} in {d}, write down the known quantities first.",
-            domain=d,
-            confidence=0.5,
-            author="job:bench",
-            base_model="bench",
-            created_at="2025-01-01T00:00:00Z",
-        )
-        for i, d in enumerate(DOMAINS * 125)
-    ]
+    text = "When solving exercise family {i} in {domain}, write down the known quantities first."
+    lessons = experiences_for(DOMAINS * 125, text, created_at="2025-01-01T00:00:00Z")
     library = Library.create(version=1, base_model="bench", experiences=lessons)
     with tempfile.TemporaryDirectory() as tmp, EmbeddingCache(Path(tmp) / "embeddings.sqlite") as cache:
         start = time.perf_counter()
