@@ -34,6 +34,7 @@ import binascii
 import json
 import re
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -82,6 +83,7 @@ __all__ = [
     "canonical_json",
     "decode_experience",
     "decode_library",
+    "decode_library_parts",
     "encode_experience",
     "encode_library",
     "experience_document",
@@ -139,10 +141,12 @@ def decode_library(
     if not require_canonical:
         with gc_paused():
             return Library.parse(_library_input(_load(data, "library")))
+    if reuse is not None and reuse.experiences:
+        known = {encode_experience(e): e for e in reuse.experiences}
+        return decode_library_parts(data, lambda raw: known.get(bytes(raw)), max_size=max_size)[0]
     try:
         with gc_paused():
-            reusing = reuse is not None and reuse.experiences
-            lib = _decode_reusing(data, reuse) if reusing else _LIBRARY.decode(data)  # type: ignore[arg-type]
+            lib = _LIBRARY.decode(data)
     except ValueError as e:  # msgspec's ValidationError and DecodeError, UnicodeDecodeError, a Problem
         # The careful path names what the fast decoder only reports by position: broken UTF-8 or JSON,
         # duplicate keys, non-integer numbers, a wrong top-level shape or schema, a malformed confidence.
@@ -152,26 +156,81 @@ def decode_library(
     return lib
 
 
-def _decode_reusing(data: bytes, reuse: Library) -> Library:
-    known = {encode_experience(e): e for e in reuse.experiences}
-    doc = _LIBRARY_OF_RAW.decode(data)
-    experiences = []
-    for i, raw in enumerate(doc.experiences):
-        e = known.get(bytes(raw))
-        if e is None:
-            try:
-                e = _EXPERIENCE.decode(raw)
-            except msgspec.ValidationError as err:
-                raise _at_experience(err, i) from err.__cause__
-        experiences.append(e)
-    return Library(
-        base_model=doc.base_model,
-        description=doc.description,
-        experiences=tuple(experiences),
-        parent_root=doc.parent_root,
-        schema=doc.schema,
-        version=doc.version,
+def decode_library_parts(
+    data: bytes,
+    lookup: Callable[[msgspec.Raw], Experience | None],
+    *,
+    max_size: int = DEFAULT_MAX_LIBRARY_BYTES,
+) -> tuple[Library, tuple[msgspec.Raw, ...]]:
+    """decode_library, experience by experience: also returns each experience's bytes as they stand in
+    `data` (zero-copy views: its canonical bytes, its Merkle leaf data, once the library is accepted).
+
+    `lookup(raw)` may return the experience those exact bytes encode (one the caller already holds, e.g.
+    by leaf hash): it is taken as it is, neither decoded nor checked again. Every other experience is
+    decoded and must re-encode to its own bytes; the document around them is checked against the
+    canonical frame, so no byte of `data` is encoded twice. Refusals are decode_library's.
+    """
+    _check_size(data, max_size, "library")
+    data = bytes(data)
+    try:
+        with gc_paused():
+            doc = _LIBRARY_OF_RAW.decode(data)
+            raws = doc.experiences
+            found = [lookup(raw) for raw in raws]
+            new = [i for i, e in enumerate(found) if e is None]
+            if len(new) > len(found) // 2:  # mostly new: one typed decode of the whole is faster
+                lib, new = _LIBRARY.decode(data), list(range(len(raws)))
+            else:
+                for i in new:
+                    try:
+                        found[i] = _EXPERIENCE.decode(raws[i])
+                    except msgspec.ValidationError as err:
+                        raise _at_experience(err, i) from err.__cause__
+                lib = Library(
+                    base_model=doc.base_model,
+                    description=doc.description,
+                    experiences=tuple(found),  # type: ignore[arg-type]
+                    parent_root=doc.parent_root,
+                    schema=doc.schema,
+                    version=doc.version,
+                )
+            # Each decoded experience must re-encode to its own bytes (one at a time: a second copy of the
+            # whole library would be the peak of a sync's memory).
+            encode, experiences = _ENCODER.encode, lib.experiences
+            if any(memoryview(raws[i]) != encode(experiences[i]) for i in new):
+                raise _NotCanonical
+    except _NotCanonical:
+        lib = None
+    except ValueError as e:  # as in decode_library
+        _library_input(_load(data, "library"))
+        raise _located(e, "library") from None
+    if lib is None or not _in_canonical_frame(doc, data):
+        decode_library(data, max_size=max_size)  # refuses it, naming the first differing byte
+        raise ValidationError("library", "is valid but not in canonical form")  # (not reached)
+    return lib, doc.experiences
+
+
+class _NotCanonical(Exception):
+    pass
+
+
+def _in_canonical_frame(doc: _LibraryOfRaw, data: bytes) -> bool:
+    """Whether `data` is exactly the canonical document around the experiences' bytes (each canonical).
+
+    The frame is the library encoded with no experiences, cut open at its empty list. Prefix and suffix
+    match and the lengths add up to len(data) exactly when the experiences sit in the list with single
+    commas between them and nothing else: the same test as re-encoding the library, without doing it.
+    """
+    frame = _ENCODER.encode(
+        _LibraryOfRaw(doc.base_model, doc.description, (), doc.parent_root, doc.schema, doc.version)
     )
+    # A string value cannot hold this needle: its quotes would be escaped.
+    cut = frame.index(b'"experiences":[]') + len(b'"experiences":[')
+    prefix, suffix = frame[:cut], frame[cut:]
+    n = len(doc.experiences)
+    middle = sum(len(raw) for raw in doc.experiences) + max(n - 1, 0)
+    fits = len(prefix) + middle + len(suffix) == len(data)
+    return fits and data.startswith(prefix) and data.endswith(suffix)
 
 
 def _at_experience(err: msgspec.ValidationError, i: int) -> msgspec.ValidationError:

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from zoo.registry.canonical import encode_experience
+import msgspec
+
+from zoo.registry.canonical import DEFAULT_MAX_LIBRARY_BYTES, decode_library_parts, encode_experience
 from zoo.registry.errors import ValidationError
-from zoo.registry.experience import Library
+from zoo.registry.experience import Experience, Library
 from zoo.registry.gc_pause import gc_paused
 
 HASH_SIZE = 32
@@ -27,8 +29,22 @@ EMPTY_ROOT = hashlib.sha256(b"").digest()
 MAX_PATH = 64  # a tree of fewer than 2**64 leaves has audit paths of at most 64 hashes
 
 
+_LEAF = hashlib.sha256(b"\x00")
+
+
 def leaf_hash(data: bytes) -> bytes:
     return hashlib.sha256(b"\x00" + data).digest()
+
+
+def leaf_hashes(leaves: Iterable[bytes | msgspec.Raw]) -> list[bytes]:
+    """leaf_hash of each, a third faster: the 0x00 prefix is hashed once and copied, not concatenated."""
+    out = []
+    with gc_paused():
+        for data in leaves:
+            h = _LEAF.copy()
+            h.update(data)
+            out.append(h.digest())
+    return out
 
 
 def node_hash(left: bytes, right: bytes) -> bytes:
@@ -89,9 +105,7 @@ class MerkleTree:
 
     @classmethod
     def from_leaves(cls, leaves: Sequence[bytes]) -> MerkleTree:
-        sha256 = hashlib.sha256
-        level = [sha256(b"\x00" + data).digest() for data in leaves]
-        return cls.from_leaf_hashes(level)
+        return cls.from_leaf_hashes(leaf_hashes(leaves))
 
     @classmethod
     def from_leaf_hashes(cls, hashes: Sequence[bytes]) -> MerkleTree:
@@ -100,13 +114,16 @@ class MerkleTree:
         if not level:
             return cls([])
         levels = [level]
-        while len(level) > 1:
-            pairs = len(level) - 1
-            up = [sha256(b"\x01" + level[i] + level[i + 1]).digest() for i in range(0, pairs, 2)]
-            if len(level) % 2:
-                up.append(level[-1])
-            levels.append(up)
-            level = up
+        with gc_paused():  # hundreds of thousands of small allocations, none of them cyclic
+            while len(level) > 1:
+                pairs = iter(level)
+                up = [
+                    sha256(b"\x01" + left + right).digest() for left, right in zip(pairs, pairs, strict=False)
+                ]
+                if len(level) % 2:
+                    up.append(level[-1])
+                levels.append(up)
+                level = up
         return cls(levels)
 
     @property
@@ -166,6 +183,28 @@ def verify_inclusion(leaf_data: bytes, proof: InclusionProof, root: bytes) -> bo
 def library_leaves(lib: Library) -> list[bytes]:
     """Leaf data of a library: the canonical bytes of each experience, in canonical (id) order."""
     return [encode_experience(e) for e in lib.experiences]
+
+
+def decode_library_leaves(
+    data: bytes, *, max_size: int = DEFAULT_MAX_LIBRARY_BYTES, known: Mapping[bytes, Experience] | None = None
+) -> tuple[Library, list[bytes]]:
+    """Decode library bytes that are to be checked against a Merkle root: the library and its leaf hashes.
+
+    The leaves are hashed from the bytes as they stand in `data` (the library is accepted only if they are
+    canonical), so nothing is encoded twice; an experience whose leaf hash `known` maps (the active
+    version's, say) is taken as that object, not decoded: equal leaf hashes mean equal bytes.
+    """
+    hashes: list[bytes] = []
+
+    def lookup(raw: msgspec.Raw) -> Experience | None:
+        h = _LEAF.copy()
+        h.update(raw)
+        digest = h.digest()
+        hashes.append(digest)
+        return known.get(digest) if known else None
+
+    library, _ = decode_library_parts(data, lookup, max_size=max_size)
+    return library, hashes
 
 
 def library_tree(lib: Library) -> MerkleTree:

@@ -19,14 +19,16 @@ import json
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from zoo.registry.canonical import decode_library, encode_library
 from zoo.registry.errors import IntegrityError, NotFound, ValidationError
-from zoo.registry.experience import Library
+from zoo.registry.experience import Experience, Library
 from zoo.registry.fsutil import write_atomic
-from zoo.registry.merkle import library_root
+from zoo.registry.merkle import HASH_SIZE, MerkleTree, decode_library_leaves, library_leaves
+from zoo.registry.merkle import leaf_hashes as leaf_hashes_of
 
 _VERSION_FILE = re.compile(r"v(\d+)-0x([0-9a-f]{64})\.json")
 # Decoded versions kept in memory, most recently used last: a node syncing for months must not hold every
@@ -47,10 +49,18 @@ class StoredVersion:
     cid: str
     path: Path
     sha256: str  # hex digest of the canonical bytes that were verified against the root
+    leaf_hashes: bytes = b""  # the Merkle leaf hashes, 32 bytes each, in order (one object, not 100k)
 
     @property
     def version(self) -> int:
         return self.library.version
+
+    def known_leaves(self) -> dict[bytes, Experience]:
+        """Each experience by its leaf hash: what the next version may reuse (see decode_library_leaves)."""
+        h, experiences = self.leaf_hashes, self.library.experiences
+        if len(h) != HASH_SIZE * len(experiences):  # not recorded: nothing to reuse
+            return {}
+        return {h[HASH_SIZE * i : HASH_SIZE * (i + 1)]: e for i, e in enumerate(experiences)}
 
 
 class LibraryStore:
@@ -67,13 +77,21 @@ class LibraryStore:
     # -- versions ---------------------------------------------------------------------------------
 
     def put(
-        self, library: Library, cid: str, expected_root: str | None = None, raw: bytes | None = None
+        self,
+        library: Library,
+        cid: str,
+        expected_root: str | None = None,
+        raw: bytes | None = None,
+        leaf_hashes: Sequence[bytes] | None = None,
     ) -> StoredVersion:
         """Store a version after checking its Merkle root (against expected_root when given).
 
-        `raw` may pass the canonical bytes when the caller already holds them (saves re-encoding).
+        `raw` may pass the canonical bytes and `leaf_hashes` their leaves' hashes when the caller already
+        holds them (decode_library_leaves gives both), which saves encoding the library again.
         """
-        root = root_hex(library_root(library))
+        if leaf_hashes is None:
+            leaf_hashes = leaf_hashes_of(library_leaves(library))
+        root = root_hex(MerkleTree.from_leaf_hashes(leaf_hashes).root)
         if expected_root is not None and root != expected_root.lower():
             raise IntegrityError(
                 f"library version {library.version} has Merkle root {root}, not the expected {expected_root}",
@@ -88,7 +106,7 @@ class LibraryStore:
         # orphan .meta (ignored, overwritten by the next put) rather than a listed version without one.
         write_atomic(path.with_suffix(".meta"), json.dumps(meta).encode())
         write_atomic(path, data)
-        stored = StoredVersion(library, root, cid, path, meta["sha256"])
+        stored = StoredVersion(library, root, cid, path, meta["sha256"], b"".join(leaf_hashes))
         self._remember(stored)
         return stored
 
@@ -162,13 +180,13 @@ class LibraryStore:
             recent = next(reversed(self._cache.values()), None)
         try:
             # Versions share most experiences: those of the most recent one are reused, not re-validated.
-            library = decode_library(data, reuse=recent.library if recent else None)
+            library, leaves = decode_library_leaves(data, known=recent.known_leaves() if recent else None)
         except ValidationError as e:
             raise IntegrityError(f"stored library {path.name} is corrupt: {e}", path=str(path)) from None
-        computed = root_hex(library_root(library))
+        computed = root_hex(MerkleTree.from_leaf_hashes(leaves).root)
         if computed != root or library.version != version:
             raise IntegrityError(f"stored library {path.name} does not match its root (got {computed})")
-        stored = StoredVersion(library, root, cid, path, digest)
+        stored = StoredVersion(library, root, cid, path, digest, b"".join(leaves))
         self._remember(stored)
         return stored
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from zoo.registry.canonical import decode_library
 from zoo.registry.chain import cid_problem, shown_cid
 from zoo.registry.errors import ContentTooLarge, IntegrityError, ValidationError
 from zoo.registry.fsutil import write_atomic
+from zoo.registry.merkle import decode_library_leaves
 from zoo.registry.store import LibraryStore, StoredVersion, root_hex
 
 DEFAULT_MAX_LIBRARY_BYTES = 64 * 1024 * 1024
@@ -128,7 +128,8 @@ class LibrarySyncer:
         data = self.ipfs.fetch_verified(onchain.cid, timeout=self.fetch_timeout_s, max_size=self.max_bytes)
         # The active version's experiences are reused where the new one keeps them byte for byte.
         active = self.store.current()
-        library = decode_library(data, max_size=self.max_bytes, reuse=active.library if active else None)
+        known = active.known_leaves() if active else None
+        library, leaves = decode_library_leaves(data, max_size=self.max_bytes, known=known)
         if library.version != onchain.version:
             raise IntegrityError(f"content says version {library.version}, the chain says {onchain.version}")
         if len(library.experiences) != onchain.tree_size:
@@ -144,7 +145,7 @@ class LibrarySyncer:
                     f"content names parent {library.parent_root or '(none)'}, the chain's previous version "
                     f"is {parent_root}"
                 )
-        return self.store.put(library, onchain.cid, expected_root=root, raw=data)
+        return self.store.put(library, onchain.cid, expected_root=root, raw=data, leaf_hashes=leaves)
 
 
 __all__ = ["LibraryFollower", "LibrarySyncer", "Refused", "SyncResult", "root_hex"]

@@ -25,7 +25,7 @@ from zoo.registry.canonical import (
 )
 from zoo.registry.errors import ValidationError
 from zoo.registry.experience import MAX_SCALE, Experience, Library
-from zoo.registry.merkle import library_root
+from zoo.registry.merkle import decode_library_leaves, library_root, library_tree
 
 Make = Callable[..., Experience]
 
@@ -364,13 +364,21 @@ def test_whatever_decodes_re_encodes_to_the_same_bytes(name: str, data: st.DataO
                                            b"\\u00e9", b"\x00", b"-", b".", b"null", b""]))  # fmt: skip
         raw[at : at + data.draw(st.integers(0, 2))] = piece
     original = decode_library((GOLDEN / f"{name}.json").read_bytes())
+    tree = library_tree(original)
+    known = dict(zip(tree.levels[0], original.experiences, strict=True))
+    decoders = [
+        lambda: decode_library(bytes(raw)),
+        lambda: decode_library(bytes(raw), reuse=original),  # reusing the unmutated version's experiences
+        lambda: decode_library_leaves(bytes(raw))[0],  # the sync's path: one typed decode of the whole
+        lambda: decode_library_leaves(bytes(raw), known=known)[0],  # ... or only the experiences not known
+    ]
     outcomes = []
-    for reuse in (None, original):  # reusing the unmutated version's experiences changes nothing
+    for decode in decoders:
         try:
-            lib = decode_library(bytes(raw), reuse=reuse)
+            lib = decode()
         except ValidationError:
             outcomes.append(("refused", None))  # which of several problems is named first may differ
             continue
         assert encode_library(lib) == bytes(raw)
         outcomes.append(("accepted", lib))
-    assert outcomes[0] == outcomes[1]
+    assert all(outcome == outcomes[0] for outcome in outcomes)

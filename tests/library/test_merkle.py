@@ -12,15 +12,18 @@ from pymerkle import InclusionProof as PymerkleProof
 from pymerkle import InmemoryTree, InvalidProof
 from pymerkle import verify_inclusion as pymerkle_verify
 
-from zoo.registry.canonical import encode_experience
+from zoo.registry.canonical import encode_experience, encode_library
 from zoo.registry.errors import NotFound, ValidationError
 from zoo.registry.experience import Experience, Library
 from zoo.registry.merkle import (
     EMPTY_ROOT,
     InclusionProof,
     MerkleTree,
+    decode_library_leaves,
     leaf_hash,
+    leaf_hashes,
     library_root,
+    library_tree,
     prove_experience,
     verify_inclusion,
     verify_inclusion_hash,
@@ -281,3 +284,44 @@ def test_root_changes_with_any_field(library: Library) -> None:
     for other in others:
         changed = Library.create(version=0, base_model="m", experiences=[other, *library.experiences[1:]])
         assert library_root(changed) != root
+
+
+def test_leaf_hashes_is_leaf_hash_of_each() -> None:
+    leaves = [b"", b"a", bytes(range(256)) * 3]
+    assert leaf_hashes(leaves) == [leaf_hash(x) for x in leaves]
+    assert MerkleTree.from_leaves(leaves).root == rfc_mth(leaves)
+
+
+def test_decode_library_leaves_hashes_the_bytes_as_they_stand(
+    library: Library, make_experience: Callable[..., Experience]
+) -> None:
+    data = encode_library(library)
+    decoded, hashes = decode_library_leaves(data)
+    assert decoded == library
+    assert hashes == library_tree(library).levels[0]
+
+    # The next version: one experience changed, the rest known by leaf hash and taken as those objects.
+    new = make_experience(9, text="When only one experience changes, only it is decoded.")
+    nxt = Library.create(
+        version=library.version + 1,
+        parent_root="0x" + library_root(library).hex(),
+        base_model=library.base_model,
+        experiences=[*library.experiences[1:], new],
+    )
+    known = dict(zip(hashes, decoded.experiences, strict=True))
+    got, got_hashes = decode_library_leaves(encode_library(nxt), known=known)
+    assert got == nxt and got_hashes == library_tree(nxt).levels[0]
+    kept = {e.id: e for e in decoded.experiences}
+    assert all(e is kept[e.id] for e in got.experiences if e.id != new.id)
+
+    # Known experiences are not checked again, but the bytes around them are: a space between two
+    # experiences, or after the document, is refused like any non-canonical layout.
+    raw = encode_library(nxt)
+    for bad in (
+        raw.replace(b'},{"', b'}, {"', 1),
+        raw + b" ",
+        raw.replace(b'"experiences":[', b'"experiences": ['),
+    ):
+        assert bad != raw
+        with pytest.raises(ValidationError, match=r"not in canonical form"):
+            decode_library_leaves(bad, known=known)

@@ -22,7 +22,7 @@ from zoo.registry.canonical import encode_library
 from zoo.registry.errors import IntegrityError, NotFound
 from zoo.registry.experience import Experience, Library
 from zoo.registry.ipfs import local_cid
-from zoo.registry.merkle import library_root
+from zoo.registry.merkle import library_root, library_tree
 from zoo.registry.store import CACHED_VERSIONS, LibraryStore, root_hex
 
 REPO = Path(__file__).resolve().parents[2]
@@ -125,6 +125,10 @@ def test_memory_holds_a_few_recent_versions_and_older_ones_are_read_again(tmp_pa
     shared = {e.id: e for e in stored[-1].library.experiences}
     assert all(e is shared[e.id] for e in old.library.experiences if e.id in shared)
     assert sum(e.id in shared for e in old.library.experiences) == 20
+    # Versions carry their leaf hashes, by which the next one finds what it may reuse: put and a re-read
+    # record the same ones, the tree's.
+    for version, lib in ((stored[0], libs[0]), (old, libs[0]), (stored[-1], libs[-1])):
+        assert version.known_leaves() == dict(zip(library_tree(lib).levels[0], lib.experiences, strict=True))
 
 
 def test_put_with_wrong_expected_root_raises_and_writes_nothing(tmp_path: Path) -> None:
