@@ -34,7 +34,7 @@ import binascii
 import json
 import re
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -143,7 +143,9 @@ def decode_library(
             return Library.parse(_library_input(_load(data, "library")))
     if reuse is not None and reuse.experiences:
         known = {encode_experience(e): e for e in reuse.experiences}
-        return decode_library_parts(data, lambda raw: known.get(bytes(raw)), max_size=max_size)[0]
+        return decode_library_parts(
+            data, lambda raws: [known.get(bytes(r)) for r in raws], max_size=max_size
+        )[0]
     try:
         with gc_paused():
             lib = _LIBRARY.decode(data)
@@ -158,15 +160,16 @@ def decode_library(
 
 def decode_library_parts(
     data: bytes,
-    lookup: Callable[[msgspec.Raw], Experience | None],
+    lookup: Callable[[Sequence[msgspec.Raw]], list[Experience | None]],
     *,
     max_size: int = DEFAULT_MAX_LIBRARY_BYTES,
 ) -> tuple[Library, tuple[msgspec.Raw, ...]]:
     """decode_library, experience by experience: also returns each experience's bytes as they stand in
     `data` (zero-copy views: its canonical bytes, its Merkle leaf data, once the library is accepted).
 
-    `lookup(raw)` may return the experience those exact bytes encode (one the caller already holds, e.g.
-    by leaf hash): it is taken as it is, neither decoded nor checked again. Every other experience is
+    `lookup(raws)` says, for each experience's bytes, which experience they encode where the caller
+    already holds it (by leaf hash, say), else None: a known one is taken as it is, neither decoded nor
+    checked again. Every other experience is
     decoded and must re-encode to its own bytes; the document around them is checked against the
     canonical frame, so no byte of `data` is encoded twice. Refusals are decode_library's.
     """
@@ -176,7 +179,7 @@ def decode_library_parts(
         with gc_paused():
             doc = _LIBRARY_OF_RAW.decode(data)
             raws = doc.experiences
-            found = [lookup(raw) for raw in raws]
+            found = lookup(raws)
             new = [i for i, e in enumerate(found) if e is None]
             if len(new) > len(found) // 2:  # mostly new: one typed decode of the whole is faster
                 lib, new = _LIBRARY.decode(data), list(range(len(raws)))

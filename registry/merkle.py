@@ -196,12 +196,9 @@ def decode_library_leaves(
     """
     hashes: list[bytes] = []
 
-    def lookup(raw: msgspec.Raw) -> Experience | None:
-        h = _LEAF.copy()
-        h.update(raw)
-        digest = h.digest()
-        hashes.append(digest)
-        return known.get(digest) if known else None
+    def lookup(raws: Sequence[msgspec.Raw]) -> list[Experience | None]:
+        hashes.extend(leaf_hashes(raws))
+        return [known.get(h) for h in hashes] if known else [None] * len(hashes)
 
     library, _ = decode_library_parts(data, lookup, max_size=max_size)
     return library, hashes

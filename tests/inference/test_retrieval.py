@@ -20,6 +20,7 @@ from zoo.inference.retrieval import (
     Hit,
     RetrievalIndex,
     Retriever,
+    _copy_rows,
     cache_model_key,
     domain_matches,
     embedding_text,
@@ -561,6 +562,26 @@ def test_an_update_copies_the_vectors_the_held_index_has_and_embeds_only_the_res
         assert [h.experience.id for h in snap.index.search(query, k=4)] == [
             h.experience.id for h in fresh.search(query, k=4)
         ]
+
+
+@pytest.mark.parametrize("layout", ["one run", "runs", "scattered", "none"])
+def test_rows_are_copied_as_fancy_indexing_would(layout: str) -> None:
+    rng = np.random.default_rng(7)
+    src = rng.standard_normal((500, 4)).astype(np.float32)
+    if layout == "one run":
+        to, frm = np.arange(10, 400), np.arange(0, 390)
+    elif layout == "runs":  # a version sharing most rows: a few inserted and dropped
+        to = np.delete(np.arange(480), [3, 50, 51, 300])
+        frm = np.delete(np.arange(2, 490), [7, 8, 9, 100, 200, 201, 202, 203, 450, 451, 452, 453])
+    elif layout == "scattered":
+        to, frm = np.sort(rng.choice(480, 300, replace=False)), rng.choice(500, 300, replace=False)
+    else:
+        to, frm = np.arange(0), np.arange(0)
+    expected = np.zeros((480, 4), dtype=np.float32)
+    expected[to] = src[frm]
+    got = np.zeros((480, 4), dtype=np.float32)
+    _copy_rows(got, src, to, frm)
+    assert np.array_equal(got, expected)
 
 
 class CountingTable(TableEmbedder):
