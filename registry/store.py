@@ -36,6 +36,15 @@ _VERSION_FILE = re.compile(r"v(\d+)-0x([0-9a-f]{64})\.json")
 CACHED_VERSIONS = 4
 
 
+def _file_sha256(path: Path) -> str | None:
+    """The file's sha256 in hex, read in chunks (not a second copy of a 30 MB library); None if missing."""
+    try:
+        with path.open("rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError:
+        return None
+
+
 def root_hex(root: bytes) -> str:
     return "0x" + root.hex()
 
@@ -146,15 +155,22 @@ class LibraryStore:
         """A version file's bytes, CID and sha256, the bytes checked against the hash in its .meta."""
         try:
             data = path.read_bytes()
-            meta = json.loads(path.with_suffix(".meta").read_text())
-            cid, digest = str(meta["cid"]), str(meta["sha256"])
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except OSError as e:
             raise IntegrityError(f"stored library {path.name} is incomplete: {e}", path=str(path)) from None
+        cid, digest = self._read_meta(path)
         if hashlib.sha256(data).hexdigest() != digest:
             raise IntegrityError(
                 f"stored library {path.name} is corrupt (its bytes changed on disk)", path=str(path)
             )
         return data, cid, digest
+
+    def _read_meta(self, path: Path) -> tuple[str, str]:
+        """The CID and sha256 recorded beside a version file."""
+        try:
+            meta = json.loads(path.with_suffix(".meta").read_text())
+            return str(meta["cid"]), str(meta["sha256"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise IntegrityError(f"stored library {path.name} is incomplete: {e}", path=str(path)) from None
 
     def _remember(self, stored: StoredVersion) -> None:
         with self._cache_lock:
@@ -202,7 +218,7 @@ class LibraryStore:
         # to the bytes that were verified against the root is that check, at a hash's cost (decoding and
         # re-rooting the file again took seconds at 100k experiences).
         path = self._version_file(stored.version, stored.root)
-        if self._read_intact(path)[2] != stored.sha256:
+        if self._read_meta(path)[1] != stored.sha256 or _file_sha256(path) != stored.sha256:
             raise IntegrityError(
                 f"stored library {path.name} is corrupt (its bytes changed on disk)", path=str(path)
             )
