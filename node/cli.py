@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from zoo.node import __version__
+from zoo.node.console import err, out
 
 app = typer.Typer(
     name="zoo-node",
@@ -43,8 +43,6 @@ def _add_groups() -> None:
 
 _add_groups()
 
-out = Console()
-err = Console(stderr=True)
 
 ConfigOpt = typer.Option(None, "--config", "-c", help="TOML config file (env ZOO_NODE_* overrides it).")
 DataDirOpt = typer.Option(None, "--data-dir", help="Data directory (default ~/.local/share/zoo-node).")

@@ -15,12 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from zoo.node.console import err, out
+
 app = typer.Typer(help="Governance: propose, vote on and execute library versions.", no_args_is_help=True)
-out = Console()
-err = Console(stderr=True)
 
 TOKEN = 10**18
 ConfigOpt = typer.Option(None, "--config", "-c", help="TOML config file.")

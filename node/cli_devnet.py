@@ -6,16 +6,15 @@ import time
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
+
+from zoo.node.console import err, out
 
 app = typer.Typer(
     help="Local devnet: anvil chain, IPFS daemon, deployed contracts, dev accounts. Its chain and IPFS "
     "repository are kept across stops and crashes; `reset` deletes them.",
     no_args_is_help=True,
 )
-out = Console()
-err = Console(stderr=True)
 
 ConfigOpt = typer.Option(None, "--config", "-c", help="TOML config file.")
 DataDirOpt = typer.Option(None, "--data-dir", help="Data directory (the devnet lives in DATA_DIR/devnet).")

@@ -11,15 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from zoo.node.console import err, out
 
 app = typer.Typer(
     help="The experience library: versions, draft, publish, verify, sync.", no_args_is_help=True
 )
-out = Console()
-err = Console(stderr=True)
 
 ConfigOpt = typer.Option(None, "--config", "-c", help="TOML config file.")
 DataDirOpt = typer.Option(None, "--data-dir", help="Data directory holding the library store.")

@@ -214,7 +214,9 @@ def test_sigterm_exits_zero_within_grace(start_node) -> None:
 def test_bad_config_exits_nonzero_naming_problem(tmp_path: Path, extra: str, needle: str) -> None:
     data_dir = tmp_path / "d"
     text = f'data_dir = "{data_dir}"\n' + extra
-    cfg = write_config(tmp_path / "bad.toml", text)
+    # A path longer than a console line: written to a log, the error must not wrap it across lines.
+    (tmp_path / ("configs-" * 12)).mkdir()
+    cfg = write_config(tmp_path / ("configs-" * 12) / "bad.toml", text)
     n = launch(cfg, data_dir)
     assert n.proc.wait(60) == 2
     log = n.log()
