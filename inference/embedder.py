@@ -14,10 +14,11 @@ import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from zoo.inference.mean_pooled import MeanPooledEncoder, mean_pooled_layout
 from zoo.inference.model_loading import MODEL_LOADING
 from zoo.inference.models import ModelUnavailable, bundled_embedder_dir
 
@@ -71,7 +72,8 @@ def model_fingerprint(path: Path) -> str:
 
 
 class SentenceTransformerEmbedder:
-    """A sentence-transformers model loaded from a local directory (no network, ever).
+    """A sentence-transformers model loaded from a local directory (no network, ever); one of the
+    common mean-pooled layout runs on transformers alone (see mean_pooled.py).
 
     `path` None means the bundled all-MiniLM-L6-v2 (384 dimensions). Calls to embed() are serialised
     by a lock: the daemon embeds queries from many request threads and library updates from a worker
@@ -92,14 +94,20 @@ class SentenceTransformerEmbedder:
         # The bundled model lives in a folder called just "model"; its package folder says which one.
         label = self.path.parent.name if self.path.name == "model" else self.path.name
         self.name = f"{label}-{model_fingerprint(self.path)}"
+        layout = mean_pooled_layout(self.path)
         try:
             with MODEL_LOADING:
-                from sentence_transformers import SentenceTransformer
+                if layout is not None:  # the common layout, without importing sentence-transformers
+                    self._encoder: Any = MeanPooledEncoder(self.path, device, layout)
+                    dim: int | None = self._encoder.dim
+                else:
+                    from sentence_transformers import SentenceTransformer
 
-                self._model = SentenceTransformer(str(self.path), device=device, local_files_only=True)
+                    self._model = SentenceTransformer(str(self.path), device=device, local_files_only=True)
+                    self._encoder = None
+                    dim = self._model.get_embedding_dimension()
         except (OSError, ValueError) as e:
             raise ModelUnavailable(f"cannot load the embedding model at {self.path}: {e}") from e
-        dim = self._model.get_embedding_dimension()
         if not dim:
             raise ModelUnavailable(f"the model at {self.path} does not declare an embedding dimension")
         self.dim = int(dim)
@@ -111,13 +119,16 @@ class SentenceTransformerEmbedder:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         with self._lock:
-            vectors = self._model.encode(
-                list(texts),
-                batch_size=self.batch_size,
-                show_progress_bar=False,
-                convert_to_numpy=True,
-                normalize_embeddings=False,  # normalised below in float32, one code path for all
-            )
+            if self._encoder is not None:
+                vectors = self._encoder.encode(list(texts), self.batch_size)
+            else:
+                vectors = self._model.encode(
+                    list(texts),
+                    batch_size=self.batch_size,
+                    show_progress_bar=False,
+                    convert_to_numpy=True,
+                    normalize_embeddings=False,  # normalised below in float32, one code path for all
+                )
         return normalise_rows(vectors)
 
     def __repr__(self) -> str:

@@ -16,6 +16,7 @@ import pytest
 
 from zoo.inference.embedder import Embedder, SentenceTransformerEmbedder, model_fingerprint
 from zoo.inference.embedding_cache import EmbeddingCache
+from zoo.inference.mean_pooled import mean_pooled_layout
 from zoo.inference.retrieval import (
     Hit,
     RetrievalIndex,
@@ -129,12 +130,7 @@ def test_embedder_name_changes_with_model_content(
     source = embedder.path
     assert embedder.name.endswith(model_fingerprint(source))
     assert model_fingerprint(source) == model_fingerprint(source)
-    copy = tmp_path / "model"
-    for file in source.rglob("*"):
-        if file.is_file():
-            target = copy / file.relative_to(source)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.symlink_to(file)
+    copy = _linked_copy(source, tmp_path / "model")
     assert model_fingerprint(copy) == model_fingerprint(source)
     (copy / "README.md").unlink()  # documentation is not part of what the model computes
     assert model_fingerprint(copy) == model_fingerprint(source)
@@ -143,6 +139,58 @@ def test_embedder_name_changes_with_model_content(
     config.unlink()
     config.write_text(text.replace('"hidden_act": "gelu"', '"hidden_act": "relu"'))
     assert model_fingerprint(copy) != model_fingerprint(source)
+
+
+def _linked_copy(source: Path, copy: Path) -> Path:
+    for file in source.rglob("*"):
+        if file.is_file():
+            target = copy / file.relative_to(source)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.symlink_to(file)
+    return copy
+
+
+def test_the_mean_pooled_path_gives_sentence_transformers_vectors(
+    embedder: SentenceTransformerEmbedder,
+) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    assert embedder._encoder is not None  # the bundled model runs without sentence-transformers
+    texts = [
+        "When a triangle's base and height are given, the area is half their product.",
+        "  outer spaces are stripped  ",
+        "é ünïcode 漢字 🙂",
+        "",
+        "word " * 400,  # beyond max_seq_length: truncated alike
+        *[f"For case {i}, check the boundary values first." for i in range(70)],  # more than a batch
+    ]
+    reference = SentenceTransformer(str(embedder.path), device="cpu", local_files_only=True)
+    expected = reference.encode(texts, convert_to_numpy=True, normalize_embeddings=True)
+    assert np.abs(embedder.embed(texts) - expected).max() < 1e-5
+
+
+@pytest.mark.parametrize(
+    ("file", "change"),
+    [
+        ("1_Pooling/config.json", ('"pooling_mode_cls_token": false', '"pooling_mode_cls_token": true')),
+        ("sentence_bert_config.json", ('"do_lower_case": false', '"do_lower_case": true')),
+        ("modules.json", ('"path": ""', '"path": "0_Transformer"')),
+    ],
+)
+def test_another_layout_is_loaded_by_sentence_transformers(
+    tmp_path: Path, embedder: SentenceTransformerEmbedder, file: str, change: tuple[str, str]
+) -> None:
+    copy = _linked_copy(embedder.path, tmp_path / "model")
+    target = copy / file
+    text = target.read_text()
+    assert change[0] in text
+    target.unlink()
+    target.write_text(text.replace(*change))
+    assert mean_pooled_layout(copy) is None
+    if file != "modules.json":  # (that one names a folder the copy does not have: only the check is shown)
+        other = SentenceTransformerEmbedder(copy)
+        assert other._encoder is None  # (CLS and mean pooling together: 768 dimensions)
+        assert other.embed(["When in doubt, check the units."]).shape == (1, other.dim)
 
 
 # -- ranking with the real embedder -----------------------------------------------------------------------
