@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from zoo.inference.backend import ResponseFormat
 from zoo.registry.errors import ValidationError
+
+if TYPE_CHECKING:  # torch is imported by the model's loader; the API's schemas need only this module
+    import torch
 
 MAX_SCHEMA_CHARS = 64 * 1024
 _CACHE_SIZE = 64
