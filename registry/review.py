@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from zoo.registry.canonical import decode_library
-from zoo.registry.chain import cid_problem
+from zoo.registry.cids import cid_problem
 from zoo.registry.errors import ContentTooLarge, IntegrityError, IpfsError, ValidationError
 from zoo.registry.experience import Experience, Library
 from zoo.registry.merkle import library_root

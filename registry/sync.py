@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from zoo.registry.chain import cid_problem, shown_cid
+from zoo.registry.cids import cid_problem, shown_cid
 from zoo.registry.errors import ContentTooLarge, IntegrityError, ValidationError
 from zoo.registry.fsutil import write_atomic
 from zoo.registry.merkle import decode_library_leaves

@@ -15,7 +15,7 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from zoo.registry.chain.cids import cid_problem
+from zoo.registry.cids import cid_problem
 
 LIBRARY_TOPIC = "/zoo/library/1"
 CAPABILITIES_TOPIC = "/zoo/capabilities/1"

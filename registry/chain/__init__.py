@@ -2,10 +2,10 @@
 
 Modules: client (RegistryClient, TokenClient, AllowlistClient), deploy, records (what the contracts store
 and emit), errors (ChainError, ContractRevert and the revert decoder), sender (signing and sending), ids
-(proposal ids), cids (the CID rule and tolerant decoding). Imports only zoo.contracts from the project.
+(proposal ids), abi_codec (decoding that survives hostile strings); the CID rule is zoo.registry.cids,
+re-exported here. Imports only zoo.contracts and zoo.registry.cids from the project.
 """
 
-from zoo.registry.chain.cids import cid_problem, shown_cid
 from zoo.registry.chain.client import AllowlistClient, RegistryClient, TokenClient
 from zoo.registry.chain.deploy import (
     DEFAULT_GRACE_PERIOD,
@@ -28,6 +28,7 @@ from zoo.registry.chain.records import (
     Tallies,
 )
 from zoo.registry.chain.sender import TransactionSigner, TxResult
+from zoo.registry.cids import cid_problem, shown_cid
 
 __all__ = [
     "DEFAULT_GRACE_PERIOD",

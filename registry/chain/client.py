@@ -15,7 +15,7 @@ from web3.exceptions import ContractLogicError
 from web3.types import BlockIdentifier
 
 from zoo.contracts.build import Artifacts
-from zoo.registry.chain.cids import _TOLERANT_CODEC
+from zoo.registry.chain.abi_codec import _TOLERANT_CODEC
 from zoo.registry.chain.deploy import _artifacts_or_default
 from zoo.registry.chain.errors import _REVERT_SOURCES, _as_revert, _default_error_table, _error_table
 from zoo.registry.chain.ids import format_proposal_id, parse_proposal_id, proposal_id, to_bytes32

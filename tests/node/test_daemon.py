@@ -264,6 +264,14 @@ def test_version_flag() -> None:
     assert out.stdout.strip() == "zoo-node 0.1.0"
 
 
+def test_the_daemon_opens_its_port_before_importing_the_heavy_stacks() -> None:
+    # Start-up with a large library is paced by imports on two cores: the ML stack loads in the model's
+    # thread and web3 in the chain follower's, never before the port opens (a second or more each).
+    code = "import sys, zoo.node.daemon; print(sorted({'torch', 'web3', 'transformers'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 def test_tls_switch(start_node, tmp_path: Path) -> None:
     """With tls_cert/tls_key set the node serves TLS only; a plaintext client cannot talk to it."""
     pytest.importorskip("cryptography")

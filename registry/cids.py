@@ -1,13 +1,9 @@
-"""Which CIDs the registry accepts, how a CID is shown, and an ABI codec that survives hostile strings."""
+"""Which CIDs the registry accepts and how a CID is shown: the contract's rule, without importing web3
+(the node checks CIDs from peers and from sync before any chain client is loaded)."""
 
 from __future__ import annotations
 
 import re
-
-from eth_abi.codec import ABICodec
-from eth_abi.decoding import StringDecoder
-from eth_abi.encoding import TextStringEncoder
-from eth_abi.registry import registry as default_registry
 
 # What the registry accepts as a CID (ExperienceRegistry._checkCID): CIDv0, or a multibase prefix and
 # characters of the multibase alphabets IPFS uses.
@@ -33,17 +29,3 @@ def shown_cid(cid: str, width: int = 0) -> str:
     problem = cid_problem(cid)
     text = cid if problem is None else f"<invalid CID {ascii(cid)[1:-1]}>"
     return text[:width] + "…" if width and len(text) > width else text
-
-
-def _tolerant_codec() -> ABICodec:
-    """Web3's ABI codec, except that strings that are not UTF-8 decode (surrogate-escaped) instead of
-    raising: one hostile event in a registry's history must not break every listing of it for good."""
-    tolerant = default_registry.copy()
-    tolerant.unregister("string")
-    tolerant.register(
-        "string", TextStringEncoder, StringDecoder(handle_string_errors="surrogateescape"), label="string"
-    )
-    return ABICodec(tolerant)
-
-
-_TOLERANT_CODEC = _tolerant_codec()
