@@ -128,7 +128,12 @@ class MerkleTree:
 
     @property
     def size(self) -> int:
-        return len(self.levels[0]) if self.levels else 0
+        return len(self.leaf_level)
+
+    @property
+    def leaf_level(self) -> list[bytes]:
+        """The leaf hashes, in order."""
+        return self.levels[0] if self.levels else []
 
     @property
     def root(self) -> bytes:

@@ -27,8 +27,7 @@ from zoo.registry.canonical import decode_library, encode_library
 from zoo.registry.errors import IntegrityError, NotFound, ValidationError
 from zoo.registry.experience import Experience, Library
 from zoo.registry.fsutil import write_atomic
-from zoo.registry.merkle import HASH_SIZE, MerkleTree, decode_library_leaves, library_leaves
-from zoo.registry.merkle import leaf_hashes as leaf_hashes_of
+from zoo.registry.merkle import HASH_SIZE, MerkleTree, decode_library_leaves, library_tree
 
 _VERSION_FILE = re.compile(r"v(\d+)-0x([0-9a-f]{64})\.json")
 # Decoded versions kept in memory, most recently used last: a node syncing for months must not hold every
@@ -98,9 +97,8 @@ class LibraryStore:
         `raw` may pass the canonical bytes and `leaf_hashes` their leaves' hashes when the caller already
         holds them (decode_library_leaves gives both), which saves encoding the library again.
         """
-        if leaf_hashes is None:
-            leaf_hashes = leaf_hashes_of(library_leaves(library))
-        root = root_hex(MerkleTree.from_leaf_hashes(leaf_hashes).root)
+        tree = library_tree(library) if leaf_hashes is None else MerkleTree.from_leaf_hashes(leaf_hashes)
+        root = root_hex(tree.root)
         if expected_root is not None and root != expected_root.lower():
             raise IntegrityError(
                 f"library version {library.version} has Merkle root {root}, not the expected {expected_root}",
@@ -115,7 +113,7 @@ class LibraryStore:
         # orphan .meta (ignored, overwritten by the next put) rather than a listed version without one.
         write_atomic(path.with_suffix(".meta"), json.dumps(meta).encode())
         write_atomic(path, data)
-        stored = StoredVersion(library, root, cid, path, meta["sha256"], b"".join(leaf_hashes))
+        stored = StoredVersion(library, root, cid, path, meta["sha256"], b"".join(tree.leaf_level))
         self._remember(stored)
         return stored
 

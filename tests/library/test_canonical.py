@@ -365,7 +365,7 @@ def test_whatever_decodes_re_encodes_to_the_same_bytes(name: str, data: st.DataO
         raw[at : at + data.draw(st.integers(0, 2))] = piece
     original = decode_library((GOLDEN / f"{name}.json").read_bytes())
     tree = library_tree(original)
-    known = dict(zip(tree.levels[0], original.experiences, strict=True))
+    known = dict(zip(tree.leaf_level, original.experiences, strict=True))
     decoders = [
         lambda: decode_library(bytes(raw)),
         lambda: decode_library(bytes(raw), reuse=original),  # reusing the unmutated version's experiences

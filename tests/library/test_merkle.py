@@ -298,7 +298,7 @@ def test_decode_library_leaves_hashes_the_bytes_as_they_stand(
     data = encode_library(library)
     decoded, hashes = decode_library_leaves(data)
     assert decoded == library
-    assert hashes == library_tree(library).levels[0]
+    assert hashes == library_tree(library).leaf_level
 
     # The next version: one experience changed, the rest known by leaf hash and taken as those objects.
     new = make_experience(9, text="When only one experience changes, only it is decoded.")
@@ -310,7 +310,7 @@ def test_decode_library_leaves_hashes_the_bytes_as_they_stand(
     )
     known = dict(zip(hashes, decoded.experiences, strict=True))
     got, got_hashes = decode_library_leaves(encode_library(nxt), known=known)
-    assert got == nxt and got_hashes == library_tree(nxt).levels[0]
+    assert got == nxt and got_hashes == library_tree(nxt).leaf_level
     kept = {e.id: e for e in decoded.experiences}
     assert all(e is kept[e.id] for e in got.experiences if e.id != new.id)
 

@@ -128,7 +128,7 @@ def test_memory_holds_a_few_recent_versions_and_older_ones_are_read_again(tmp_pa
     # Versions carry their leaf hashes, by which the next one finds what it may reuse: put and a re-read
     # record the same ones, the tree's.
     for version, lib in ((stored[0], libs[0]), (old, libs[0]), (stored[-1], libs[-1])):
-        assert version.known_leaves() == dict(zip(library_tree(lib).levels[0], lib.experiences, strict=True))
+        assert version.known_leaves() == dict(zip(library_tree(lib).leaf_level, lib.experiences, strict=True))
 
 
 def test_put_with_wrong_expected_root_raises_and_writes_nothing(tmp_path: Path) -> None:
