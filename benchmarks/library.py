@@ -8,8 +8,9 @@ Every figure has a baseline measured in the same run on the same bytes, and the 
                                                                 caller would run it (the issue's floor),
                                                                 and with the collector paused, as
                                                                 decode runs (the stricter floor)
-  decode, reusing      decode_library(next, reuse=lib): the     vs json.loads of the same bytes
-                       next version changes --changed of them
+  decode, reusing      decode_library_leaves(next, known=...)   vs json.loads of the same bytes
+                       as a sync does it: the next version
+                       changes --changed of the experiences
   Merkle root          library_root(lib): leaf encoding + tree  vs sha256 of the leaves' bytes (one pass)
   Merkle tree          MerkleTree.from_leaves(leaves)           vs sha256 of the leaves' bytes (one pass)
   proof generate       tree.prove(i), mean of --proofs indices  vs sha256 of the leaf's bytes

@@ -62,7 +62,7 @@ _EXPERIENCE = msgspec.json.Decoder(Experience)
 
 
 class _LibraryOfRaw(msgspec.Struct, forbid_unknown_fields=True):
-    """A library document whose experiences are left as their raw bytes (see decode_library's reuse)."""
+    """A library document whose experiences are left as their raw bytes (see decode_library_parts)."""
 
     base_model: str
     description: str
@@ -127,25 +127,19 @@ def decode_library(
     *,
     max_size: int = DEFAULT_MAX_LIBRARY_BYTES,
     require_canonical: bool = True,
-    reuse: Library | None = None,
 ) -> Library:
     """Parse and validate library bytes; any problem raises ValidationError naming where it is.
 
     With require_canonical=False, documents that differ from the canonical bytes only in layout (key
     order, whitespace, escapes, experience order, non-NFC strings) are accepted and normalised.
 
-    `reuse` (e.g. the version being replaced) lends its experiences: one whose canonical bytes it holds
-    is taken as that very object, so versions that share most experiences share them in memory too.
+    To take the experiences a caller already holds as they are (a sync reusing the active version's),
+    see merkle.decode_library_leaves.
     """
     _check_size(data, max_size, "library")
     if not require_canonical:
         with gc_paused():
             return Library.parse(_library_input(_load(data, "library")))
-    if reuse is not None and reuse.experiences:
-        known = {encode_experience(e): e for e in reuse.experiences}
-        return decode_library_parts(
-            data, lambda raws: [known.get(bytes(r)) for r in raws], max_size=max_size
-        )[0]
     try:
         with gc_paused():
             lib = _LIBRARY.decode(data)
@@ -169,9 +163,9 @@ def decode_library_parts(
 
     `lookup(raws)` says, for each experience's bytes, which experience they encode where the caller
     already holds it (by leaf hash, say), else None: a known one is taken as it is, neither decoded nor
-    checked again. Every other experience is
-    decoded and must re-encode to its own bytes; the document around them is checked against the
-    canonical frame, so no byte of `data` is encoded twice. Refusals are decode_library's.
+    checked again. Every other experience is decoded and must re-encode to its own bytes; the document
+    around them is checked against the canonical frame, so no byte of `data` is encoded twice. Refusals
+    are decode_library's.
     """
     _check_size(data, max_size, "library")
     data = bytes(data)

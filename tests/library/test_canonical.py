@@ -324,26 +324,26 @@ def test_fast_and_careful_decoding_agree_on_refusals(library: Library) -> None:
               "library", "not in canonical form")  # fmt: skip
 
 
-def test_reuse_takes_unchanged_experiences_as_they_are(library: Library, make_experience: Make) -> None:
+def test_known_experiences_are_taken_as_they_are(library: Library, make_experience: Make) -> None:
     new = make_experience(7, text="When a reused library changes one lesson, only that lesson is checked.")
     kept = library.experiences[1:]
     nxt = Library.create(version=1, parent_root="0x" + library_root(library).hex(), base_model="m",
                          experiences=[*kept, new])  # fmt: skip
     data = encode_library(nxt)
-    decoded = decode_library(data, reuse=library)
+    known = dict(zip(library_tree(library).leaf_level, library.experiences, strict=True))
+    decoded, _ = decode_library_leaves(data, known=known)
     assert decoded == nxt and encode_library(decoded) == data
     by_id = {e.id: e for e in decoded.experiences}
     assert all(by_id[e.id] is e for e in kept)  # the very objects, not validated copies
     assert by_id[new.id] is not new and by_id[new.id] == new
 
-    # Reuse never lets anything through that a cold decode refuses: a tampered copy of a reused
+    # Reuse never lets anything through that a cold decode refuses: a tampered copy of a known
     # experience is a different byte string, so it is validated, and refused with the careful error.
     doc = _doc(nxt)
     target = next(i for i, x in enumerate(doc["experiences"]) if x["id"] == kept[0].id)
     doc["experiences"][target]["domain"] = "Bad Domain"
-    bad = json_module_bytes(doc)
     with pytest.raises(ValidationError) as info:
-        decode_library(bad, reuse=library)
+        decode_library_leaves(json_module_bytes(doc), known=known)
     assert info.value.field == f"experiences[{target}].domain"
     doc = _doc(nxt)
     doc["experiences"][target]["text"] = unicodedata.normalize("NFD", "When café ünïcode is in the text.")
@@ -368,7 +368,6 @@ def test_whatever_decodes_re_encodes_to_the_same_bytes(name: str, data: st.DataO
     known = dict(zip(tree.leaf_level, original.experiences, strict=True))
     decoders = [
         lambda: decode_library(bytes(raw)),
-        lambda: decode_library(bytes(raw), reuse=original),  # reusing the unmutated version's experiences
         lambda: decode_library_leaves(bytes(raw))[0],  # the sync's path: one typed decode of the whole
         lambda: decode_library_leaves(bytes(raw), known=known)[0],  # ... or only the experiences not known
     ]
