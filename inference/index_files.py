@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from zoo.inference.embedder import Embedder
-from zoo.inference.retrieval import RetrievalIndex, _IvfIndex, cache_model_key
+from zoo.inference.retrieval import RetrievalIndex, _IvfIndex, cache_model_key, library_rows
 from zoo.registry.fsutil import write_atomic
 from zoo.registry.store import StoredVersion
 
@@ -69,7 +69,7 @@ def load_index(
         return None
     try:
         meta = json.loads((where / _META).read_text())
-        experiences = tuple(sorted(stored.library.experiences, key=lambda e: (e.domain, e.id)))
+        experiences = library_rows(stored.library)
         ids = [e.id for e in experiences]
         expected = {"format": FORMAT, "embedder": cache_model_key(embedder), "rows": len(ids)}
         if {k: meta.get(k) for k in expected} != expected or meta.get("ids_sha256") != _ids_digest(ids):

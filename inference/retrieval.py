@@ -78,7 +78,6 @@ EMBED_TEXT_VERSION = 1
 # what it finished, and progress is reported at this granularity.
 EMBED_CHUNK = 256
 _ROW_ORDER = operator.attrgetter("domain", "id")  # rows sorted so a domain and its subdomains are one range
-_DOMAIN = operator.attrgetter("domain")
 # faiss warns (and k-means degrades) with fewer than 39 training points per list.
 _MIN_POINTS_PER_LIST = 39
 # 64 points per list train centroids as well as faiss's default 256 here (recall 1.000 either way at
@@ -114,6 +113,12 @@ def domain_matches(domain: str, prefix: str) -> bool:
 class Hit:
     experience: Experience
     score: float  # cosine similarity to the query, in [-1, 1]
+
+
+def library_rows(library: Library) -> tuple[Experience, ...]:
+    """A library's experiences in index row order, (domain, id). A library is sorted by id already, so a
+    stable sort by domain alone gives that order, in a third of the time of sorting by both (100k)."""
+    return tuple(sorted(library.experiences, key=operator.attrgetter("domain")))
 
 
 def _copy_rows(dst: np.ndarray, src: np.ndarray, to: np.ndarray, frm: np.ndarray) -> None:
@@ -347,7 +352,7 @@ class RetrievalIndex:
         # The matrix is filled in its final (domain, id) row order, and rows copied from another index are
         # unit vectors already: at 100k rows, reordering and normalising the whole matrix again took most
         # of the time from a verified version to serving it.
-        experiences = tuple(sorted(library.experiences, key=_DOMAIN))  # stable: ids stay sorted within
+        experiences = library_rows(library)
         matrix = np.empty((len(experiences), embedder.dim), dtype=np.float32)
         have = np.zeros(len(experiences), dtype=bool)
         reused, ids = 0, [e.id for e in experiences]
