@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -38,6 +38,7 @@ class InferParams:
     min_score: float = -1.0
     response_format: ResponseFormat | None = None
     adapter: str = ""  # a named LoRA adapter (inference.adapters); "" is the base model
+    client: str = ""  # the account that signed the request (node.credits); "" when anonymous
 
 
 @dataclass
@@ -48,6 +49,7 @@ class UsedExperience:
     text: str
     kind: str = "lesson"
     answer: str = ""
+    author: str = ""  # provenance.author: whom its use is credited to
 
 
 @dataclass
@@ -94,7 +96,7 @@ class InferenceEngine:
         experience_budget: int = DEFAULT_EXPERIENCE_BUDGET,
         lesson_position: LessonPosition = DEFAULT_LESSON_POSITION,
         factor_builder: FactorBuilder | None = None,
-        on_served: Callable[[list[str]], None] | None = None,
+        on_answered: Callable[[InferOutcome, InferParams], Awaitable[None]] | None = None,
         adapters: AdapterDirectory | None = None,
     ) -> None:
         self.backend = backend
@@ -102,7 +104,7 @@ class InferenceEngine:
         self.experience_budget = experience_budget
         self.lesson_position = lesson_position
         self.factor_builder = factor_builder
-        self.on_served = on_served
+        self.on_answered = on_answered
         self.adapters = adapters
 
     def retrieve(
@@ -170,9 +172,7 @@ class InferenceEngine:
         assert result is not None  # every backend ends its stream with a result
         ids = [h.experience.id for h in assembled.used]
         cited = set(parse_citations(result.text, ids))
-        if self.on_served and ids:
-            self.on_served(ids)
-        yield InferOutcome(
+        outcome = InferOutcome(
             text=result.text,
             experiences=[
                 UsedExperience(
@@ -182,6 +182,7 @@ class InferenceEngine:
                     h.experience.text,
                     h.experience.kind,
                     h.experience.answer or "",
+                    h.experience.provenance.author,
                 )
                 for h in assembled.used
             ],
@@ -200,6 +201,9 @@ class InferenceEngine:
             stop=list(p.stop),
             adapter=p.adapter,
         )
+        if self.on_answered is not None:  # before the answer goes out: metering commits what it answered
+            await self.on_answered(outcome, p)
+        yield outcome
 
     def _adapter(self, name: str) -> AdapterRef:
         if not getattr(self.backend, "supports_adapters", False):

@@ -1,6 +1,6 @@
 """The `zoo-node` command line: start the daemon, inspect it, prepare models, build contracts.
 
-Sub-command groups (devnet, dao, library, job) live in their own modules and are added here.
+Sub-command groups (devnet, dao, library, job, train, usage) live in their own modules and are added here.
 """
 
 from __future__ import annotations
@@ -32,13 +32,14 @@ app.add_typer(contracts_app, name="contracts")
 
 def _add_groups() -> None:
     # Imported here so that `zoo-node --help` stays fast and each group lives in its own module.
-    from zoo.node import cli_dao, cli_devnet, cli_job, cli_library
+    from zoo.node import cli_dao, cli_devnet, cli_job, cli_library, cli_usage
 
     app.add_typer(cli_devnet.app, name="devnet")
     app.add_typer(cli_dao.app, name="dao")
     app.add_typer(cli_library.app, name="library")
     app.add_typer(cli_job.app, name="job")
     app.add_typer(cli_job.train_app, name="train")
+    app.add_typer(cli_usage.app, name="usage")
 
 
 _add_groups()

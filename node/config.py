@@ -289,6 +289,19 @@ class JobsConfig(_Section):
     """Jobs that may wait in the queue; a submit beyond that is refused (RESOURCE_EXHAUSTED)."""
 
 
+class CreditsConfig(_Section):
+    allow_anonymous: bool = True
+    """Serve requests that carry no zoo-signature header, as an anonymous client. Off: every inference
+    request must be signed (UNAUTHENTICATED, HTTP 401 otherwise; see zoo.node.client)."""
+    max_clock_skew_s: float = Field(60.0, gt=0, le=3600)
+    """How far a signed request's timestamp may be from the node's clock, either way."""
+    max_remembered_nonces: int = Field(200_000, ge=100, le=10_000_000)
+    """Signed requests remembered (against replay) at once; beyond, signed requests are refused as
+    overloaded until older ones expire (max_clock_skew_s after they were signed)."""
+    epoch_s: int = Field(86_400, ge=1, le=365 * 86_400)
+    """Length of a metering epoch in seconds: usage is totalled, reported and settled per epoch."""
+
+
 class P2PConfig(_Section):
     enabled: bool = True
     """Run a libp2p host: gossip library versions and capabilities, serve library bytes to peers, route."""
@@ -370,6 +383,7 @@ class NodeConfig(_Section):
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
     jobs: JobsConfig = Field(default_factory=JobsConfig)
     p2p: P2PConfig = Field(default_factory=P2PConfig)
+    credits: CreditsConfig = Field(default_factory=CreditsConfig)
 
     @field_validator("data_dir", "cache_dir")
     @classmethod

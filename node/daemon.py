@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sqlite3
 import sys
 import time
 from dataclasses import dataclass
@@ -20,9 +21,12 @@ from zoo.node.api.endpoints import ApiDeps, embedder_model_id
 from zoo.node.api.server import HttpServer, start_http_api
 from zoo.node.components import Component, DisabledComponent, Supervisor
 from zoo.node.config import NodeConfig, parse_listen
+from zoo.node.credits.identity import Identify
+from zoo.node.credits.meter import Served, UsageMeter
+from zoo.node.credits.verifier import RequestVerifier
 from zoo.node.datadir import DataDir, DataDirLocked
 from zoo.node.inference_service import InferenceServicer, serving_stats
-from zoo.node.inference_wiring import NodeLibraryView, RetrievalComponent, UsageCounter
+from zoo.node.inference_wiring import NodeLibraryView, RetrievalComponent
 from zoo.node.job_runner import JobRunner, Resources
 from zoo.node.job_service import JobServicer
 from zoo.node.library import LibraryComponent
@@ -218,7 +222,7 @@ def model_id(cfg: NodeConfig, path: Path | None) -> str:
     return model_id_for(path) if path is not None else "unknown"
 
 
-def build_engine(cfg: NodeConfig, supervisor: Supervisor, usage: UsageCounter, metrics: NodeMetrics) -> Any:
+def build_engine(cfg: NodeConfig, supervisor: Supervisor, meter: UsageMeter, metrics: NodeMetrics) -> Any:
     """A provider of the inference engine: None until the model has loaded."""
     from zoo.inference.engine import InferenceEngine
 
@@ -229,9 +233,18 @@ def build_engine(cfg: NodeConfig, supervisor: Supervisor, usage: UsageCounter, m
     assert isinstance(retrieval, RetrievalComponent)
     cache: dict[str, Any] = {}
 
-    def on_served(ids: list[str]) -> None:
-        usage.served(ids)
-        metrics.experiences_served.inc(len(ids))
+    async def on_answered(outcome: Any, params: Any) -> None:
+        served = [Served(e.id, e.author, e.cited) for e in outcome.experiences]
+        usage = meter.usage_of(outcome.prompt_tokens + outcome.completion_tokens, served, params.client)
+        try:
+            await meter.record(usage)  # on disk before the answer goes out
+        except sqlite3.Error as e:  # a full disk, say: the node keeps answering; the log says what was lost
+            log.error(
+                "usage not metered", error=str(e), units=usage.units, client=usage.client or "anonymous"
+            )
+            return
+        metrics.experiences_served.inc(len(served))
+        metrics.metered_units.inc(sum(usage.shares.values()))
 
     def provider() -> Any:
         if model.backend is None:
@@ -244,7 +257,7 @@ def build_engine(cfg: NodeConfig, supervisor: Supervisor, usage: UsageCounter, m
                 experience_budget=cfg.inference.experience_budget_tokens,
                 lesson_position=cfg.inference.lesson_position,
                 factor_builder=_factor_builder(cfg, model.backend),
-                on_served=on_served,
+                on_answered=on_answered,
                 adapters=AdapterDirectory(cfg.adapters_dir),
             )
         return cache["engine"]
@@ -375,15 +388,27 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
     )
     library = supervisor.components["library"]
     assert isinstance(library, LibraryComponent)
-    usage = UsageCounter(data_dir.path / "usage.json")
-    servicer.usage = usage
+    meter = UsageMeter(data_dir.path / "usage.sqlite", cfg.credits.epoch_s)
+    node_address = data_dir.node_address()
+    identify = Identify(
+        RequestVerifier(
+            node_address,
+            max_skew_s=cfg.credits.max_clock_skew_s,
+            max_remembered=cfg.credits.max_remembered_nonces,
+        ),
+        metrics,
+        cfg.credits.allow_anonymous,
+    )
+    servicer.usage = meter
+    servicer.node_address = node_address
+    servicer.allows_anonymous = cfg.credits.allow_anonymous
     inf = cfg.inference
     admission = Admission(inf.max_batch_size, inf.max_queued, inf.max_wait_s, metrics.queue_wait.observe)
     model = supervisor.components["model"]
     assert isinstance(model, ModelComponent)
     servicer.serving = lambda: serving_stats(admission, lambda: model.backend)
     metrics.watch_serving(servicer.serving)
-    engine = build_engine(cfg, supervisor, usage, metrics)
+    engine = build_engine(cfg, supervisor, meter, metrics)
     router = _router(cfg, supervisor)
     servicers: list[Any] = [
         (node_pb2_grpc.add_NodeServiceServicer_to_server, servicer),
@@ -408,7 +433,7 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
     assert isinstance(jobs, JobRunner)
     servicers.append((jobs_pb2_grpc.add_JobServiceServicer_to_server, JobServicer(jobs)))
     try:
-        server, bound_port = build_server(cfg, metrics, admin_token, health, servicers)
+        server, bound_port = build_server(cfg, metrics, admin_token, health, servicers, identify)
     except BindError as e:
         metrics.shutdown()
         raise StartupError(str(e)) from None
@@ -424,6 +449,7 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
         api_key=cfg.server.api_key.get_secret_value() if cfg.server.api_key else None,
         adapters=AdapterDirectory(cfg.adapters_dir),
         router=router,
+        identify=identify,
     )
     http = await _start_http(cfg, metrics, deps)
     http_url = http.address if http is not None else ""
@@ -483,7 +509,7 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
     if router is not None:
         await router.close()
     await supervisor.stop()
-    usage.flush()
+    meter.close()
     metrics.shutdown()
     return EXIT_OK
 

@@ -1,7 +1,8 @@
 """The node's data directory and the exclusive lock that keeps two daemons from sharing it.
 
 Layout: node.lock (flock held for the daemon's lifetime), node.json (where the running node listens),
-admin.token (0600), library/ (store), jobs.sqlite, devnet/ (devnet state).
+admin.token (0600), node.key (0600, the node's account), usage.sqlite (metering), library/ (store),
+jobs.sqlite, devnet/ (devnet state).
 """
 
 from __future__ import annotations
@@ -73,6 +74,28 @@ class DataDir:
         token = secrets.token_urlsafe(32)
         write_atomic(self.token_file, token.encode(), mode=0o600)
         return token
+
+    @property
+    def key_file(self) -> Path:
+        return self.path / "node.key"
+
+    def node_address(self) -> str:
+        """The address of the node's own Ethereum account, whose key is created (0600) on first use: signed
+        requests name it, and it will sign this node's usage reports. Keep the file: a new key is a new
+        node to clients and to the chain. (coincurve, not eth_account: that import costs the daemon half a
+        second before its port opens.)"""
+        import coincurve
+        from eth_hash.auto import keccak
+        from eth_utils import to_checksum_address
+
+        self.create()
+        if not self.key_file.exists():
+            write_atomic(self.key_file, coincurve.PrivateKey().secret.hex().encode(), mode=0o600)
+        try:
+            key = coincurve.PrivateKey(bytes.fromhex(self.key_file.read_text().strip().removeprefix("0x")))
+        except ValueError as e:
+            raise ValueError(f"{self.key_file} does not hold a secp256k1 private key in hex: {e}") from None
+        return to_checksum_address(keccak(key.public_key.format(compressed=False)[1:])[12:])
 
     def write_node_info(self, info: dict[str, Any]) -> None:
         write_atomic(self.node_file, json.dumps(info, indent=2).encode())

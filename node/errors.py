@@ -12,6 +12,8 @@ import grpc
 from zoo.inference.adapters import AdapterLoadError
 from zoo.inference.backend import BackendUnavailable
 from zoo.inference.engine import Unsupported
+from zoo.node.credits.signing import SignatureError
+from zoo.node.credits.verifier import TooManyNonces
 from zoo.registry import errors as reg
 
 
@@ -31,6 +33,8 @@ _CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (reg.IpfsTimeout, grpc.StatusCode.DEADLINE_EXCEEDED),
     (reg.IpfsError, grpc.StatusCode.UNAVAILABLE),
     (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (TooManyNonces, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (SignatureError, grpc.StatusCode.UNAUTHENTICATED),
     (Unimplemented, grpc.StatusCode.UNIMPLEMENTED),
     (Unsupported, grpc.StatusCode.FAILED_PRECONDITION),
     (AdapterLoadError, grpc.StatusCode.FAILED_PRECONDITION),

@@ -22,6 +22,7 @@ from zoo.inference.engine import InferenceEngine, InferOutcome, InferParams, Use
 from zoo.inference.structured import parse_response_format
 from zoo.node.admission import Admission
 from zoo.node.config import InferenceConfig
+from zoo.node.credits.identity import CLIENT
 from zoo.registry.errors import NotFound, ValidationError
 from zoo.registry.experience import DOMAIN_RE
 from zoo.v1 import inference_pb2, inference_pb2_grpc, node_pb2
@@ -291,7 +292,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
 
         A `model` naming one of this node's adapters decodes with it (as the HTTP API's "model" does).
         """
-        params = params_from_request(request, self.cfg)
+        params = dataclasses.replace(params_from_request(request, self.cfg), client=CLIENT.get().address)
         model = request.model
         if not model or model == self.base_model:
             return params, False

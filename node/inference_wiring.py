@@ -4,16 +4,12 @@ expert-factor processors, and rebuilding the index in the background when the li
 from __future__ import annotations
 
 import asyncio
-import json
-import threading
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from zoo.node.components import Component, State, in_background_thread
 from zoo.node.library import LibraryComponent
 from zoo.node.logs import get_logger
-from zoo.registry.fsutil import write_atomic
 from zoo.registry.store import StoredVersion
 
 log = get_logger(__name__)
@@ -40,36 +36,6 @@ class NodeLibraryView:
             else self.library.store.get(root=index_root)
         )
         return index, stored.root, stored.version, stored
-
-
-class UsageCounter:
-    """How often each experience was served: local statistics for contributor credit, persisted."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._lock = threading.Lock()
-        try:
-            self.counts: Counter[str] = Counter(json.loads(path.read_text()))
-        except (FileNotFoundError, ValueError):
-            self.counts = Counter()
-        self._dirty = False
-
-    def served(self, ids: list[str]) -> None:
-        with self._lock:
-            self.counts.update(ids)
-            self._dirty = True
-
-    def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self.counts)
-
-    def flush(self) -> None:
-        with self._lock:
-            if not self._dirty:
-                return
-            data = json.dumps(self.counts, sort_keys=True).encode()
-            self._dirty = False
-        write_atomic(self.path, data)
 
 
 async def keep_index_current(

@@ -1,4 +1,5 @@
-"""The one server interceptor: admin authentication, concurrency limit, error mapping and metrics.
+"""The one server interceptor: admin authentication, signed requests, concurrency limit, error mapping
+and metrics.
 
 Servicers stay thin; everything that applies to every RPC lives here.
 """
@@ -15,6 +16,8 @@ from typing import Any
 import grpc
 from grpc.aio import AbortError
 
+from zoo.node.credits.identity import CLIENT, Identify
+from zoo.node.credits.signing import HEADER, SignatureError
 from zoo.node.errors import status_for
 from zoo.node.logs import get_logger
 from zoo.node.metrics import NodeMetrics
@@ -41,8 +44,10 @@ class NodeInterceptor(grpc.aio.ServerInterceptor):
         max_concurrent: int,
         admin_methods: tuple[str, ...] = (),
         api_key: str | None = None,
+        identify: Identify | None = None,
     ) -> None:
         self.metrics = metrics
+        self._identify = identify  # signed requests (node.credits); None: every client is anonymous
         self._token = admin_token.encode()
         self._api_key = api_key.encode() if api_key else None
         self._slots = asyncio.Semaphore(max_concurrent)
@@ -78,7 +83,17 @@ class NodeInterceptor(grpc.aio.ServerInterceptor):
             return _replace(handler, _deny(grpc.StatusCode.UNAUTHENTICATED, message))
         if method.startswith(UNLIMITED_PREFIXES):
             return handler
-        return _replace(handler, self._wrap(method, handler))
+        signature = None
+        if self._identify is not None and method.startswith(PUBLIC_PREFIXES):
+            signature = _metadata(details.invocation_metadata, HEADER)
+            if signature is None and not self._identify.allow_anonymous:
+                try:
+                    self._identify(None, method, b"")
+                except SignatureError as e:
+                    self.metrics.rpc_rejected.labels(method, "unauthenticated").inc()
+                    return _replace(handler, _deny(grpc.StatusCode.UNAUTHENTICATED, str(e)))
+        keep_raw = signature is not None
+        return _replace(handler, self._wrap(method, handler, signature), keep_raw=keep_raw)
 
     @contextlib.asynccontextmanager
     async def _accounted(self, method: str, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
@@ -108,14 +123,23 @@ class NodeInterceptor(grpc.aio.ServerInterceptor):
                 metrics.rpc_requests.labels(method, code).inc()
                 metrics.rpc_latency.labels(method).observe(time.perf_counter() - start)
 
-    def _wrap(self, method: str, handler: grpc.RpcMethodHandler) -> Callable[..., Any]:
+    def _wrap(self, method: str, handler: grpc.RpcMethodHandler, signature: str | None) -> Callable[..., Any]:
+        def admit(request: Any) -> Any:
+            """The decoded request, once its signature (if any) checks out; CLIENT says who sent it."""
+            if isinstance(request, _Received):
+                _check_decoded(request.message, method)
+                assert self._identify is not None
+                CLIENT.set(self._identify(signature, method, request.raw))
+                return request.message
+            _check_decoded(request, method)
+            return request
+
         if handler.unary_unary or handler.stream_unary:
             inner = handler.unary_unary or handler.stream_unary
 
             async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 async with self._accounted(method, context):
-                    _check_decoded(request, method)
-                    return await inner(request, context)
+                    return await inner(admit(request), context)
 
             return unary
 
@@ -124,8 +148,7 @@ class NodeInterceptor(grpc.aio.ServerInterceptor):
         async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             # Streams are forwarded item by item; the accounting covers the whole call.
             async with self._accounted(method, context):
-                _check_decoded(request, method)
-                result = inner_stream(request, context)
+                result = inner_stream(admit(request), context)
                 if hasattr(result, "__aiter__"):
                     async for item in result:
                         yield item
@@ -159,6 +182,21 @@ def _map_error(exc: Exception, method: str) -> tuple[grpc.StatusCode, str]:
     return mapped
 
 
+def _metadata(metadata: tuple[Any, ...] | None, name: str) -> str | None:
+    for key, value in metadata or ():
+        if key == name:
+            return value if isinstance(value, str) else value.decode("latin-1")
+    return None
+
+
+class _Received:
+    """A request decoded together with its bytes as received (what a signature covers)."""
+
+    def __init__(self, message: Any, raw: bytes) -> None:
+        self.message = message
+        self.raw = raw
+
+
 class _Undecodable:
     """Stands in for a request whose bytes are not a valid message of the method's request type."""
 
@@ -166,17 +204,20 @@ class _Undecodable:
         self.error = error
 
 
-def _lenient(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+def _lenient(
+    deserializer: Callable[[bytes], Any] | None, keep_raw: bool = False
+) -> Callable[[bytes], Any] | None:
     """A deserializer that hands bad bytes on as _Undecodable, so the RPC answers INVALID_ARGUMENT
-    (grpc would answer UNKNOWN for a deserializer that raises)."""
+    (grpc would answer UNKNOWN for a deserializer that raises); with keep_raw, as _Received with them."""
     if deserializer is None:
         return None
 
     def parse(data: bytes) -> Any:
         try:
-            return deserializer(data)
+            message = deserializer(data)
         except Exception as e:  # protobuf's DecodeError, or anything a custom deserializer raises
-            return _Undecodable(e)
+            message = _Undecodable(e)
+        return _Received(message, bytes(data)) if keep_raw else message
 
     return parse
 
@@ -195,10 +236,12 @@ def _deny(code: grpc.StatusCode, message: str) -> Callable[..., Any]:
     return deny
 
 
-def _replace(handler: grpc.RpcMethodHandler, behaviour: Callable[..., Any]) -> grpc.RpcMethodHandler:
+def _replace(
+    handler: grpc.RpcMethodHandler, behaviour: Callable[..., Any], keep_raw: bool = False
+) -> grpc.RpcMethodHandler:
     """A handler of the same kind and (de)serialisers as `handler`, running `behaviour`."""
     kw = {
-        "request_deserializer": _lenient(handler.request_deserializer),
+        "request_deserializer": _lenient(handler.request_deserializer, keep_raw),
         "response_serializer": handler.response_serializer,
     }
     if handler.unary_unary:

@@ -69,6 +69,16 @@ class NodeMetrics:
             "Experiences placed in prompts (per-id counts are in GetStatus)",
             registry=r,
         )
+        self.signed_requests = Counter(
+            "zoo_signed_requests",
+            "Requests carrying a zoo-signature header, by outcome (accepted, malformed, stale, replayed, "
+            "forged, busy)",
+            ["outcome"],
+            registry=r,
+        )
+        self.metered_units = Counter(
+            "zoo_metered_units", "Usage units (answer tokens) credited to experience authors", registry=r
+        )
         self.jobs_finished = Counter(
             "zoo_jobs_finished",
             "Learning jobs that ended, by kind and final state",

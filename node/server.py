@@ -12,6 +12,7 @@ from grpc_reflection.v1alpha import reflection
 
 from zoo.node.components import Status, Supervisor
 from zoo.node.config import NodeConfig
+from zoo.node.credits.identity import Identify
 from zoo.node.interceptor import NodeInterceptor
 from zoo.node.metrics import NodeMetrics
 from zoo.node.services import PLANNED, unimplemented_handler
@@ -63,10 +64,13 @@ def build_server(
     admin_token: str,
     health: HealthBridge,
     servicers: list[tuple[Callable[[Any, grpc.aio.Server], None], Any]],
+    identify: Identify | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Create and bind the server; returns it with the bound port (not started yet)."""
     api_key = cfg.server.api_key.get_secret_value() if cfg.server.api_key else None
-    interceptor = NodeInterceptor(metrics, admin_token, cfg.server.max_concurrent_rpcs, api_key=api_key)
+    interceptor = NodeInterceptor(
+        metrics, admin_token, cfg.server.max_concurrent_rpcs, api_key=api_key, identify=identify
+    )
     server = grpc.aio.server(
         interceptors=[interceptor],
         options=[

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,7 +35,9 @@ class NodeServicer(node_pb2_grpc.NodeServiceServicer):
         self.listen = listen
         self.model_id = model_id
         self.started = time.monotonic()
-        self.usage: Any = None  # UsageCounter, set by the daemon
+        self.usage: Any = None  # the UsageMeter, set by the daemon
+        self.node_address = ""  # the node's account, set by the daemon
+        self.allows_anonymous = True
         self.serving: Callable[[], node_pb2.ServingStats] | None = None  # set by the daemon
         self.http_address: Callable[[], str] = lambda: ""  # set by the daemon when the HTTP API is on
         self.p2p: Any = None  # the P2PComponent, set by the daemon when p2p is enabled
@@ -64,6 +67,7 @@ class NodeServicer(node_pb2_grpc.NodeServiceServicer):
                 experience_count=library.experience_count,
             )
         model = comps.get("model")
+        usage = await asyncio.to_thread(self.usage.experience_counts) if self.usage is not None else {}
         return node_pb2.NodeStatus(
             node_version=__version__,
             uptime_seconds=time.monotonic() - self.started,
@@ -73,10 +77,12 @@ class NodeServicer(node_pb2_grpc.NodeServiceServicer):
             model_id=self.model_id if isinstance(model, ModelComponent) else "",
             components=components,
             listen_address=self.listen(),
-            experience_usage=self.usage.snapshot() if self.usage is not None else {},
+            experience_usage=usage,
             serving=self.serving() if self.serving is not None else None,
             http_address=self.http_address(),
             peers=self._peer_counts(),
+            node_address=self.node_address,
+            allows_anonymous=self.allows_anonymous,
         )
 
     def _peer_counts(self) -> node_pb2.PeerCounts:

@@ -41,10 +41,14 @@ from zoo.node.api.schemas import (
     completion_field,
     completion_prompt,
     embedding_inputs,
-    read_json,
+    parse_json,
+    read_body,
     response_format,
 )
 from zoo.node.config import InferenceConfig
+from zoo.node.credits.identity import Identify
+from zoo.node.credits.signing import HEADER, SignatureError
+from zoo.node.credits.verifier import TooManyNonces
 from zoo.node.errors import Overloaded
 from zoo.node.inference_service import FieldNames, validate_params
 from zoo.node.metrics import NodeMetrics
@@ -79,6 +83,7 @@ class ApiDeps:
     max_body_bytes: int = 4 * 1024 * 1024
     adapters: AdapterDirectory | None = None  # named LoRA adapters, served as models of their own
     router: Any = None  # a p2p Router: models this node does not serve are answered by a peer
+    identify: Identify | None = None  # signed requests (node.credits); None: every client is anonymous
 
 
 class OpenAIApi:
@@ -91,8 +96,26 @@ class OpenAIApi:
 
     # -- generation
 
+    async def _signed_json(self, request: Request) -> tuple[dict[str, Any], str]:
+        """The JSON body and the client that sent it: its signer, or "" when anonymous (see node.credits).
+        A signature covers the body's bytes as sent, so they are checked before they are parsed."""
+        raw = await read_body(request, self.deps.max_body_bytes)
+        client = ""
+        if self.deps.identify is not None:
+            where = f"{request.method} {request.url.path}"
+            try:
+                client = self.deps.identify(request.headers.get(HEADER), where, raw).address
+            except TooManyNonces as e:
+                raise ApiError(429, str(e), type="rate_limit_error", code="rate_limit_exceeded") from None
+            except SignatureError as e:
+                raise ApiError(
+                    401, str(e), type="authentication_error", code=f"signature_{e.reason}"
+                ) from None
+        return parse_json(raw), client
+
     async def chat_completions(self, request: Request) -> Response:
-        body = ChatRequest.model_validate(await read_json(request, self.deps.max_body_bytes))
+        data, client = await self._signed_json(request)
+        body = ChatRequest.model_validate(data)
         adapter, remote = self._placement(body.model)
         check_chat(body)
         names = CHAT_FIELDS
@@ -106,25 +129,27 @@ class OpenAIApi:
             max_tokens=tokens,
             response_format=response_format(body.response_format),
             adapter=adapter,
+            client=client,
         )
         answer = ChatAnswer("chatcmpl-" + uuid.uuid4().hex, body.model, _include_usage(body))
         return await self._answer(request, params, answer, body.stream, chat_field, remote)
 
     async def completions(self, request: Request) -> Response:
-        body = CompletionRequest.model_validate(await read_json(request, self.deps.max_body_bytes))
+        data, client = await self._signed_json(request)
+        body = CompletionRequest.model_validate(data)
         adapter, remote = self._placement(body.model)
         check_completion(body)
         prompt = completion_prompt(body.prompt)
         params = self._params(
-            body, COMPLETION_FIELDS, prompt=prompt, max_tokens=body.max_tokens, adapter=adapter
+            body, COMPLETION_FIELDS, prompt=prompt, max_tokens=body.max_tokens, adapter=adapter, client=client
         )
         answer = CompletionAnswer("cmpl-" + uuid.uuid4().hex, body.model, _include_usage(body))
         return await self._answer(request, params, answer, body.stream, completion_field, remote)
 
-    def _params(self, body: Generation, names: FieldNames, **fields: Any) -> InferParams:
+    def _params(self, body: Generation, names: FieldNames, client: str = "", **fields: Any) -> InferParams:
         zoo = body.zoo or ZooOptions()
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-        return validate_params(
+        params = validate_params(
             self.deps.inference,
             domain=zoo.domain,
             k=zoo.k,
@@ -138,6 +163,7 @@ class OpenAIApi:
             names=names,
             **fields,
         )
+        return dataclasses.replace(params, client=client)
 
     async def _answer(
         self,
@@ -219,7 +245,8 @@ class OpenAIApi:
     # -- embeddings and models
 
     async def embeddings(self, request: Request) -> Response:
-        body = EmbeddingRequest.model_validate(await read_json(request, self.deps.max_body_bytes))
+        data, _client = await self._signed_json(request)  # signed or anonymous alike; not metered
+        body = EmbeddingRequest.model_validate(data)
         if body.model != self.deps.embedder_id:
             raise _model_not_found(body.model, [self.deps.embedder_id], "embedding ")
         texts = embedding_inputs(body.input)

@@ -238,8 +238,8 @@ def _too_large(limit: int) -> ApiError:
     )
 
 
-async def read_json(request: Request, limit: int) -> dict[str, Any]:
-    """The body as a JSON object: 413 beyond `limit` bytes, 400 when it is not a JSON object."""
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body's bytes as sent: 413 beyond `limit` bytes."""
     _read_limit(request.headers.get("content-length"), limit)
     body = bytearray()
     size = 0
@@ -251,6 +251,11 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
             body += piece
     if size > limit:  # read to the end, so the client gets the answer instead of a reset connection
         raise _too_large(limit)
+    return bytes(body)
+
+
+def parse_json(body: bytes) -> dict[str, Any]:
+    """A body as a JSON object; 400 when it is not one."""
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:

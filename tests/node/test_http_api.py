@@ -307,6 +307,41 @@ def test_requests_are_counted_by_route(node: NodeProcess) -> None:
     assert 'zoo_http_latency_seconds_count{route="/v1/chat/completions"}' in text
 
 
+def test_signed_requests_through_the_sdk_and_replays_refused(node: NodeProcess) -> None:
+    from eth_account import Account
+
+    from zoo.node.client import SignedAuth
+
+    account = Account.from_key("0x" + "77" * 32)
+    with NodeClient(node.address) as c:
+        node_address = c.status().node_address
+    with httpx.Client(auth=SignedAuth(account, node_address), timeout=120) as http:
+        sdk = openai.OpenAI(base_url=base_url(node), api_key="unused", max_retries=0, http_client=http)
+        answer = sdk.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": GEOMETRY}], max_tokens=3
+        )
+        assert answer.choices[0].message.content is not None
+        # The same bytes under the same signature again: a replay.
+        request = http.build_request(
+            "POST", base_url(node) + "/completions", json={"model": MODEL, "prompt": "2+2=", "max_tokens": 2}
+        )
+        signed = next(SignedAuth(account, node_address).auth_flow(request))
+        assert http.send(signed, auth=None).status_code == 200
+        again = http.send(signed, auth=None)
+    assert again.status_code == 401
+    error = error_of(again)
+    assert error["code"] == "signature_replayed" and "was used already" in error["message"]
+    assert error["type"] == "authentication_error"
+    # A signature for other bytes (the body was changed after signing) is forged.
+    tampered = httpx.post(
+        base_url(node) + "/completions",
+        content=b'{"model": "%s", "prompt": "3+3=", "max_tokens": 2}' % MODEL.encode(),
+        headers={"zoo-signature": signed.headers["zoo-signature"], "content-type": "application/json"},
+        timeout=60,
+    )
+    assert tampered.status_code == 401 and error_of(tampered)["code"] == "signature_forged"
+
+
 # ---------------------------------------------------------------------------------------------- other nodes
 
 

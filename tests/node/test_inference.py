@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -365,3 +367,72 @@ def test_named_adapter_over_grpc_and_http(node: NodeProcess, tmp_path: Path) -> 
     assert r.json()["choices"][0]["message"]["content"] == tuned.text
     r = httpx.post(f"{http}/chat/completions", json={**body, "model": "nope"}, timeout=120)
     assert r.status_code == 404 and "'tuned'" in r.json()["error"]["message"]
+
+
+# ---------------------------------------------------------------------------------------------- credits
+
+
+def usage_report(node: NodeProcess) -> dict:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "zoo.node.cli",
+            "usage",
+            "report",
+            "--json",
+            "--config",
+            str(node.config_file),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout)
+
+
+def test_signed_answers_are_metered_for_their_authors_and_client(node: NodeProcess) -> None:
+    from eth_account import Account
+
+    account = Account.from_key("0x" + "55" * 32)
+    before = usage_report(node)
+    with NodeClient(node.address, signer=account) as c:
+        r = infer(c, prompt=GEOMETRY, k=2, sampling={"max_tokens": 4})
+        replayed = c.status()
+    tokens = r.usage.prompt_tokens + r.usage.completion_tokens
+    after = usage_report(node)  # committed before the answer was sent: no waiting
+    assert after["epoch"] == before["epoch"]
+    earned_before = {a["author"]: a["units"] for a in before["authors"]}
+    earned = {a["author"]: a["units"] - earned_before.get(a["author"], 0) for a in after["authors"]}
+    # The answer's tokens went to the authors of the experiences it used (the devnet's genesis job, and
+    # the job of a version an earlier test approved), all of them.
+    assert set(earned) <= {"job:devnet-genesis", "job:test"} and tokens > 0
+    assert sum(earned.values()) >= tokens and after["answered"] > before["answered"]
+    clients = {c["client"]: c for c in after["clients"]}
+    assert clients[account.address] == {"client": account.address, "units": tokens, "requests": 1}
+    assert replayed.node_address.startswith("0x") and replayed.allows_anonymous
+
+
+def test_a_replayed_or_forged_signature_is_unauthenticated(node: NodeProcess) -> None:
+    from eth_account import Account
+
+    from zoo.node.credits.signing import HEADER, sign_request
+
+    with NodeClient(node.address) as c:
+        node_address = c.status().node_address
+        request = pb.InferRequest(prompt=GEOMETRY, sampling=pb.SamplingParams(max_tokens=2))
+        key, method = Account.from_key("0x" + "66" * 32), "/zoo.v1.InferenceService/Infer"
+        header = sign_request(key, node_address, method, request.SerializeToString())
+        assert c.inference.Infer(request, metadata=[(HEADER, header)], timeout=120).text is not None
+        with pytest.raises(grpc.RpcError) as e:
+            c.inference.Infer(request, metadata=[(HEADER, header)], timeout=120)
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED and "was used already" in e.value.details()
+        other = pb.InferRequest(prompt="Something else entirely?", sampling=pb.SamplingParams(max_tokens=2))
+        # Signed for the first request's bytes, and for Infer, not InferStream: forged for this call.
+        fresh = sign_request(key, node_address, method, request.SerializeToString())
+        with pytest.raises(grpc.RpcError) as e:
+            c.inference.InferStream(other, metadata=[(HEADER, fresh)], timeout=120).next()
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED and "not 0x" in e.value.details()
+    metrics = httpx.get(node.metrics_url, timeout=30).text
+    assert 'zoo_signed_requests_total{outcome="replayed"}' in metrics
+    assert 'zoo_signed_requests_total{outcome="forged"}' in metrics

@@ -1,0 +1,285 @@
+"""Durable metering: the usage each answered request gives the authors of the experiences it used.
+
+A request is worth the tokens it was answered with (prompt + completion), shared equally by the
+experiences it credits: those its answer cited, or every experience it was served when it cited none.
+Each share goes to the experience's author (provenance.author) in the request's epoch (epoch_s seconds
+of Unix time, one day by default); the remainder of the integer division goes to the first by id, so a
+request's shares always add up to its tokens. Experiences are counted too (served, cited), for GetStatus.
+
+Usage lives in DATA_DIR/usage.sqlite (WAL, synchronous=FULL). A request's usage is committed before its
+answer is sent, so what a client was answered is on disk: a `kill -9` at any moment loses no
+acknowledged usage and leaves the database consistent (SQLite's journal). Signed clients' usage is
+kept per epoch too (what their credits will pay for). Commits are grouped: one
+writer thread commits whatever requests arrived meanwhile in one transaction and one fsync, so many
+concurrent answers wait for one disk flush, not one each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import queue
+import sqlite3
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from zoo.node.logs import get_logger
+
+log = get_logger(__name__)
+
+DEFAULT_EPOCH_S = 86_400
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS usage (
+    epoch INTEGER NOT NULL, author TEXT NOT NULL, units INTEGER NOT NULL, requests INTEGER NOT NULL,
+    PRIMARY KEY (epoch, author)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS experiences (
+    epoch INTEGER NOT NULL, id TEXT NOT NULL, served INTEGER NOT NULL, cited INTEGER NOT NULL,
+    PRIMARY KEY (epoch, id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS requests (
+    epoch INTEGER PRIMARY KEY, answered INTEGER NOT NULL, units INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS clients (
+    epoch INTEGER NOT NULL, client TEXT NOT NULL, units INTEGER NOT NULL, requests INTEGER NOT NULL,
+    PRIMARY KEY (epoch, client)) WITHOUT ROWID;
+"""
+
+
+@dataclass(frozen=True)
+class Served:
+    """One experience an answer used: its id, author, and whether the answer cited it."""
+
+    id: str
+    author: str
+    cited: bool
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What one answered request is metered as."""
+
+    epoch: int
+    units: int  # tokens of the answer, prompt and completion
+    shares: dict[str, int]  # author -> units; sums to `units` when any experience is credited
+    served: tuple[Served, ...]
+    client: str = ""  # the signer of the request; "" when anonymous
+
+
+@dataclass(frozen=True)
+class AuthorUsage:
+    """An author's (or a signed client's) units and requests in one epoch."""
+
+    author: str
+    units: int
+    requests: int
+
+
+def shares_of(units: int, served: Sequence[Served]) -> dict[str, int]:
+    """The units each author earns from one answer (see the module docstring)."""
+    cited = {s.id: s for s in served if s.cited}
+    by_id = cited or {s.id: s for s in served}
+    credited = [by_id[i] for i in sorted(by_id)]
+    if not credited or units <= 0:
+        return {}
+    each, rest = divmod(units, len(credited))
+    shares: Counter[str] = Counter()
+    for i, s in enumerate(credited):
+        shares[s.author] += each + (rest if i == 0 else 0)
+    return {a: u for a, u in shares.items() if u}
+
+
+def _settle(done: concurrent.futures.Future[None], error: Exception | None) -> None:
+    """Tell a waiter; one that went away (its client hung up, cancelling it) was committed all the same."""
+    try:
+        if error is None:
+            done.set_result(None)
+        else:
+            done.set_exception(error)
+    except concurrent.futures.InvalidStateError:
+        pass
+
+
+class UsageMeter:
+    """Per-epoch usage by author, committed before each answer goes out (thread-safe; async record)."""
+
+    def __init__(
+        self,
+        path: Path,
+        epoch_s: int = DEFAULT_EPOCH_S,
+        clock: Callable[[], float] = time.time,
+        *,
+        read_only: bool = False,
+    ) -> None:
+        """read_only: only read (the CLI, beside a running node); FileNotFoundError if nothing is metered."""
+        if epoch_s < 1:
+            raise ValueError(f"epoch_s must be at least 1, got {epoch_s}")
+        self.path = Path(path)
+        self.epoch_s = epoch_s
+        self._clock = clock
+        self._db = self._open_read_only() if read_only else self._connect()
+        self._read_lock = threading.Lock()
+        self._queue: queue.SimpleQueue[tuple[Usage, concurrent.futures.Future[None]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._writer: threading.Thread | None = None
+        if not read_only:
+            self._writer = threading.Thread(target=self._write_forever, name="usage-meter", daemon=True)
+            self._writer.start()
+
+    def _connect(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")  # a commit is on disk when it returns: acknowledged is kept
+        db.executescript(_SCHEMA)
+        return db
+
+    def _open_read_only(self) -> sqlite3.Connection:
+        if not self.path.is_file():
+            raise FileNotFoundError(f"no usage metered yet: {self.path} does not exist")
+        return sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+
+    def epoch_of(self, t: float | None = None) -> int:
+        return int((self._clock() if t is None else t) // self.epoch_s)
+
+    def usage_of(self, units: int, served: Sequence[Served], client: str = "") -> Usage:
+        return Usage(self.epoch_of(), max(units, 0), shares_of(units, served), tuple(served), client)
+
+    def submit(self, usage: Usage) -> concurrent.futures.Future[None]:
+        """Queue one request's usage; the future resolves once it is committed (or fails with the error)."""
+        if self._writer is None:
+            raise RuntimeError("this UsageMeter was opened read-only")
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._queue.put((usage, done))
+        return done
+
+    async def record(self, usage: Usage) -> None:
+        """Commit one request's usage; returns once it is on disk."""
+        await asyncio.wrap_future(self.submit(usage))
+
+    def _write_forever(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            batch = [item]
+            while True:  # group commit: everything that arrived meanwhile goes in the same transaction
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    self._queue.put(None)  # stop after this batch
+                    break
+                batch.append(more)
+            try:
+                with self._read_lock:
+                    self._commit([u for u, _ in batch])
+            except sqlite3.Error as e:
+                log.error("usage not recorded", error=str(e), requests=len(batch))
+                for _, done in batch:
+                    _settle(done, e)
+            else:
+                for _, done in batch:
+                    _settle(done, None)
+
+    def _commit(self, batch: list[Usage]) -> None:
+        authors: Counter[tuple[int, str]] = Counter()
+        author_requests: Counter[tuple[int, str]] = Counter()
+        served: Counter[tuple[int, str]] = Counter()
+        cited: Counter[tuple[int, str]] = Counter()
+        answered: Counter[int] = Counter()
+        units: Counter[int] = Counter()
+        client_units: Counter[tuple[int, str]] = Counter()
+        client_requests: Counter[tuple[int, str]] = Counter()
+        for u in batch:
+            answered[u.epoch] += 1
+            units[u.epoch] += u.units
+            if u.client:
+                client_units[u.epoch, u.client] += u.units
+                client_requests[u.epoch, u.client] += 1
+            for author, n in u.shares.items():
+                authors[u.epoch, author] += n
+                author_requests[u.epoch, author] += 1
+            for s in u.served:
+                served[u.epoch, s.id] += 1
+                cited[u.epoch, s.id] += s.cited
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.executemany(
+                "INSERT INTO usage VALUES (?, ?, ?, ?) ON CONFLICT (epoch, author) DO UPDATE SET "
+                "units = units + excluded.units, requests = requests + excluded.requests",
+                [(e, a, n, author_requests[e, a]) for (e, a), n in authors.items()],
+            )
+            db.executemany(
+                "INSERT INTO experiences VALUES (?, ?, ?, ?) ON CONFLICT (epoch, id) DO UPDATE SET "
+                "served = served + excluded.served, cited = cited + excluded.cited",
+                [(e, i, n, cited[e, i]) for (e, i), n in served.items()],
+            )
+            db.executemany(
+                "INSERT INTO requests VALUES (?, ?, ?) ON CONFLICT (epoch) DO UPDATE SET "
+                "answered = answered + excluded.answered, units = units + excluded.units",
+                [(e, n, units[e]) for e, n in answered.items()],
+            )
+            db.executemany(
+                "INSERT INTO clients VALUES (?, ?, ?, ?) ON CONFLICT (epoch, client) DO UPDATE SET "
+                "units = units + excluded.units, requests = requests + excluded.requests",
+                [(e, c, n, client_requests[e, c]) for (e, c), n in client_units.items()],
+            )
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    # -- reading
+
+    def by_author(self, epoch: int) -> list[AuthorUsage]:
+        """Each author's units and requests in one epoch, most units first."""
+        with self._read_lock:
+            rows = self._db.execute(
+                "SELECT author, units, requests FROM usage WHERE epoch = ? ORDER BY units DESC, author",
+                (epoch,),
+            ).fetchall()
+        return [AuthorUsage(*r) for r in rows]
+
+    def by_client(self, epoch: int) -> list[AuthorUsage]:
+        """Each signed client's units (tokens answered) and requests in one epoch, most units first."""
+        with self._read_lock:
+            rows = self._db.execute(
+                "SELECT client, units, requests FROM clients WHERE epoch = ? ORDER BY units DESC, client",
+                (epoch,),
+            ).fetchall()
+        return [AuthorUsage(*r) for r in rows]
+
+    def answered(self, epoch: int) -> tuple[int, int]:
+        """Requests answered and their units in one epoch."""
+        with self._read_lock:
+            row = self._db.execute(
+                "SELECT answered, units FROM requests WHERE epoch = ?", (epoch,)
+            ).fetchone()
+        return (row[0], row[1]) if row else (0, 0)
+
+    def epoch_bounds(self, epoch: int) -> tuple[int, int]:
+        """The Unix seconds an epoch starts at and ends before."""
+        return epoch * self.epoch_s, (epoch + 1) * self.epoch_s
+
+    def epochs(self) -> list[int]:
+        with self._read_lock:
+            return [r[0] for r in self._db.execute("SELECT epoch FROM requests ORDER BY epoch")]
+
+    def experience_counts(self) -> dict[str, int]:
+        """How often each experience was served, all epochs together."""
+        with self._read_lock:
+            rows = self._db.execute("SELECT id, SUM(served) FROM experiences GROUP BY id").fetchall()
+        return {i: n for i, n in rows}
+
+    def close(self) -> None:
+        """Commit what is queued, then stop the writer and close the database."""
+        if self._writer is not None:
+            self._queue.put(None)
+            self._writer.join()
+        with self._read_lock:
+            self._db.close()
