@@ -6,6 +6,7 @@ import {IERC6372} from "@openzeppelin/contracts/interfaces/IERC6372.sol";
 import {Math} from "@openzeppelin/contracts/utils/math/Math.sol";
 import {SafeCast} from "@openzeppelin/contracts/utils/math/SafeCast.sol";
 import {Time} from "@openzeppelin/contracts/utils/types/Time.sol";
+import {CIDs} from "./CIDs.sol";
 import {IVoterRegistry} from "./IVoterRegistry.sol";
 import {RFC9162} from "./RFC9162.sol";
 
@@ -224,23 +225,6 @@ contract ExperienceRegistry {
     /// @notice The proposed tree size is zero (a library version holds at least one record).
     error EmptyTree();
 
-    /// @notice The proposed CID is empty.
-    error EmptyCID();
-
-    /**
-     * @notice The proposed CID is longer than {MAX_CID_LENGTH}.
-     * @param length The CID's length in bytes.
-     * @param maxLength The longest accepted.
-     */
-    error CIDTooLong(uint256 length, uint256 maxLength);
-
-    /**
-     * @notice The proposed CID is not a CIDv0 (`Qm` + 44 base58btc characters) or a multibase CIDv1 string
-     * (a prefix `b` `B` `z` `k` `K` `f` `F` or `u`, then characters of `[0-9A-Za-z_-]`).
-     * @param position Zero-based index of the first byte that breaks the rule.
-     */
-    error InvalidCID(uint256 position);
-
     /**
      * @notice This proposer already made this exact proposal (same root, size, CID, parent and salt); a new
      * salt makes a new proposal.
@@ -446,14 +430,7 @@ contract ExperienceRegistry {
         if (treeSize == 0) {
             revert EmptyTree();
         }
-        uint256 cidLength = bytes(cid).length;
-        if (cidLength == 0) {
-            revert EmptyCID();
-        }
-        if (cidLength > MAX_CID_LENGTH) {
-            revert CIDTooLong(cidLength, MAX_CID_LENGTH);
-        }
-        _checkCID(bytes(cid));
+        CIDs.check(bytes(cid), MAX_CID_LENGTH);
         if (parentVersion != currentVersion) {
             revert WrongParent(parentVersion, currentVersion);
         }
@@ -733,52 +710,6 @@ contract ExperienceRegistry {
         }
         LibraryVersion storage v = _versions[version];
         return v.treeSize != 0 && RFC9162.verify(RFC9162.leafHash(leaf), index, v.treeSize, proof, v.root);
-    }
-
-    /**
-     * @dev Every client decodes CIDs from events and storage as text and hands them to IPFS: a CID of
-     * arbitrary bytes (non-UTF-8, control characters, spaces) once stayed in the event history and broke
-     * every listing for good. Only the characters of the multibase alphabets IPFS uses are accepted.
-     */
-    function _checkCID(bytes calldata cid) private pure {
-        bytes1 first = cid[0];
-        if (first == "Q") {
-            // CIDv0: base58btc multihash, always "Qm" and 46 characters.
-            if (cid.length != 46) {
-                revert InvalidCID(cid.length < 46 ? cid.length : 46);
-            }
-            if (cid[1] != "m") {
-                revert InvalidCID(1);
-            }
-            for (uint256 i = 2; i < 46; ++i) {
-                if (!_isBase58(cid[i])) {
-                    revert InvalidCID(i);
-                }
-            }
-            return;
-        }
-        if (
-            first != "b" && first != "B" && first != "z" && first != "k" && first != "K" && first != "f"
-                && first != "F" && first != "u"
-        ) {
-            revert InvalidCID(0);
-        }
-        if (cid.length < 2) {
-            revert InvalidCID(1);
-        }
-        for (uint256 i = 1; i < cid.length; ++i) {
-            bytes1 c = cid[i];
-            bool ok = (c >= "0" && c <= "9") || (c >= "A" && c <= "Z") || (c >= "a" && c <= "z") || c == "-"
-                || c == "_";
-            if (!ok) {
-                revert InvalidCID(i);
-            }
-        }
-    }
-
-    function _isBase58(bytes1 c) private pure returns (bool) {
-        return ((c >= "1" && c <= "9") || (c >= "A" && c <= "Z") || (c >= "a" && c <= "z")) && c != "I"
-            && c != "O" && c != "l";
     }
 
     /// @dev Whether `registry` answers both IVoterRegistry calls the registry makes, on a timestamp clock (a token
