@@ -1,9 +1,10 @@
-"""The on-chain experience registry from Python: typed clients, deployment, revert decoding, proposal ids.
+"""The on-chain contracts from Python: typed clients, deployment, revert decoding, proposal ids.
 
-Modules: client (RegistryClient, TokenClient, AllowlistClient), deploy, records (what the contracts store
-and emit), errors (ChainError, ContractRevert and the revert decoder), sender (signing and sending), ids
-(proposal ids), abi_codec (decoding that survives hostile strings); the CID rule is zoo.registry.cids,
-re-exported here. Imports only zoo.contracts and zoo.registry.cids from the project.
+Modules: client (RegistryClient, TokenClient, AllowlistClient), ledger (LedgerClient, the UsageLedger),
+deploy, records (what the registry stores and emits), errors (ChainError, ContractRevert and the revert
+decoder), sender (signing and sending), ids (proposal ids), abi_codec (decoding that survives hostile
+strings); the CID rule is zoo.registry.cids, re-exported here. Imports only zoo.contracts and
+zoo.registry.cids from the project.
 """
 
 from zoo.registry.chain.client import AllowlistClient, RegistryClient, TokenClient
@@ -12,11 +13,13 @@ from zoo.registry.chain.deploy import (
     DEFAULT_QUORUM,
     deploy_allowlist,
     deploy_contract,
+    deploy_ledger,
     deploy_registry,
     deploy_token,
 )
 from zoo.registry.chain.errors import ChainError, ContractRevert, describe_revert
 from zoo.registry.chain.ids import format_proposal_id, parse_proposal_id, proposal_id
+from zoo.registry.chain.ledger import LedgerClient, UsageReport, record_leaf
 from zoo.registry.chain.records import (
     LibraryUpdate,
     LibraryVersion,
@@ -36,6 +39,7 @@ __all__ = [
     "AllowlistClient",
     "ChainError",
     "ContractRevert",
+    "LedgerClient",
     "LibraryUpdate",
     "LibraryVersion",
     "Proposal",
@@ -48,14 +52,17 @@ __all__ = [
     "TokenClient",
     "TransactionSigner",
     "TxResult",
+    "UsageReport",
     "cid_problem",
     "deploy_allowlist",
     "deploy_contract",
+    "deploy_ledger",
     "deploy_registry",
     "deploy_token",
     "describe_revert",
     "format_proposal_id",
     "parse_proposal_id",
     "proposal_id",
+    "record_leaf",
     "shown_cid",
 ]

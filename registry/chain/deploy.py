@@ -106,3 +106,31 @@ def deploy_allowlist(
         [Web3.to_checksum_address(v) for v in voters],
         artifacts=artifacts,
     )
+
+
+def deploy_ledger(
+    w3: Web3,
+    account: TransactionSigner,
+    *,
+    governor: str,
+    keeper_token: str,
+    epoch_length: int = 24 * 3600,
+    challenge_window: int = 2 * 24 * 3600,
+    max_units_per_report: int = 10**12,
+    challenge_threshold: int = 10**18,
+    artifacts: Artifacts | None = None,
+) -> ChecksumAddress:
+    """Deploy a UsageLedger whose nodes `governor` registers and whose reports KEEPER holders of at least
+    `challenge_threshold` votes may challenge within `challenge_window` seconds; returns its address."""
+    return deploy_contract(
+        w3,
+        account,
+        "UsageLedger",
+        Web3.to_checksum_address(governor),
+        Web3.to_checksum_address(keeper_token),
+        epoch_length,
+        challenge_window,
+        max_units_per_report,
+        challenge_threshold,
+        artifacts=artifacts,
+    )

@@ -107,7 +107,7 @@ _ERROR_MESSAGES: dict[str, str] = {
 
 _TIME_FIELDS = {"voteStart", "voteEnd", "executableAt", "expiredAt", "expiry", "deadline", "timepoint"}
 _TIME_FIELDS |= {"clock", "snapshot"}
-_REVERT_SOURCES = ("ExperienceRegistry", "KeeperToken", "AllowlistVoterRegistry")
+_REVERT_SOURCES = ("ExperienceRegistry", "KeeperToken", "AllowlistVoterRegistry", "UsageLedger")
 
 
 class ChainError(RuntimeError):

@@ -1,0 +1,383 @@
+// SPDX-License-Identifier: Apache-2.0
+pragma solidity ^0.8.24;
+
+import {IVotes} from "@openzeppelin/contracts/governance/utils/IVotes.sol";
+import {IERC6372} from "@openzeppelin/contracts/interfaces/IERC6372.sol";
+import {CIDs} from "./CIDs.sol";
+import {RFC9162} from "./RFC9162.sol";
+
+/**
+ * @title UsageLedger
+ * @notice Inference credits for the authors of approved experiences, settled from the usage nodes meter.
+ *
+ * A node registered by the DAO (the `governor`) posts, once per ended epoch, a usage report: the RFC 9162
+ * Merkle root over its records, the number of records, the units authors earned in total, and the IPFS CID
+ * of the full report, which anyone can fetch and check against the root. A record is the leaf
+ * `abi.encodePacked(uint8 kind, address account, uint256 units)`: kind 0 (EARNED) credits an author with
+ * the units the node's answers gave their experiences, kind 1 (SPENT) debits a client with the credits it
+ * spent at the node. For `challengeWindow` seconds after posting, a KEEPER holder (at least
+ * `challengeThreshold` votes the second before the report was posted) may challenge a report; a challenged
+ * report is frozen until the governor resolves it: upheld, it is void for good; dismissed, it is claimable.
+ * Once the window has passed, each author claims their EARNED record with a Merkle proof, once per (node,
+ * epoch), and anyone applies a SPENT record (the node does, so balances go down everywhere).
+ *
+ * Credits are non-transferable: an account's balance is what it claimed minus what it spent (never below
+ * zero). There is no transfer.
+ *
+ * What an honest operator can and cannot prevent: a registered node can invent usage (for its own
+ * accounts, say). The contract bounds it: at most `maxUnitsPerReport` units are claimable from one report,
+ * one report per node and epoch, only after the challenge window, and the DAO can deregister a node, which
+ * makes its reports not yet claimed unclaimable. It cannot prove that usage happened.
+ */
+contract UsageLedger {
+    /// @notice Leaf kind of an author's earned units.
+    uint8 public constant EARNED = 0;
+    /// @notice Leaf kind of a client's spent credits.
+    uint8 public constant SPENT = 1;
+    /// @notice Longest CID accepted, in bytes.
+    uint256 public constant MAX_CID_LENGTH = 256;
+
+    /// @notice One usage report, keyed by node and epoch.
+    struct Report {
+        // Merkle root over the report's records.
+        bytes32 root;
+        // Number of records (leaves).
+        uint64 treeSize;
+        // When it was posted; the challenge window runs from here.
+        uint48 postedAt;
+        // A KEEPER holder challenged it and the governor has not resolved the challenge yet.
+        bool challenged;
+        // The governor upheld a challenge: nothing can be claimed or applied from it, ever.
+        bool voided;
+        // Units of EARNED records the node declared (at most maxUnitsPerReport).
+        uint128 earnedUnits;
+        // Units claimed from it so far (never more than earnedUnits).
+        uint128 claimedUnits;
+        // IPFS CID of the full report.
+        string cid;
+    }
+
+    /// @notice The account that registers and deregisters nodes and resolves challenges (the DAO).
+    address public immutable governor;
+    /// @notice The KEEPER token (ERC-5805, timestamp clock) whose holders may challenge reports.
+    IVotes public immutable keeperToken;
+    /// @notice Length of an epoch in seconds; epoch `e` spans `[e * epochLength, (e + 1) * epochLength)`.
+    uint256 public immutable epochLength;
+    /// @notice Seconds after posting during which a report can be challenged and nothing claimed from it.
+    uint256 public immutable challengeWindow;
+    /// @notice Most units a report may declare as earned (and so most claimable from one node and epoch).
+    uint256 public immutable maxUnitsPerReport;
+    /// @notice KEEPER votes a challenger needs, read the second before the report was posted.
+    uint256 public immutable challengeThreshold;
+
+    /// @notice Whether a node may post reports and its reports may be claimed.
+    mapping(address node => bool) public registered;
+    /// @notice Credits claimed by an account, ever.
+    mapping(address account => uint256) public earned;
+    /// @notice Credits spent by an account, ever.
+    mapping(address account => uint256) public spent;
+
+    mapping(address node => mapping(uint256 epoch => Report)) private _reports;
+    mapping(bytes32 record => bool) private _settled;
+
+    event NodeRegistered(address indexed node);
+    event NodeDeregistered(address indexed node);
+    event ReportPosted(
+        address indexed node, uint256 indexed epoch, bytes32 root, uint256 treeSize, uint256 earnedUnits, string cid
+    );
+    event ReportChallenged(address indexed node, uint256 indexed epoch, address indexed challenger, string reason);
+    event ChallengeResolved(address indexed node, uint256 indexed epoch, bool upheld);
+    event CreditsClaimed(address indexed node, uint256 indexed epoch, address indexed author, uint256 units);
+    event CreditsSpent(address indexed node, uint256 indexed epoch, address indexed client, uint256 units);
+
+    /// @notice A constructor argument is out of range (its name says which).
+    error InvalidParameter(string name);
+    /// @notice Only the governor may do this.
+    error NotGovernor(address caller);
+    /// @notice The node is not registered.
+    error NodeNotRegistered(address node);
+    /// @notice The node is registered already (or, deregistering, not registered).
+    error NodeAlreadyRegistered(address node);
+    /// @notice The epoch has not ended: a report for it can be posted from `endsAt` on.
+    error EpochNotEnded(uint256 epoch, uint256 endsAt);
+    /// @notice The node posted a report for this epoch already.
+    error ReportExists(address node, uint256 epoch);
+    /// @notice The node posted no report for this epoch.
+    error ReportNotFound(address node, uint256 epoch);
+    /// @notice The report's root is zero.
+    error ZeroRoot();
+    /// @notice The report has no records.
+    error EmptyTree();
+    /// @notice The report declares more earned units than one report may.
+    error UnitsOverCap(uint256 units, uint256 cap);
+    /// @notice The report's challenge window is still open: claims start at `claimableAt`.
+    error ChallengeWindowOpen(address node, uint256 epoch, uint256 claimableAt);
+    /// @notice The report's challenge window closed at `closedAt`.
+    error ChallengeWindowClosed(address node, uint256 epoch, uint256 closedAt);
+    /// @notice The report is challenged and waits for the governor.
+    error ReportUnderChallenge(address node, uint256 epoch);
+    /// @notice The report was voided by an upheld challenge.
+    error ReportVoided(address node, uint256 epoch);
+    /// @notice The report is not challenged (nothing to resolve).
+    error ReportNotChallenged(address node, uint256 epoch);
+    /// @notice The challenger held too few KEEPER votes the second before the report was posted.
+    error InsufficientKeeperVotes(address challenger, uint256 votes, uint256 threshold);
+    /// @notice The proof does not show this record in the report.
+    error InvalidProof(address node, uint256 epoch, uint8 kind, address account, uint256 units);
+    /// @notice This record of this report was claimed (or applied) already.
+    error AlreadySettled(address node, uint256 epoch, uint8 kind, address account);
+    /// @notice Claiming `units` would take more than the report declared as earned.
+    error ClaimOverCap(address node, uint256 epoch, uint256 claimable, uint256 units);
+
+    modifier onlyGovernor() {
+        if (msg.sender != governor) {
+            revert NotGovernor(msg.sender);
+        }
+        _;
+    }
+
+    constructor(
+        address governor_,
+        IVotes keeperToken_,
+        uint256 epochLength_,
+        uint256 challengeWindow_,
+        uint256 maxUnitsPerReport_,
+        uint256 challengeThreshold_
+    ) {
+        if (governor_ == address(0)) {
+            revert InvalidParameter("governor");
+        }
+        if (address(keeperToken_).code.length == 0) {
+            revert InvalidParameter("keeperToken");
+        }
+        // Challenge thresholds are read with getPastVotes at a timestamp: the token must count in seconds.
+        try IERC6372(address(keeperToken_)).CLOCK_MODE() returns (string memory mode) {
+            if (keccak256(bytes(mode)) != keccak256("mode=timestamp")) {
+                revert InvalidParameter("keeperToken");
+            }
+        } catch {
+            revert InvalidParameter("keeperToken");
+        }
+        if (epochLength_ == 0 || epochLength_ > 365 days) {
+            revert InvalidParameter("epochLength");
+        }
+        if (challengeWindow_ == 0 || challengeWindow_ > 365 days) {
+            revert InvalidParameter("challengeWindow");
+        }
+        if (maxUnitsPerReport_ == 0 || maxUnitsPerReport_ > type(uint128).max) {
+            revert InvalidParameter("maxUnitsPerReport");
+        }
+        if (challengeThreshold_ == 0) {
+            revert InvalidParameter("challengeThreshold");
+        }
+        governor = governor_;
+        keeperToken = keeperToken_;
+        epochLength = epochLength_;
+        challengeWindow = challengeWindow_;
+        maxUnitsPerReport = maxUnitsPerReport_;
+        challengeThreshold = challengeThreshold_;
+    }
+
+    // ---- governance
+
+    /// @notice Let `node` post reports (the governor only).
+    function registerNode(address node) external onlyGovernor {
+        if (registered[node] || node == address(0)) {
+            revert NodeAlreadyRegistered(node);
+        }
+        registered[node] = true;
+        emit NodeRegistered(node);
+    }
+
+    /// @notice Stop `node` posting reports; its reports can no longer be claimed or applied (the governor only).
+    function deregisterNode(address node) external onlyGovernor {
+        if (!registered[node]) {
+            revert NodeNotRegistered(node);
+        }
+        registered[node] = false;
+        emit NodeDeregistered(node);
+    }
+
+    /// @notice Resolve a challenge: `upheld` voids the report for good, otherwise it becomes claimable.
+    function resolveChallenge(address node, uint256 epoch, bool upheld) external onlyGovernor {
+        Report storage r = _existing(node, epoch);
+        if (!r.challenged) {
+            revert ReportNotChallenged(node, epoch);
+        }
+        r.challenged = false;
+        r.voided = upheld;
+        emit ChallengeResolved(node, epoch, upheld);
+    }
+
+    // ---- reports
+
+    /**
+     * @notice Post the caller's usage report for an ended epoch.
+     * @param epoch The epoch (`block.timestamp / epochLength` while it runs).
+     * @param root RFC 9162 root over the records.
+     * @param treeSize Number of records.
+     * @param earnedUnits Sum of the units of the EARNED records (what claims may take in total).
+     * @param cid IPFS CID of the full report.
+     */
+    function postReport(uint256 epoch, bytes32 root, uint256 treeSize, uint256 earnedUnits, string calldata cid)
+        external
+    {
+        if (!registered[msg.sender]) {
+            revert NodeNotRegistered(msg.sender);
+        }
+        uint256 endsAt = (epoch + 1) * epochLength;
+        if (block.timestamp < endsAt) {
+            revert EpochNotEnded(epoch, endsAt);
+        }
+        Report storage r = _reports[msg.sender][epoch];
+        if (r.postedAt != 0) {
+            revert ReportExists(msg.sender, epoch);
+        }
+        if (root == bytes32(0)) {
+            revert ZeroRoot();
+        }
+        if (treeSize == 0 || treeSize > type(uint64).max) {
+            revert EmptyTree();
+        }
+        if (earnedUnits > maxUnitsPerReport) {
+            revert UnitsOverCap(earnedUnits, maxUnitsPerReport);
+        }
+        CIDs.check(bytes(cid), MAX_CID_LENGTH);
+        r.root = root;
+        r.treeSize = uint64(treeSize);
+        r.postedAt = uint48(block.timestamp);
+        r.earnedUnits = uint128(earnedUnits);
+        r.cid = cid;
+        emit ReportPosted(msg.sender, epoch, root, treeSize, earnedUnits, cid);
+    }
+
+    /// @notice Challenge a report within its window (a KEEPER holder); `reason` is for the governor to read.
+    function challenge(address node, uint256 epoch, string calldata reason) external {
+        Report storage r = _existing(node, epoch);
+        uint256 closedAt = uint256(r.postedAt) + challengeWindow;
+        if (block.timestamp >= closedAt) {
+            revert ChallengeWindowClosed(node, epoch, closedAt);
+        }
+        if (r.voided) {
+            revert ReportVoided(node, epoch);
+        }
+        if (r.challenged) {
+            revert ReportUnderChallenge(node, epoch);
+        }
+        // Votes the second before posting: tokens acquired after the report was posted never count.
+        uint256 votes = keeperToken.getPastVotes(msg.sender, uint256(r.postedAt) - 1);
+        if (votes < challengeThreshold) {
+            revert InsufficientKeeperVotes(msg.sender, votes, challengeThreshold);
+        }
+        r.challenged = true;
+        emit ReportChallenged(node, epoch, msg.sender, reason);
+    }
+
+    /**
+     * @notice Claim the caller's EARNED record of a report: its units become the caller's credits.
+     * @param index The record's position among the report's leaves.
+     * @param proof The RFC 9162 audit path.
+     */
+    function claim(address node, uint256 epoch, uint256 units, uint256 index, bytes32[] calldata proof)
+        external
+    {
+        Report storage r = _settle(node, epoch, EARNED, msg.sender, units, index, proof);
+        uint256 claimable = uint256(r.earnedUnits) - uint256(r.claimedUnits);
+        if (units > claimable) {
+            revert ClaimOverCap(node, epoch, claimable, units);
+        }
+        r.claimedUnits += uint128(units);
+        earned[msg.sender] += units;
+        emit CreditsClaimed(node, epoch, msg.sender, units);
+    }
+
+    /// @notice Apply a SPENT record of a report to `client`'s balance (anyone may; the node does).
+    function applySpent(
+        address node,
+        uint256 epoch,
+        address client,
+        uint256 units,
+        uint256 index,
+        bytes32[] calldata proof
+    ) external {
+        _settle(node, epoch, SPENT, client, units, index, proof);
+        spent[client] += units;
+        emit CreditsSpent(node, epoch, client, units);
+    }
+
+    // ---- views
+
+    /// @notice Credits `account` may spend: claimed minus spent, never below zero.
+    function balanceOf(address account) external view returns (uint256) {
+        uint256 e = earned[account];
+        uint256 s = spent[account];
+        return e > s ? e - s : 0;
+    }
+
+    /// @notice The report a node posted for an epoch (all zero when none).
+    function report(address node, uint256 epoch) external view returns (Report memory) {
+        return _reports[node][epoch];
+    }
+
+    /// @notice Whether a record of a report was claimed or applied.
+    function settled(address node, uint256 epoch, uint8 kind, address account) external view returns (bool) {
+        return _settled[_recordKey(node, epoch, kind, account)];
+    }
+
+    /// @notice The leaf bytes of a record.
+    function leaf(uint8 kind, address account, uint256 units) public pure returns (bytes memory) {
+        return abi.encodePacked(kind, account, units);
+    }
+
+    /// @notice The epoch a timestamp falls in.
+    function epochOf(uint256 timestamp) external view returns (uint256) {
+        return timestamp / epochLength;
+    }
+
+    // ---- internals
+
+    function _existing(address node, uint256 epoch) private view returns (Report storage r) {
+        r = _reports[node][epoch];
+        if (r.postedAt == 0) {
+            revert ReportNotFound(node, epoch);
+        }
+    }
+
+    /// @dev The checks every claim and application shares; marks the record settled.
+    function _settle(
+        address node,
+        uint256 epoch,
+        uint8 kind,
+        address account,
+        uint256 units,
+        uint256 index,
+        bytes32[] calldata proof
+    ) private returns (Report storage r) {
+        r = _existing(node, epoch);
+        if (!registered[node]) {
+            revert NodeNotRegistered(node);
+        }
+        if (r.voided) {
+            revert ReportVoided(node, epoch);
+        }
+        if (r.challenged) {
+            revert ReportUnderChallenge(node, epoch);
+        }
+        uint256 claimableAt = uint256(r.postedAt) + challengeWindow;
+        if (block.timestamp < claimableAt) {
+            revert ChallengeWindowOpen(node, epoch, claimableAt);
+        }
+        bytes32 key = _recordKey(node, epoch, kind, account);
+        if (_settled[key]) {
+            revert AlreadySettled(node, epoch, kind, account);
+        }
+        if (!RFC9162.verify(RFC9162.leafHash(leaf(kind, account, units)), index, r.treeSize, proof, r.root)) {
+            revert InvalidProof(node, epoch, kind, account, units);
+        }
+        _settled[key] = true;
+    }
+
+    function _recordKey(address node, uint256 epoch, uint8 kind, address account) private pure returns (bytes32) {
+        return keccak256(abi.encode(node, epoch, kind, account));
+    }
+}

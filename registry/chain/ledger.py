@@ -1,0 +1,149 @@
+"""Typed client of the UsageLedger: node registration, usage reports, challenges, claims and balances.
+
+A report's records are leaves `kind (1 byte) || account (20 bytes) || units (32 bytes, big-endian)`:
+kind 0 an author's earned units, kind 1 a client's spent credits (see contracts/src/UsageLedger.sol).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from eth_typing import ChecksumAddress
+from web3 import Web3
+
+from zoo.registry.chain.client import _ContractClient
+from zoo.registry.chain.ids import to_bytes32
+from zoo.registry.chain.sender import TxResult
+
+EARNED, SPENT = 0, 1
+
+
+def record_leaf(kind: int, account: str, units: int) -> bytes:
+    """The leaf bytes of one report record (what the contract's leaf() returns)."""
+    if kind not in (EARNED, SPENT):
+        raise ValueError(f"record kind must be {EARNED} (earned) or {SPENT} (spent), got {kind}")
+    if not 0 <= units < 2**256:
+        raise ValueError(f"units must fit in uint256, got {units}")
+    return bytes([kind]) + bytes.fromhex(Web3.to_checksum_address(account)[2:]) + units.to_bytes(32, "big")
+
+
+@dataclass(frozen=True)
+class UsageReport:
+    """A report as the ledger stores it."""
+
+    node: ChecksumAddress
+    epoch: int
+    root: bytes
+    tree_size: int
+    posted_at: int
+    challenged: bool
+    voided: bool
+    earned_units: int
+    claimed_units: int
+    cid: str
+
+
+@dataclass(frozen=True)
+class LedgerParams:
+    governor: ChecksumAddress
+    keeper_token: ChecksumAddress
+    epoch_length: int
+    challenge_window: int
+    max_units_per_report: int
+    challenge_threshold: int
+
+
+class LedgerClient(_ContractClient):
+    """UsageLedger: registration (the governor), reports (nodes), challenges, claims and balances."""
+
+    _artifact_name = "UsageLedger"
+
+    # ---- transactions
+
+    def register_node(self, node: str) -> TxResult:
+        return self._transact("registerNode", Web3.to_checksum_address(node))
+
+    def deregister_node(self, node: str) -> TxResult:
+        return self._transact("deregisterNode", Web3.to_checksum_address(node))
+
+    def resolve_challenge(self, node: str, epoch: int, upheld: bool) -> TxResult:
+        return self._transact("resolveChallenge", Web3.to_checksum_address(node), int(epoch), bool(upheld))
+
+    def post_report(
+        self, epoch: int, root: bytes | str, *, tree_size: int, earned_units: int, cid: str
+    ) -> TxResult:
+        return self._transact(
+            "postReport", int(epoch), to_bytes32(root), int(tree_size), int(earned_units), cid
+        )
+
+    def challenge(self, node: str, epoch: int, reason: str) -> TxResult:
+        return self._transact("challenge", Web3.to_checksum_address(node), int(epoch), reason)
+
+    def claim(self, node: str, epoch: int, units: int, index: int, proof: Sequence[bytes]) -> TxResult:
+        return self._transact(
+            "claim", Web3.to_checksum_address(node), int(epoch), int(units), int(index), list(proof)
+        )
+
+    def apply_spent(
+        self, node: str, epoch: int, client: str, units: int, index: int, proof: Sequence[bytes]
+    ) -> TxResult:
+        return self._transact(
+            "applySpent",
+            Web3.to_checksum_address(node),
+            int(epoch),
+            Web3.to_checksum_address(client),
+            int(units),
+            int(index),
+            list(proof),
+        )
+
+    # ---- reads
+
+    def params(self) -> LedgerParams:
+        return LedgerParams(
+            Web3.to_checksum_address(self._call("governor")),
+            Web3.to_checksum_address(self._call("keeperToken")),
+            int(self._call("epochLength")),
+            int(self._call("challengeWindow")),
+            int(self._call("maxUnitsPerReport")),
+            int(self._call("challengeThreshold")),
+        )
+
+    def is_registered(self, node: str) -> bool:
+        return bool(self._call("registered", Web3.to_checksum_address(node)))
+
+    def balance(self, account: str) -> int:
+        """Credits `account` may spend (claimed minus spent, never below zero)."""
+        return int(self._call("balanceOf", Web3.to_checksum_address(account)))
+
+    def earned(self, account: str) -> int:
+        return int(self._call("earned", Web3.to_checksum_address(account)))
+
+    def spent(self, account: str) -> int:
+        return int(self._call("spent", Web3.to_checksum_address(account)))
+
+    def report(self, node: str, epoch: int) -> UsageReport | None:
+        """The report `node` posted for `epoch`, or None."""
+        r = self._call("report", Web3.to_checksum_address(node), int(epoch))
+        root, tree_size, posted_at, challenged, voided, earned_units, claimed_units, cid = r
+        if posted_at == 0:
+            return None
+        return UsageReport(
+            Web3.to_checksum_address(node), int(epoch), bytes(root), int(tree_size), int(posted_at),
+            bool(challenged), bool(voided), int(earned_units), int(claimed_units), str(cid),
+        )  # fmt: skip
+
+    def settled(self, node: str, epoch: int, kind: int, account: str) -> bool:
+        return bool(
+            self._call(
+                "settled",
+                Web3.to_checksum_address(node),
+                int(epoch),
+                int(kind),
+                Web3.to_checksum_address(account),
+            )
+        )
+
+    def leaf(self, kind: int, account: str, units: int) -> bytes:
+        return bytes(self._call("leaf", int(kind), Web3.to_checksum_address(account), int(units)))
