@@ -52,6 +52,8 @@ class DevnetSettings:
     quorum: int = 2 * 10**12  # quadratic weight: two full dev accounts
     voter_registry: str = "none"  # "allowlist": only the (checkpointed) allowlisted dev accounts vote
     chain_id: int = 31337
+    epoch_s: int = 86_400  # the UsageLedger's epoch (credits.epoch_s)
+    challenge_window_s: int = 300  # how long a usage report can be challenged before claims open
     anvil_port: int = 0
     ipfs_api_port: int = 0
 
@@ -68,6 +70,7 @@ class DevnetInfo:
     settings: dict[str, int]
     genesis: dict[str, Any] = field(default_factory=dict)
     voter_registry_address: str = ""
+    ledger_address: str = ""  # the UsageLedger; its governor is dev0, the devnet's stand-in for the DAO
     contracts_key: str = ""  # the compiled sources' hash (zoo.contracts.build) the chain was deployed from
     deploy_block: int = 0
     started_at: float = 0.0
@@ -324,6 +327,7 @@ class Devnet:
         for name, address in (
             ("KeeperToken", info.token_address),
             ("ExperienceRegistry", info.registry_address),
+            ("UsageLedger", info.ledger_address),
         ):
             if len(w3.eth.get_code(address)) == 0:
                 raise DevnetError(
@@ -338,6 +342,8 @@ class Devnet:
             "grace_period_s",
             "quorum",
             "proposal_threshold",
+            "epoch_s",
+            "challenge_window_s",
         )
         changed = [k for k in (*deployed_with, "voter_registry") if info.settings.get(k) != wanted[k]]
         if changed:
@@ -371,7 +377,7 @@ class Devnet:
             time.sleep(0.02)
 
     def _deploy(self, w3: Any, info: DevnetInfo, artifacts: Any) -> None:
-        from zoo.registry.chain import deploy_allowlist, deploy_registry, deploy_token
+        from zoo.registry.chain import deploy_allowlist, deploy_ledger, deploy_registry, deploy_token
         from zoo.registry.keys import dev_account
 
         s = self.settings
@@ -393,6 +399,15 @@ class Devnet:
             proposal_threshold=s.proposal_threshold,
             quorum=s.quorum,
             voter_registry=info.voter_registry_address or None,
+            artifacts=artifacts,
+        )
+        info.ledger_address = deploy_ledger(
+            w3,
+            deployer,
+            governor=deployer.address,
+            keeper_token=info.token_address,
+            epoch_length=s.epoch_s,
+            challenge_window=s.challenge_window_s,
             artifacts=artifacts,
         )
         info.deploy_block = int(w3.eth.block_number)

@@ -2,9 +2,10 @@
 model's batch), at most `max_queued` wait, and none waits longer than `max_wait_s`.
 
 Waiting requests are in two queues, each in arrival order: signed credit holders' (node.credits) and
-everyone else's. A freed slot goes to the oldest credit holder first, so under load a holder waits only
-for the requests already running and the holders before it; each queue holds at most `max_queued`, so a
-flood of anonymous requests that fills its queue never keeps a holder out.
+everyone else's. A freed slot goes to the oldest credit holder first, and `reserved` slots only ever run
+holders' requests, so under load a holder waits only for the holders before it, not for a slot to free;
+each queue holds at most `max_queued`, so a flood of anonymous requests that fills its queue never keeps
+a holder out.
 
 A request beyond its queue, or one whose wait runs out, is refused with Overloaded (RESOURCE_EXHAUSTED,
 HTTP 429) and a message saying which limit it hit. What a waiting request holds is its parsed request
@@ -44,16 +45,20 @@ class Admission:
         max_queued: int,
         max_wait_s: float,
         on_wait: Callable[[float], None] | None = None,
+        reserved: int = 0,
     ) -> None:
+        if not 0 <= reserved < slots:
+            raise ValueError(f"reserved slots must be from 0 to slots - 1 ({slots - 1}), got {reserved}")
         self.slots = slots
+        self.reserved = reserved
         self.max_queued = max_queued
         self.max_wait_s = max_wait_s
         self.on_wait = on_wait  # called with each admitted request's wait in seconds (a metrics histogram)
-        self._free = slots
         # Written by hand rather than two asyncio.Semaphores: a freed slot must go to the first waiter of
-        # the first non-empty queue, which no pair of semaphores can decide.
+        # the first queue that may use it, which no pair of semaphores can decide.
         self._queues: tuple[deque[asyncio.Future[None]], deque[asyncio.Future[None]]] = (deque(), deque())
         self.running = 0
+        self._running_anonymous = 0
         self.admitted = 0
         self.priority_admitted = 0
         self.queued_then_admitted = 0
@@ -84,23 +89,36 @@ class Admission:
         """Hold a running slot for the body; yields the time waited in milliseconds. `priority`: the
         request is a credit holder's, served before every other waiting request."""
         start = time.perf_counter()
-        if self._free > 0 and not self.waiting:
-            self._free -= 1
+        ahead = self._queues[0] if priority else self.waiting
+        if self._may_run(priority) and not ahead:
+            self._start(priority)
         else:
-            await self._wait(self._queues[0 if priority else 1], priority)
+            await self._wait(self._queues[0 if priority else 1], priority)  # started when granted
             self.queued_then_admitted += 1
         waited = time.perf_counter() - start
         self.admitted += 1
         self.priority_admitted += priority
         self._waited_s += waited
-        self.running += 1
         if self.on_wait is not None:
             self.on_wait(waited)
         try:
             yield waited * 1000
         finally:
-            self.running -= 1
-            self._release()
+            self._finish(priority)
+
+    def _may_run(self, priority: bool) -> bool:
+        if self.running >= self.slots:
+            return False
+        return priority or self._running_anonymous < self.slots - self.reserved
+
+    def _start(self, priority: bool) -> None:
+        self.running += 1
+        self._running_anonymous += not priority
+
+    def _finish(self, priority: bool) -> None:
+        self.running -= 1
+        self._running_anonymous -= not priority
+        self._dispatch()
 
     async def _wait(self, queue: deque[asyncio.Future[None]], priority: bool) -> None:
         if len(queue) >= self.max_queued:
@@ -117,7 +135,7 @@ class Admission:
                 await asyncio.shield(granted)
         except BaseException as e:
             if granted.done():  # the slot was handed over just as the wait ended: pass it on
-                self._release()
+                self._finish(priority)
             else:
                 granted.cancel()
                 queue.remove(granted)
@@ -129,12 +147,12 @@ class Admission:
                 ) from None
             raise
 
-    def _release(self) -> None:
-        """A slot is free: hand it to the first waiter, credit holders first, or keep it."""
-        for queue in self._queues:
-            while queue:
+    def _dispatch(self) -> None:
+        """Start waiters while slots allow: credit holders first, then anonymous requests (which never
+        take the reserved slots)."""
+        for priority, queue in zip((True, False), self._queues, strict=True):
+            while queue and self._may_run(priority):
                 waiter = queue.popleft()
                 if not waiter.done():
+                    self._start(priority)  # counted now, so the next waiter sees the slot taken
                     waiter.set_result(None)
-                    return
-        self._free += 1

@@ -55,7 +55,10 @@ def report(
             "answered": answered,
             "units": units,
             "authors": [{"author": a.author, "units": a.units, "requests": a.requests} for a in authors],
-            "clients": [{"client": c.author, "units": c.units, "requests": c.requests} for c in clients],
+            "clients": [
+                {"client": c.client, "units": c.units, "requests": c.requests, "spent": c.spent}
+                for c in clients
+            ],
         }
         out.print_json(json.dumps(doc))
         return
@@ -67,9 +70,9 @@ def report(
         table.add_row(escape(a.author), str(a.units), str(a.requests), f"{100 * a.units / credited:.1f}%")
     out.print(table)
     if clients:
-        signed = Table("signed client", "units", "requests")
+        signed = Table("signed client", "units", "requests", "credits spent")
         for c in clients:
-            signed.add_row(c.author, str(c.units), str(c.requests))
+            signed.add_row(c.client, str(c.units), str(c.requests), str(c.spent))
         out.print(signed)
     if epochs and which not in epochs:
         out.print(f"epochs with usage: {', '.join(map(str, epochs[-10:]))}")

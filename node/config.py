@@ -149,6 +149,8 @@ class ChainConfig(_Section):
     """JSON-RPC endpoint of an EVM chain (external mode)."""
     registry_address: str | None = None
     """ExperienceRegistry contract address (external mode)."""
+    ledger_address: str | None = None
+    """UsageLedger contract address (external mode; optional): credit balances and usage settlement."""
     probe_interval_s: float = Field(5.0, gt=0, le=3600)
     """How often the chain's health is probed."""
     confirmations: int = Field(0, ge=0, le=1000)
@@ -159,7 +161,7 @@ class ChainConfig(_Section):
     from_block: int = Field(0, ge=0)
     """First block to read registry events from (its deployment block; public RPCs limit log ranges)."""
 
-    @field_validator("registry_address")
+    @field_validator("registry_address", "ledger_address")
     @classmethod
     def _address(cls, v: str | None) -> str | None:
         if v is not None and not re.fullmatch(r"0x[0-9a-fA-F]{40}", v):
@@ -183,6 +185,8 @@ class DevnetConfig(_Section):
     voter_registry: Literal["none", "allowlist"] = "none"
     """`allowlist`: deploy the checkpointed AllowlistVoterRegistry (dev0 owns it, every dev account is
     registered) so only registered addresses vote; `none`: every KEEPER holder votes."""
+    challenge_window_s: int = Field(300, ge=1, le=365 * 24 * 3600)
+    """How long a usage report on the devnet's UsageLedger can be challenged before credits are claimable."""
     anvil_port: int = Field(0, ge=0, le=65535)
     """Port of the devnet chain's JSON-RPC (0 = any free port)."""
     ipfs_api_port: int = Field(0, ge=0, le=65535)
@@ -299,7 +303,15 @@ class CreditsConfig(_Section):
     """Signed requests remembered (against replay) at once; beyond, signed requests are refused as
     overloaded until older ones expire (max_clock_skew_s after they were signed)."""
     epoch_s: int = Field(86_400, ge=1, le=365 * 86_400)
-    """Length of a metering epoch in seconds: usage is totalled, reported and settled per epoch."""
+    """Length of a metering epoch in seconds: usage is totalled, reported and settled per epoch. With a
+    UsageLedger, the ledger's epoch length is used (a node must meter the epochs it settles)."""
+    price_per_token: float = Field(1.0, gt=0, le=1e12)
+    """Credits a credit holder's answer costs per token (prompt and completion), up to what it holds."""
+    reserved_slots: int = Field(1, ge=0, le=1024)
+    """Slots of the model's batch that only credit holders' requests use (at most max_batch_size - 1;
+    only with a UsageLedger), so a holder under load does not wait for a slot to free."""
+    balance_ttl_s: float = Field(5.0, gt=0, le=3600)
+    """How long a credit balance read from the chain is trusted before it is read again."""
 
 
 class P2PConfig(_Section):

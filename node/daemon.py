@@ -21,6 +21,7 @@ from zoo.node.api.endpoints import ApiDeps, embedder_model_id
 from zoo.node.api.server import HttpServer, start_http_api
 from zoo.node.components import Component, DisabledComponent, Supervisor
 from zoo.node.config import NodeConfig, parse_listen
+from zoo.node.credits.book import CreditBook
 from zoo.node.credits.identity import Identify
 from zoo.node.credits.meter import Served, UsageMeter
 from zoo.node.credits.verifier import RequestVerifier
@@ -77,6 +78,8 @@ class Wiring:
 
     rpc_url: str | None = None
     registry_address: str | None = None
+    ledger_address: str | None = None  # the UsageLedger, when the chain has one
+    epoch_s: int | None = None  # the ledger's epoch length, when known without asking the chain
     ipfs_api: str | None = None
     from_block: int = 0
     devnet: Any = None  # the Devnet this node started (and stops on exit), if any
@@ -91,6 +94,8 @@ def devnet_settings(cfg: NodeConfig) -> Any:
         execution_delay_s=d.execution_delay_s,
         grace_period_s=d.grace_period_s,
         voter_registry=d.voter_registry,
+        epoch_s=cfg.credits.epoch_s,
+        challenge_window_s=d.challenge_window_s,
         anvil_port=d.anvil_port,
         ipfs_api_port=d.ipfs_api_port,
     )
@@ -109,6 +114,7 @@ def wire(cfg: NodeConfig) -> Wiring:
             cfg.chain.registry_address,
             cfg.chain.from_block,
         )
+        w.ledger_address = cfg.chain.ledger_address
     elif cfg.chain.mode == "devnet":
         from zoo.devnet.manager import Devnet, DevnetError
 
@@ -126,6 +132,8 @@ def wire(cfg: NodeConfig) -> Wiring:
             ipfs=info.ipfs_api,
         )
         w.rpc_url, w.registry_address, w.from_block = info.rpc_url, info.registry_address, info.deploy_block
+        w.ledger_address = info.ledger_address or None
+        w.epoch_s = int(info.settings.get("epoch_s", cfg.credits.epoch_s))
         w.ipfs_api = cfg.ipfs.api_url or info.ipfs_api
         w.devnet = None if reused else devnet
     return w
@@ -222,7 +230,13 @@ def model_id(cfg: NodeConfig, path: Path | None) -> str:
     return model_id_for(path) if path is not None else "unknown"
 
 
-def build_engine(cfg: NodeConfig, supervisor: Supervisor, meter: UsageMeter, metrics: NodeMetrics) -> Any:
+def build_engine(
+    cfg: NodeConfig,
+    supervisor: Supervisor,
+    meter: UsageMeter,
+    metrics: NodeMetrics,
+    credits: CreditBook | None,
+) -> Any:
     """A provider of the inference engine: None until the model has loaded."""
     from zoo.inference.engine import InferenceEngine
 
@@ -235,7 +249,9 @@ def build_engine(cfg: NodeConfig, supervisor: Supervisor, meter: UsageMeter, met
 
     async def on_answered(outcome: Any, params: Any) -> None:
         served = [Served(e.id, e.author, e.cited) for e in outcome.experiences]
-        usage = meter.usage_of(outcome.prompt_tokens + outcome.completion_tokens, served, params.client)
+        tokens = outcome.prompt_tokens + outcome.completion_tokens
+        spent = credits.charge(params.client, tokens) if credits is not None else 0
+        usage = meter.usage_of(tokens, served, params.client, spent)
         try:
             await meter.record(usage)  # on disk before the answer goes out
         except sqlite3.Error as e:  # a full disk, say: the node keeps answering; the log says what was lost
@@ -388,7 +404,8 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
     )
     library = supervisor.components["library"]
     assert isinstance(library, LibraryComponent)
-    meter = UsageMeter(data_dir.path / "usage.sqlite", cfg.credits.epoch_s)
+    meter = UsageMeter(data_dir.path / "usage.sqlite", wiring.epoch_s or cfg.credits.epoch_s)
+    credits = _credit_book(cfg, wiring, meter)
     node_address = data_dir.node_address()
     identify = Identify(
         RequestVerifier(
@@ -403,12 +420,15 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
     servicer.node_address = node_address
     servicer.allows_anonymous = cfg.credits.allow_anonymous
     inf = cfg.inference
-    admission = Admission(inf.max_batch_size, inf.max_queued, inf.max_wait_s, metrics.queue_wait.observe)
+    reserved = min(cfg.credits.reserved_slots, inf.max_batch_size - 1) if credits is not None else 0
+    admission = Admission(
+        inf.max_batch_size, inf.max_queued, inf.max_wait_s, metrics.queue_wait.observe, reserved=reserved
+    )
     model = supervisor.components["model"]
     assert isinstance(model, ModelComponent)
     servicer.serving = lambda: serving_stats(admission, lambda: model.backend)
     metrics.watch_serving(servicer.serving)
-    engine = build_engine(cfg, supervisor, meter, metrics)
+    engine = build_engine(cfg, supervisor, meter, metrics, credits)
     router = _router(cfg, supervisor)
     servicers: list[Any] = [
         (node_pb2_grpc.add_NodeServiceServicer_to_server, servicer),
@@ -426,6 +446,7 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
                 adapters=AdapterDirectory(cfg.adapters_dir).names,
                 router=router,
                 peer_id=lambda: getattr(supervisor.components["p2p"], "peer_id", ""),
+                credits=credits,
             ),
         ),
     ]
@@ -450,6 +471,7 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
         adapters=AdapterDirectory(cfg.adapters_dir),
         router=router,
         identify=identify,
+        credits=credits,
     )
     http = await _start_http(cfg, metrics, deps)
     http_url = http.address if http is not None else ""
@@ -530,6 +552,33 @@ def _advertised(cfg: NodeConfig, host: str, port: int) -> str:
     if cfg.p2p.advertise_grpc:
         return cfg.p2p.advertise_grpc
     return "" if host.strip("[]") in ("0.0.0.0", "::", "") else f"{host}:{port}"
+
+
+def _credit_book(cfg: NodeConfig, wiring: Wiring, meter: UsageMeter) -> CreditBook | None:
+    """Credit balances from the UsageLedger, when the chain has one (read in worker threads: web3 is
+    imported at the first signed request, not before the port opens)."""
+    if not (wiring.rpc_url and wiring.ledger_address):
+        return None
+    rpc_url, address = wiring.rpc_url, wiring.ledger_address
+    ledger: list[Any] = []
+
+    def balance_of(client: str) -> int:
+        if not ledger:
+            from web3 import Web3
+
+            from zoo.registry.chain import LedgerClient
+
+            ledger.append(
+                LedgerClient(Web3(Web3.HTTPProvider(rpc_url, request_kwargs={"timeout": 5})), address)
+            )
+        return ledger[0].balance(client)
+
+    return CreditBook(
+        balance_of,
+        spent_unsettled=meter.spent_unsettled,
+        price_per_token=cfg.credits.price_per_token,
+        ttl_s=cfg.credits.balance_ttl_s,
+    )
 
 
 def _router(cfg: NodeConfig, supervisor: Supervisor) -> Any:

@@ -22,6 +22,7 @@ from zoo.inference.engine import InferenceEngine, InferOutcome, InferParams, Use
 from zoo.inference.structured import parse_response_format
 from zoo.node.admission import Admission
 from zoo.node.config import InferenceConfig
+from zoo.node.credits.book import CreditBook
 from zoo.node.credits.identity import CLIENT
 from zoo.registry.errors import NotFound, ValidationError
 from zoo.registry.experience import DOMAIN_RE
@@ -53,6 +54,8 @@ def serving_stats(admission: Admission, backend: Callable[[], Any]) -> node_pb2.
         mean_wait_ms=a.mean_wait_ms,
         decode_steps=b.steps if b else 0,
         decoded_tokens=b.tokens if b else 0,
+        credit_holders_admitted=a.priority_admitted,
+        reserved_slots=admission.reserved,
     )
 
 
@@ -272,8 +275,10 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         adapters: Callable[[], list[str]] = list,
         router: Any = None,
         peer_id: Callable[[], str] = str,
+        credits: CreditBook | None = None,
     ) -> None:
         self._engine = engine
+        self.credits = credits  # credit holders wait ahead of everyone (node.credits); None: no ledger
         self.cfg = cfg
         self.admission = admission
         self.base_model = base_model
@@ -312,6 +317,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
             )
         return params, True
 
+    async def _priority(self, params: InferParams) -> bool:
+        return self.credits is not None and await self.credits.is_holder(params.client)
+
     async def _peer_refused(self, context: Any, e: Exception) -> None:
         await context.abort(e.code, str(e))  # type: ignore[attr-defined]
 
@@ -325,7 +333,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
             except PeerRefused as e:
                 await self._peer_refused(context, e)
         engine = self.engine()
-        async with self.admission.slot() as queue_ms:
+        async with self.admission.slot(await self._priority(params)) as queue_ms:
             outcome = None
             async for item in engine.stream(params):
                 if isinstance(item, InferOutcome):
@@ -349,7 +357,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                 await self._peer_refused(context, e)
             return
         engine = self.engine()
-        async with self.admission.slot() as queue_ms:
+        async with self.admission.slot(await self._priority(params)) as queue_ms:
             async for item in engine.stream(params):
                 if isinstance(item, InferOutcome):
                     final = outcome_to_proto(item, queue_ms)

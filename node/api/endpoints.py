@@ -46,6 +46,7 @@ from zoo.node.api.schemas import (
     response_format,
 )
 from zoo.node.config import InferenceConfig
+from zoo.node.credits.book import CreditBook
 from zoo.node.credits.identity import Identify
 from zoo.node.credits.signing import HEADER, SignatureError
 from zoo.node.credits.verifier import TooManyNonces
@@ -84,6 +85,7 @@ class ApiDeps:
     adapters: AdapterDirectory | None = None  # named LoRA adapters, served as models of their own
     router: Any = None  # a p2p Router: models this node does not serve are answered by a peer
     identify: Identify | None = None  # signed requests (node.credits); None: every client is anonymous
+    credits: CreditBook | None = None  # credit holders wait ahead of everyone; None: no ledger
 
 
 class OpenAIApi:
@@ -212,8 +214,10 @@ class OpenAIApi:
                     yield 0.0, Chunk(delta=chunk.delta)
             return
         engine = self._engine()
+        credits = self.deps.credits
+        priority = credits is not None and await credits.is_holder(params.client)
         async with (
-            self.deps.admission.slot() as queue_ms,
+            self.deps.admission.slot(priority) as queue_ms,
             contextlib.aclosing(engine.stream(params)) as items,
         ):
             async for item in items:

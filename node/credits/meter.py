@@ -43,7 +43,8 @@ CREATE TABLE IF NOT EXISTS requests (
     epoch INTEGER PRIMARY KEY, answered INTEGER NOT NULL, units INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS clients (
     epoch INTEGER NOT NULL, client TEXT NOT NULL, units INTEGER NOT NULL, requests INTEGER NOT NULL,
-    PRIMARY KEY (epoch, client)) WITHOUT ROWID;
+    spent INTEGER NOT NULL, PRIMARY KEY (epoch, client)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS settled (epoch INTEGER PRIMARY KEY, at REAL NOT NULL);
 """
 
 
@@ -65,15 +66,26 @@ class Usage:
     shares: dict[str, int]  # author -> units; sums to `units` when any experience is credited
     served: tuple[Served, ...]
     client: str = ""  # the signer of the request; "" when anonymous
+    spent: int = 0  # credits the answer cost the client (a credit holder; see book.py)
 
 
 @dataclass(frozen=True)
 class AuthorUsage:
-    """An author's (or a signed client's) units and requests in one epoch."""
+    """An author's units and requests in one epoch."""
 
     author: str
     units: int
     requests: int
+
+
+@dataclass(frozen=True)
+class ClientUsage:
+    """A signed client's units (tokens answered), requests and credits spent in one epoch."""
+
+    client: str
+    units: int
+    requests: int
+    spent: int
 
 
 def shares_of(units: int, served: Sequence[Served]) -> dict[str, int]:
@@ -144,8 +156,8 @@ class UsageMeter:
     def epoch_of(self, t: float | None = None) -> int:
         return int((self._clock() if t is None else t) // self.epoch_s)
 
-    def usage_of(self, units: int, served: Sequence[Served], client: str = "") -> Usage:
-        return Usage(self.epoch_of(), max(units, 0), shares_of(units, served), tuple(served), client)
+    def usage_of(self, units: int, served: Sequence[Served], client: str = "", spent: int = 0) -> Usage:
+        return Usage(self.epoch_of(), max(units, 0), shares_of(units, served), tuple(served), client, spent)
 
     def submit(self, usage: Usage) -> concurrent.futures.Future[None]:
         """Queue one request's usage; the future resolves once it is committed (or fails with the error)."""
@@ -194,12 +206,14 @@ class UsageMeter:
         units: Counter[int] = Counter()
         client_units: Counter[tuple[int, str]] = Counter()
         client_requests: Counter[tuple[int, str]] = Counter()
+        client_spent: Counter[tuple[int, str]] = Counter()
         for u in batch:
             answered[u.epoch] += 1
             units[u.epoch] += u.units
             if u.client:
                 client_units[u.epoch, u.client] += u.units
                 client_requests[u.epoch, u.client] += 1
+                client_spent[u.epoch, u.client] += u.spent
             for author, n in u.shares.items():
                 authors[u.epoch, author] += n
                 author_requests[u.epoch, author] += 1
@@ -225,9 +239,10 @@ class UsageMeter:
                 [(e, n, units[e]) for e, n in answered.items()],
             )
             db.executemany(
-                "INSERT INTO clients VALUES (?, ?, ?, ?) ON CONFLICT (epoch, client) DO UPDATE SET "
-                "units = units + excluded.units, requests = requests + excluded.requests",
-                [(e, c, n, client_requests[e, c]) for (e, c), n in client_units.items()],
+                "INSERT INTO clients VALUES (?, ?, ?, ?, ?) ON CONFLICT (epoch, client) DO UPDATE SET "
+                "units = units + excluded.units, requests = requests + excluded.requests, "
+                "spent = spent + excluded.spent",
+                [(e, c, n, client_requests[e, c], client_spent[e, c]) for (e, c), n in client_units.items()],
             )
             db.execute("COMMIT")
         except BaseException:
@@ -245,14 +260,38 @@ class UsageMeter:
             ).fetchall()
         return [AuthorUsage(*r) for r in rows]
 
-    def by_client(self, epoch: int) -> list[AuthorUsage]:
-        """Each signed client's units (tokens answered) and requests in one epoch, most units first."""
+    def by_client(self, epoch: int) -> list[ClientUsage]:
+        """Each signed client's units (tokens answered), requests and credits spent in one epoch."""
         with self._read_lock:
             rows = self._db.execute(
-                "SELECT client, units, requests FROM clients WHERE epoch = ? ORDER BY units DESC, client",
+                "SELECT client, units, requests, spent FROM clients WHERE epoch = ? "
+                "ORDER BY units DESC, client",
                 (epoch,),
             ).fetchall()
-        return [AuthorUsage(*r) for r in rows]
+        return [ClientUsage(*r) for r in rows]
+
+    def spent_by_client(self, epoch: int) -> dict[str, int]:
+        """Credits each client spent in one epoch (those that spent any)."""
+        with self._read_lock:
+            rows = self._db.execute(
+                "SELECT client, spent FROM clients WHERE epoch = ? AND spent > 0", (epoch,)
+            ).fetchall()
+        return dict(rows)
+
+    def spent_unsettled(self, client: str) -> int:
+        """Credits `client` spent here in epochs whose report the ledger has not applied yet."""
+        with self._read_lock:
+            (total,) = self._db.execute(
+                "SELECT COALESCE(SUM(spent), 0) FROM clients WHERE client = ? "
+                "AND epoch NOT IN (SELECT epoch FROM settled)",
+                (client,),
+            ).fetchone()
+        return int(total)
+
+    def mark_settled(self, epoch: int) -> None:
+        """Record that the ledger applied this epoch's spends (settlement calls it)."""
+        with self._read_lock:
+            self._db.execute("INSERT OR IGNORE INTO settled VALUES (?, ?)", (epoch, self._clock()))
 
     def answered(self, epoch: int) -> tuple[int, int]:
         """Requests answered and their units in one epoch."""

@@ -112,3 +112,23 @@ def test_a_slot_handed_to_a_waiter_that_just_gave_up_is_passed_on() -> None:
         assert order == ["staying"] and admission.running == 0 and admission.waiting == 0
 
     asyncio.run(main())
+
+
+def test_reserved_slots_run_only_credit_holders() -> None:
+    async def main() -> None:
+        admission = Admission(slots=2, max_queued=5, max_wait_s=10, reserved=1)
+        release = asyncio.Event()
+        order: list[str] = []
+        anonymous = [asyncio.create_task(hold(admission, f"anon-{i}", order, release)) for i in range(2)]
+        await asyncio.sleep(0.01)
+        assert admission.running == 1 and admission.waiting == 1  # the second slot is the holders'
+        holder = asyncio.create_task(hold(admission, "holder", order, release, priority=True))
+        await asyncio.sleep(0.01)
+        assert order == ["anon-0", "holder"] and admission.running == 2
+        release.set()
+        await asyncio.gather(*anonymous, holder)
+        assert order == ["anon-0", "holder", "anon-1"] and admission.running == 0
+
+    asyncio.run(main())
+    with pytest.raises(ValueError, match="from 0 to slots - 1"):
+        Admission(slots=2, max_queued=1, max_wait_s=1, reserved=2)

@@ -4,6 +4,7 @@ The node-level paths (gRPC metadata, HTTP header, usage of real answers) are in 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import signal
@@ -209,7 +210,9 @@ def test_the_meter_totals_concurrent_requests_exactly(tmp_path: Path) -> None:
     assert meter.answered(100) == (400, 4000) and meter.answered(101) == (1, 3)
     assert meter.epochs() == [100, 101]
     assert meter.experience_counts() == {"exp-1": 401, "exp-2": 401}
-    assert [(c.author, c.units, c.requests) for c in meter.by_client(100)] == [("0x" + "c" * 40, 4000, 400)]
+    assert [(c.client, c.units, c.requests, c.spent) for c in meter.by_client(100)] == [
+        ("0x" + "c" * 40, 4000, 400, 0)
+    ]
     assert meter.by_client(101) == []  # anonymous
     meter.close()
     reopened = UsageMeter(tmp_path / "usage.sqlite", epoch_s=86_400, clock=clock)
@@ -305,3 +308,38 @@ def test_a_node_serving_signed_requests_only_refuses_unsigned_ones(signed_only: 
     with httpx.Client(auth=SignedAuth(CLIENT, status.node_address), timeout=30) as http:
         r = http.post(f"{base}/v1/embeddings", json={"model": "x", "input": "hi"})
     assert r.status_code != 401, r.text
+
+
+def test_the_credit_book_caches_balances_and_charges_at_most_what_is_held() -> None:
+    from zoo.node.credits.book import CreditBook
+
+    reads: list[str] = []
+    balances = {CLIENT.address: 100}
+    now = [0.0]
+
+    def balance_of(client: str) -> int:
+        reads.append(client)
+        return balances.get(client, 0)
+
+    book = CreditBook(
+        balance_of, spent_unsettled=lambda c: 30, price_per_token=1.5, ttl_s=5, clock=lambda: now[0]
+    )
+
+    async def main() -> None:
+        assert await book.available(CLIENT.address) == 70  # 100 on chain, 30 spent here not yet settled
+        assert await book.is_holder(CLIENT.address) and not await book.is_holder("")
+        assert book.charge(CLIENT.address, 10) == 15 and book.charge(CLIENT.address, 100) == 55
+        assert book.charge(CLIENT.address, 5) == 0 and not await book.is_holder(CLIENT.address)
+        assert book.charge("", 10) == 0 and book.charge(NODE, 10) == 0  # unknown: holds nothing
+        assert reads == [CLIENT.address]  # cached
+        now[0] += 6
+        balances[CLIENT.address] = 500
+        assert await book.available(CLIENT.address) == 470 and len(reads) == 2
+
+        def broken(_client: str) -> int:
+            raise ConnectionError("chain down")
+
+        failing = CreditBook(broken)
+        assert await failing.available(CLIENT.address) == 0  # served, without priority
+
+    asyncio.run(main())

@@ -409,7 +409,7 @@ def test_signed_answers_are_metered_for_their_authors_and_client(node: NodeProce
     assert set(earned) <= {"job:devnet-genesis", "job:test"} and tokens > 0
     assert sum(earned.values()) >= tokens and after["answered"] > before["answered"]
     clients = {c["client"]: c for c in after["clients"]}
-    assert clients[account.address] == {"client": account.address, "units": tokens, "requests": 1}
+    assert clients[account.address] == {"client": account.address, "units": tokens, "requests": 1, "spent": 0}
     assert replayed.node_address.startswith("0x") and replayed.allows_anonymous
 
 
@@ -436,3 +436,24 @@ def test_a_replayed_or_forged_signature_is_unauthenticated(node: NodeProcess) ->
     metrics = httpx.get(node.metrics_url, timeout=30).text
     assert 'zoo_signed_requests_total{outcome="replayed"}' in metrics
     assert 'zoo_signed_requests_total{outcome="forged"}' in metrics
+
+
+def test_a_credit_holder_is_charged_for_its_answers(node: NodeProcess) -> None:
+    from eth_account import Account
+
+    from zoo.devnet.dev_ledger import give_credits
+    from zoo.devnet.manager import Devnet
+
+    account = Account.from_key("0x" + "88" * 32)
+    info = Devnet(node.data_dir).info()
+    assert info is not None and info.ledger_address
+    assert give_credits(info, account, 10**6) == 10**6
+    with NodeClient(node.address, signer=account) as c:
+        r = infer(c, prompt=GEOMETRY, k=1, sampling={"max_tokens": 3})
+    tokens = r.usage.prompt_tokens + r.usage.completion_tokens
+    clients = {c["client"]: c for c in usage_report(node)["clients"]}
+    # price_per_token 1.0: the answer cost the holder its tokens, metered for the node's next report.
+    assert clients[account.address]["spent"] == tokens > 0
+    with NodeClient(node.address) as c:
+        serving = c.status().serving
+    assert serving.credit_holders_admitted >= 1 and serving.reserved_slots == 1
