@@ -131,7 +131,7 @@ class UsageMeter:
         self.epoch_s = epoch_s
         self._clock = clock
         self._db = self._open_read_only() if read_only else self._connect()
-        self._read_lock = threading.Lock()
+        self._db_lock = threading.Lock()  # one connection: the writer's commits, reads, mark_settled
         self._queue: queue.SimpleQueue[tuple[Usage, concurrent.futures.Future[None]] | None] = (
             queue.SimpleQueue()
         )
@@ -187,7 +187,7 @@ class UsageMeter:
                     break
                 batch.append(more)
             try:
-                with self._read_lock:
+                with self._db_lock:
                     self._commit([u for u, _ in batch])
             except sqlite3.Error as e:
                 log.error("usage not recorded", error=str(e), requests=len(batch))
@@ -253,7 +253,7 @@ class UsageMeter:
 
     def by_author(self, epoch: int) -> list[AuthorUsage]:
         """Each author's units and requests in one epoch, most units first."""
-        with self._read_lock:
+        with self._db_lock:
             rows = self._db.execute(
                 "SELECT author, units, requests FROM usage WHERE epoch = ? ORDER BY units DESC, author",
                 (epoch,),
@@ -262,7 +262,7 @@ class UsageMeter:
 
     def by_client(self, epoch: int) -> list[ClientUsage]:
         """Each signed client's units (tokens answered), requests and credits spent in one epoch."""
-        with self._read_lock:
+        with self._db_lock:
             rows = self._db.execute(
                 "SELECT client, units, requests, spent FROM clients WHERE epoch = ? "
                 "ORDER BY units DESC, client",
@@ -272,7 +272,7 @@ class UsageMeter:
 
     def spent_by_client(self, epoch: int) -> dict[str, int]:
         """Credits each client spent in one epoch (those that spent any)."""
-        with self._read_lock:
+        with self._db_lock:
             rows = self._db.execute(
                 "SELECT client, spent FROM clients WHERE epoch = ? AND spent > 0", (epoch,)
             ).fetchall()
@@ -280,7 +280,7 @@ class UsageMeter:
 
     def spent_unsettled(self, client: str) -> int:
         """Credits `client` spent here in epochs whose report the ledger has not applied yet."""
-        with self._read_lock:
+        with self._db_lock:
             (total,) = self._db.execute(
                 "SELECT COALESCE(SUM(spent), 0) FROM clients WHERE client = ? "
                 "AND epoch NOT IN (SELECT epoch FROM settled)",
@@ -290,12 +290,12 @@ class UsageMeter:
 
     def mark_settled(self, epoch: int) -> None:
         """Record that the ledger applied this epoch's spends (settlement calls it)."""
-        with self._read_lock:
+        with self._db_lock:
             self._db.execute("INSERT OR IGNORE INTO settled VALUES (?, ?)", (epoch, self._clock()))
 
     def answered(self, epoch: int) -> tuple[int, int]:
         """Requests answered and their units in one epoch."""
-        with self._read_lock:
+        with self._db_lock:
             row = self._db.execute(
                 "SELECT answered, units FROM requests WHERE epoch = ?", (epoch,)
             ).fetchone()
@@ -306,12 +306,12 @@ class UsageMeter:
         return epoch * self.epoch_s, (epoch + 1) * self.epoch_s
 
     def epochs(self) -> list[int]:
-        with self._read_lock:
+        with self._db_lock:
             return [r[0] for r in self._db.execute("SELECT epoch FROM requests ORDER BY epoch")]
 
     def experience_counts(self) -> dict[str, int]:
         """How often each experience was served, all epochs together."""
-        with self._read_lock:
+        with self._db_lock:
             rows = self._db.execute("SELECT id, SUM(served) FROM experiences GROUP BY id").fetchall()
         return {i: n for i, n in rows}
 
@@ -320,5 +320,5 @@ class UsageMeter:
         if self._writer is not None:
             self._queue.put(None)
             self._writer.join()
-        with self._read_lock:
+        with self._db_lock:
             self._db.close()
