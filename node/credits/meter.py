@@ -132,6 +132,11 @@ class UsageMeter:
         self._clock = clock
         self._db = self._open_read_only() if read_only else self._connect()
         self._db_lock = threading.Lock()  # one connection: the writer's commits, reads, mark_settled
+        # Served counts of all epochs, kept in memory (GetStatus asks often; summing the table each time
+        # scanned every epoch's rows): read once here, then added to as each batch commits.
+        self._served_totals: Counter[str] = Counter(
+            dict(self._db.execute("SELECT id, SUM(served) FROM experiences GROUP BY id").fetchall())
+        )
         self._queue: queue.SimpleQueue[tuple[Usage, concurrent.futures.Future[None]] | None] = (
             queue.SimpleQueue()
         )
@@ -189,6 +194,7 @@ class UsageMeter:
             try:
                 with self._db_lock:
                     self._commit([u for u, _ in batch])
+                    self._served_totals.update(s.id for u, _ in batch for s in u.served)
             except sqlite3.Error as e:
                 log.error("usage not recorded", error=str(e), requests=len(batch))
                 for _, done in batch:
@@ -312,8 +318,7 @@ class UsageMeter:
     def experience_counts(self) -> dict[str, int]:
         """How often each experience was served, all epochs together."""
         with self._db_lock:
-            rows = self._db.execute("SELECT id, SUM(served) FROM experiences GROUP BY id").fetchall()
-        return {i: n for i, n in rows}
+            return dict(self._served_totals)
 
     def close(self) -> None:
         """Commit what is queued, then stop the writer and close the database."""

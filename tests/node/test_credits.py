@@ -217,6 +217,7 @@ def test_the_meter_totals_concurrent_requests_exactly(tmp_path: Path) -> None:
     meter.close()
     reopened = UsageMeter(tmp_path / "usage.sqlite", epoch_s=86_400, clock=clock)
     assert reopened.answered(100) == (400, 4000)
+    assert reopened.experience_counts() == {"exp-1": 401, "exp-2": 401}  # all epochs, read back at open
     reopened.close()
 
 
