@@ -17,6 +17,7 @@ import asyncio
 import math
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 
 from zoo.node.logs import get_logger
@@ -35,6 +36,7 @@ class CreditBook:
         price_per_token: float = 1.0,
         ttl_s: float = 5.0,
         read_timeout_s: float = 2.0,
+        max_clients: int = 100_000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """balance_of: the client's balance on the ledger (blocking: a chain read). spent_unsettled: what
@@ -46,7 +48,10 @@ class CreditBook:
         self.read_timeout_s = read_timeout_s
         self._clock = clock
         self._lock = threading.Lock()
-        self._available: dict[str, tuple[int, float]] = {}  # client -> (credits, read at)
+        # client -> (credits, read at), least recently read first; bounded, since anyone can sign with as
+        # many fresh keys as they like
+        self._available: OrderedDict[str, tuple[int, float]] = OrderedDict()
+        self.max_clients = max_clients
 
     async def available(self, client: str) -> int:
         """Credits `client` may still spend here (0 for anonymous clients)."""
@@ -63,6 +68,9 @@ class CreditBook:
             credits = 0
         with self._lock:
             self._available[client] = (credits, self._clock())
+            self._available.move_to_end(client)
+            while len(self._available) > self.max_clients:
+                self._available.popitem(last=False)
         return credits
 
     def _read(self, client: str) -> int:

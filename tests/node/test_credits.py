@@ -343,4 +343,10 @@ def test_the_credit_book_caches_balances_and_charges_at_most_what_is_held() -> N
         failing = CreditBook(broken)
         assert await failing.available(CLIENT.address) == 0  # served, without priority
 
+        bounded = CreditBook(lambda c: 7, max_clients=2)
+        for who in ("0x" + "1" * 40, "0x" + "2" * 40, "0x" + "3" * 40):
+            assert await bounded.available(who) == 7
+        assert bounded.charge("0x" + "1" * 40, 1) == 0  # the oldest was dropped: read again when next seen
+        assert bounded.charge("0x" + "3" * 40, 1) == 1
+
     asyncio.run(main())
