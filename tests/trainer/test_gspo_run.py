@@ -74,6 +74,20 @@ def test_a_step_raises_the_logprob_of_better_completions(model_path: Path, tmp_p
         )
         plain = policy.token_logprobs(rollouts.sequences, rollouts.attention_mask, rollouts.prompt_length)
     assert torch.allclose(fused, plain, atol=1e-4)
+    with torch.no_grad():  # in bf16 the head's inputs are rounded alike on both paths, so they agree too
+        fused16, plain16 = (
+            policy.token_logprobs(
+                rollouts.sequences,
+                rollouts.attention_mask,
+                rollouts.prompt_length,
+                fused=f,
+                autocast_bf16=True,
+            )
+            for f in (True, False)
+        )
+    mask = rollouts.completion_mask.bool()
+    assert torch.allclose(fused16[mask], plain16[mask], atol=1e-4)
+    assert 0 < float((fused16 - plain)[mask].abs().max()) < 0.5  # bf16, not fp32, and not far from it
     run = GspoRun(spec, policy, [task], [], tmp_path / "out")
     metrics = run.optimise(rollouts, advantages, len(rollouts.completions))
     change = mean_logps() - before
@@ -85,7 +99,6 @@ def test_a_step_raises_the_logprob_of_better_completions(model_path: Path, tmp_p
     base = LoraPolicy.load(model_path, spec)  # fresh adapters start at zero: the same as the base model
     with torch.no_grad():
         fresh = base.token_logprobs(rollouts.sequences, rollouts.attention_mask, rollouts.prompt_length)
-    mask = rollouts.completion_mask.bool()
     assert torch.allclose(reference[mask], fresh[mask], atol=1e-5)
 
 

@@ -19,6 +19,7 @@ Both compute in fp32 whatever the input dtype and return fp32 log-probs. The ful
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -38,7 +39,6 @@ Backend = Literal["auto", "triton", "torch"]
 _BACKENDS = ("auto", "triton", "torch")
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 TORCH_CHUNK = 4096  # vocabulary entries per chunk of the torch path: its scratch is ~2·N·4096 fp32
-TRITON_CHUNK = 128  # BLOCK_V of the Triton kernels: the vocabulary width of one tile
 
 # ------------------------------------------------------------------------------------------- Triton kernels
 
@@ -57,6 +57,7 @@ if triton is not None:
         BLOCK_V: tl.constexpr,
         BLOCK_H: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
+        UPCAST: tl.constexpr,
     ):
         """fp32 logits of rows × cols, hidden · weightᵀ accumulated over BLOCK_H-wide slices of H."""
         acc = tl.zeros((BLOCK_N, BLOCK_V), dtype=tl.float32)
@@ -69,9 +70,13 @@ if triton is not None:
             w = tl.load(
                 w_ptr + cols[:, None] * H + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0
             )
-            # Upcast before the dot: bf16/fp16 values are exact in tf32 and fp32, so the logits are the fp32
-            # sums of exact products whatever the input dtype (and the interpreter can't multiply bf16).
-            acc = tl.dot(h.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision=DOT_PRECISION)
+            # Either way the logits are fp32 sums of exact products: a bf16/fp16 tensor-core dot multiplies
+            # exactly and accumulates in fp32. UPCAST (mixed dtypes, fp32, or the interpreter, which can't
+            # multiply bf16) takes the fp32 dot at DOT_PRECISION instead, at half the tensor-core rate.
+            if UPCAST:
+                h = h.to(tl.float32)
+                w = w.to(tl.float32)
+            acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PRECISION)
         return acc
 
     @triton.jit
@@ -90,6 +95,7 @@ if triton is not None:
         BLOCK_V: tl.constexpr,
         BLOCK_H: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
+        UPCAST: tl.constexpr,
     ):
         """Partial logsumexp of BLOCK_N rows over one split of the vocabulary.
 
@@ -114,7 +120,7 @@ if triton is not None:
             cols = (v0 + tl.arange(0, BLOCK_V)).to(tl.int64)
             col_ok = cols < V
             logits = _logits_tile(
-                h_ptr, w_ptr, rows, cols, row_ok, col_ok, H, BLOCK_N, BLOCK_V, BLOCK_H, DOT_PRECISION
+                h_ptr, w_ptr, rows, cols, row_ok, col_ok, H, BLOCK_N, BLOCK_V, BLOCK_H, DOT_PRECISION, UPCAST
             )
             logits = tl.where(col_ok[None, :], logits, float("-inf"))  # past V: exp(-inf) = 0
             new_max = tl.maximum(run_max, tl.max(logits, axis=1))
@@ -144,6 +150,7 @@ if triton is not None:
         BLOCK_V: tl.constexpr,
         BLOCK_H: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
+        UPCAST: tl.constexpr,
         GRAD_HIDDEN: tl.constexpr,
         GRAD_WEIGHT: tl.constexpr,
     ):
@@ -170,11 +177,15 @@ if triton is not None:
             cols = (v0 + tl.arange(0, BLOCK_V)).to(tl.int64)
             col_ok = cols < V
             logits = _logits_tile(
-                h_ptr, w_ptr, rows, cols, row_ok, col_ok, H, BLOCK_N, BLOCK_V, BLOCK_H, DOT_PRECISION
+                h_ptr, w_ptr, rows, cols, row_ok, col_ok, H, BLOCK_N, BLOCK_V, BLOCK_H, DOT_PRECISION, UPCAST
             )
             probs = tl.where(col_ok[None, :], tl.exp(logits - lse[:, None]), 0.0)
             onehot = tl.where(cols[None, :] == targets[:, None], 1.0, 0.0)
             coef = g[:, None] * (onehot - probs)  # d(g·log p_t)/d logit_v = g·(1[v = t] - p_v)
+            if not UPCAST:
+                # Rounded to the inputs' dtype for the tensor-core dots, as the unfused bf16 path rounds
+                # its logits' gradient; the products are exact and the sums fp32.
+                coef = coef.to(h_ptr.dtype.element_ty)
             for h0 in range(0, H, BLOCK_H):
                 ks = h0 + tl.arange(0, BLOCK_H)
                 k_ok = ks < H
@@ -184,7 +195,9 @@ if triton is not None:
                         mask=col_ok[:, None] & k_ok[None, :],
                         other=0.0,
                     )
-                    part = tl.dot(coef, w.to(tl.float32), input_precision=DOT_PRECISION)
+                    if UPCAST:
+                        w = w.to(tl.float32)
+                    part = tl.dot(coef, w, input_precision=DOT_PRECISION)
                     tl.atomic_add(
                         grad_h_ptr + rows[:, None] * H + ks[None, :],
                         part,
@@ -197,7 +210,9 @@ if triton is not None:
                         mask=row_ok[:, None] & k_ok[None, :],
                         other=0.0,
                     )
-                    part = tl.dot(tl.trans(coef), h.to(tl.float32), input_precision=DOT_PRECISION)
+                    if UPCAST:
+                        h = h.to(tl.float32)
+                    part = tl.dot(tl.trans(coef), h, input_precision=DOT_PRECISION)
                     tl.atomic_add(
                         grad_w_ptr + cols[:, None] * H + ks[None, :],
                         part,
@@ -216,13 +231,42 @@ def triton_available(device: torch.device) -> bool:
     return triton is not None and (_TRITON_INTERPRETED or device.type == "cuda")
 
 
-def _dot_precision(hidden: torch.Tensor, weight: torch.Tensor) -> str:
-    """tl.dot's precision. fp32 inputs follow torch's matmul setting ("highest" = exact fp32, the default);
-    bf16/fp16 inputs use tf32, which holds their values exactly, so only the backward's fp32 coefficients
-    are rounded (to 10 mantissa bits, finer than the bf16 logit gradients of the unfused path)."""
-    if hidden.dtype == torch.float32 and weight.dtype == torch.float32:
-        return "ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32"
-    return "tf32"
+@dataclass(frozen=True)
+class Tiles:
+    """Tile shape and launch settings of both kernels; block_v is the default chunk."""
+
+    block_n: int  # rows per program (fewer when there are fewer rows); tl.dot needs >= 16
+    block_v: int  # vocabulary entries per tile
+    block_h: int  # width of the hidden-size slices the dots accumulate over
+    num_warps: int
+    num_stages: int  # software-pipelining depth: shared memory grows with it
+
+
+# Chosen by a sweep on an H200 (H = 576, V = 49152, 2k and 8k tokens; .gpu notes in the README's GSPO
+# section). Native bf16/fp16 dots take large tiles; fp32 operands (3xTF32) need twice the shared memory per
+# tile and would not fit with those. The interpreter runs the fp32 ones.
+TILES = {
+    "native": Tiles(block_n=256, block_v=128, block_h=32, num_warps=8, num_stages=3),
+    "fp32": Tiles(block_n=128, block_v=128, block_h=32, num_warps=8, num_stages=3),
+}
+
+
+def _dot_settings(hidden: torch.Tensor, weight: torch.Tensor) -> tuple[str, bool]:
+    """(tl.dot's input precision, whether to upcast to fp32 before the dots).
+
+    bf16 (or fp16) hidden and weight on a GPU take the tensor cores' native dot: exact products, fp32 sums,
+    the backward's coefficients rounded to the inputs' dtype (as the unfused path rounds its bf16 logits'
+    gradient). Otherwise the dot is fp32: at torch's matmul precision "highest" (the default) exact under
+    the interpreter and 3xTF32 on a GPU (fp32 accuracy on tensor cores; a plain fp32 Triton dot runs on
+    the slow FMA units), else TF32, as torch's own matmuls would be."""
+    low = hidden.dtype == weight.dtype and hidden.dtype != torch.float32
+    if low and not _TRITON_INTERPRETED:
+        return "tf32", False  # the precision is not used by bf16/fp16 dots
+    if low:
+        return "tf32", True  # bf16/fp16 values are exact in tf32
+    if torch.get_float32_matmul_precision() != "highest":
+        return "tf32", True
+    return ("ieee" if _TRITON_INTERPRETED else "tf32x3"), True
 
 
 def _num_splits(row_blocks: int, chunks: int, device: torch.device) -> int:
@@ -234,10 +278,13 @@ def _num_splits(row_blocks: int, chunks: int, device: torch.device) -> int:
     return max(1, min(chunks, -(-programs // row_blocks)))
 
 
-def _launch(n: int, h: int, v: int, block_v: int, device: torch.device) -> dict[str, int]:
-    """Tile sizes and grid of both kernels. tl.dot needs every tile dimension >= 16."""
-    block_n = min(64, max(16, triton.next_power_of_2(n)))
-    block_h = min(64, max(16, triton.next_power_of_2(h)))
+def _launch(n: int, h: int, v: int, chunk: int, upcast: bool, device: torch.device) -> dict[str, int]:
+    """Tile sizes and grid of both kernels (``TILES``; chunk 0: the tiles' block_v). tl.dot needs every
+    tile dimension >= 16."""
+    tiles = TILES["fp32" if upcast else "native"]
+    block_v = chunk or tiles.block_v
+    block_n = min(tiles.block_n, max(16, triton.next_power_of_2(n)))
+    block_h = min(tiles.block_h, max(16, triton.next_power_of_2(h)))
     chunks = triton.cdiv(v, block_v)
     row_blocks = triton.cdiv(n, block_n)
     per_split = triton.cdiv(chunks, _num_splits(row_blocks, chunks, device))
@@ -249,7 +296,8 @@ def _launch(n: int, h: int, v: int, block_v: int, device: torch.device) -> dict[
         "BLOCK_N": block_n,
         "BLOCK_V": block_v,
         "BLOCK_H": block_h,
-        "num_warps": 4 if block_n * block_v <= 4096 else 8,
+        "num_warps": tiles.num_warps,
+        "num_stages": tiles.num_stages,
     }
 
 
@@ -259,7 +307,8 @@ def _triton_forward(
     """(log p(target), logsumexp) per row, fp32, by ``_forward_kernel`` and a host-side merge of splits."""
     n, h = hidden.shape
     v = weight.shape[0]
-    cfg = _launch(n, h, v, chunk, hidden.device)
+    precision, upcast = _dot_settings(hidden, weight)
+    cfg = _launch(n, h, v, chunk, upcast, hidden.device)
     row_blocks, splits = cfg.pop("row_blocks"), cfg.pop("splits")
     part_max, part_sum, part_target = (hidden.new_empty((splits, n), dtype=torch.float32) for _ in range(3))
     _forward_kernel[(row_blocks, splits)](
@@ -272,7 +321,8 @@ def _triton_forward(
         n,
         v,
         h,
-        DOT_PRECISION=_dot_precision(hidden, weight),
+        DOT_PRECISION=precision,
+        UPCAST=upcast,
         **cfg,
     )
     # Merging partial logsumexps: lse = M + log Σⱼ sⱼ·exp(mⱼ - M), M = maxⱼ mⱼ (each sⱼ is relative to mⱼ).
@@ -294,7 +344,8 @@ def _triton_backward(
     """fp32 gradients w.r.t. hidden and weight (None where not needed) by ``_backward_kernel``."""
     n, h = hidden.shape
     v = weight.shape[0]
-    cfg = _launch(n, h, v, chunk, hidden.device)
+    precision, upcast = _dot_settings(hidden, weight)
+    cfg = _launch(n, h, v, chunk, upcast, hidden.device)
     row_blocks, splits = cfg.pop("row_blocks"), cfg.pop("splits")
     grad_h = torch.zeros((n, h), dtype=torch.float32, device=hidden.device) if need_hidden else None
     grad_w = torch.zeros((v, h), dtype=torch.float32, device=hidden.device) if need_weight else None
@@ -310,7 +361,8 @@ def _triton_backward(
         n,
         v,
         h,
-        DOT_PRECISION=_dot_precision(hidden, weight),
+        DOT_PRECISION=precision,
+        UPCAST=upcast,
         GRAD_HIDDEN=need_hidden,
         GRAD_WEIGHT=need_weight,
         **cfg,
@@ -427,7 +479,7 @@ def _resolve_backend(backend: str, device: torch.device) -> str:
 
 def _resolve_chunk(chunk_size: int | None, backend: str) -> int:
     if chunk_size is None:
-        return TRITON_CHUNK if backend == "triton" else TORCH_CHUNK
+        return 0 if backend == "triton" else TORCH_CHUNK  # Triton: 0 = the tiles' own (see _launch)
     if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive integer (got {chunk_size!r})")
     if backend == "triton" and (chunk_size < 16 or chunk_size > 1024 or chunk_size & (chunk_size - 1)):
@@ -440,14 +492,19 @@ def _resolve_chunk(chunk_size: int | None, backend: str) -> int:
 def _check_targets(targets: torch.Tensor, vocab: int, name: str = "targets") -> None:
     if targets.dtype == torch.bool or targets.is_floating_point() or targets.is_complex():
         raise ValueError(f"{name} must hold integer token ids (got dtype {targets.dtype})")
-    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= vocab):
+    if not targets.numel():
+        return
+    low, high = torch.stack(torch.aminmax(targets)).tolist()  # one device sync for both ends
+    if low < 0 or high >= vocab:
         raise ValueError(
-            f"{name} must lie in [0, {vocab}) for a vocabulary of {vocab} "
-            f"(got values in [{int(targets.min())}, {int(targets.max())}])"
+            f"{name} must lie in [0, {vocab}) for a vocabulary of {vocab} (got values in [{low}, {high}])"
         )
 
 
-def _check_inputs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> None:
+def _check_inputs(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ids: bool = True
+) -> None:
+    """Shapes, dtypes and devices; with ``ids`` also that every target is a token id (a device sync)."""
     if hidden.dim() != 2:
         raise ValueError(f"hidden must have shape (N, H) (got {tuple(hidden.shape)})")
     if weight.dim() != 2 or weight.shape[1] != hidden.shape[1] or weight.shape[0] == 0:
@@ -469,7 +526,8 @@ def _check_inputs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
             f"hidden, weight and targets must be on one device (got {hidden.device}, {weight.device}, "
             f"{targets.device})"
         )
-    _check_targets(targets, weight.shape[0])
+    if ids:
+        _check_targets(targets, weight.shape[0])
 
 
 def chosen_logprobs(
@@ -488,13 +546,20 @@ def chosen_logprobs(
         targets: (N,) integer token ids in [0, V).
         backend: "triton", "torch" (chunked), or "auto": Triton where it can run (CUDA tensors, or the
             interpreter), else torch.
-        chunk_size: vocabulary entries per chunk; default 4096 for torch, 128 (the tile's BLOCK_V, a power
-            of two in [16, 1024]) for Triton.
+        chunk_size: vocabulary entries per chunk; default 4096 for torch; for Triton the tile's BLOCK_V,
+            a power of two in [16, 1024], by default 128 (``TILES``).
 
     Returns (N,) float32 log-probabilities, differentiable w.r.t. hidden and weight (gradients come back in
     their dtypes). Everything is computed in fp32.
     """
     _check_inputs(hidden, weight, targets)
+    return _chosen_logprobs(hidden, weight, targets, backend, chunk_size)
+
+
+def _chosen_logprobs(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, backend: str, chunk_size: int | None
+) -> torch.Tensor:
+    """``chosen_logprobs`` on inputs already checked."""
     chosen = _resolve_backend(backend, hidden.device)
     chunk = _resolve_chunk(chunk_size, chosen)
     if hidden.shape[0] == 0:
@@ -539,13 +604,11 @@ def fused_gspo_loss(
             )
     if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
         raise ValueError("mask must be boolean or hold only 0 and 1")
-    valid = mask.bool()
-    if weight.dim() == 2:  # else chosen_logprobs reports the shape
-        _check_targets(targets[valid], weight.shape[0], "targets at masked positions")
-    logp_valid = chosen_logprobs(
-        hidden[valid], weight, targets[valid], backend=backend, chunk_size=chunk_size
-    )
-    logp = torch.zeros(valid.shape, dtype=torch.float32, device=hidden.device).masked_scatter(
-        valid, logp_valid
-    )
+    # Index once (one device sync, for the number of positions): boolean indexing would sync per tensor.
+    valid = mask.bool().nonzero(as_tuple=True)
+    rows, ids = hidden[valid], targets[valid]
+    _check_inputs(rows, weight, ids, ids=False)
+    _check_targets(ids, weight.shape[0], "targets at masked positions")
+    logp = torch.zeros(mask.shape, dtype=torch.float32, device=hidden.device)
+    logp = logp.index_put(valid, _chosen_logprobs(rows, weight, ids, backend, chunk_size))
     return gspo_loss(logp, old_logp, advantages, mask, config, ref_logp)

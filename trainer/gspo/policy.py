@@ -103,6 +103,10 @@ class LoraPolicy:
         bf16 = torch.autocast(self.device.type, dtype=torch.bfloat16)
         with bf16 if autocast_bf16 else contextlib.nullcontext():
             hidden, weight = self.hidden_and_head(sequences, attention_mask, prompt_length)
+        if autocast_bf16:
+            # The LM head as autocast would run it: bf16 inputs. Both paths below then sum the (exact)
+            # products in fp32, so their log-probs agree and the ratio's small differences stay visible.
+            hidden, weight = hidden.bfloat16(), weight.bfloat16()
         if fused:
             from zoo.trainer.gspo.fused import chosen_logprobs
 
