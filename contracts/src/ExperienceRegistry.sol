@@ -3,6 +3,7 @@ pragma solidity ^0.8.24;
 
 import {IVotes} from "@openzeppelin/contracts/governance/utils/IVotes.sol";
 import {IERC6372} from "@openzeppelin/contracts/interfaces/IERC6372.sol";
+import {Address} from "@openzeppelin/contracts/utils/Address.sol";
 import {Math} from "@openzeppelin/contracts/utils/math/Math.sol";
 import {SafeCast} from "@openzeppelin/contracts/utils/math/SafeCast.sol";
 import {Time} from "@openzeppelin/contracts/utils/types/Time.sol";
@@ -41,6 +42,13 @@ import {RFC9162} from "./RFC9162.sol";
  *   executed: of several competing proposals on the same parent, the first executed wins and the others
  *   become Stale. Version numbers only grow, so a stale proposal never revives, even when a later version
  *   happens to have its parent's root.
+ *
+ * - A call proposal ({proposeCall}) asks the same vote to make one call, `target.call(data)`, as this
+ *   contract: how the DAO acts on the contracts it governs (a {UsageLedger} whose governor is this registry
+ *   registers and deregisters nodes and resolves challenges only so). It has no parent version, so library
+ *   versions executed meanwhile never make it stale; the rest (threshold, snapshot, quorum, supermajority,
+ *   delay, grace period, one execution) is a library proposal's. A call that reverts makes `execute`
+ *   revert with the target's own error, and the proposal stays executable until its grace period ends.
  *
  * SECURITY: square-root voting is NOT Sybil-resistant on its own. Whoever splits a balance over k addresses
  * (each delegating to itself) multiplies their weight by sqrt(k): one holder of 100 tokens has weight 10, the
@@ -89,7 +97,8 @@ contract ExperienceRegistry {
         bool executed;
         // The library version number it builds on; it must still be current when executed.
         uint64 parentVersion;
-        // Number of experience records (Merkle leaves) of the proposed library.
+        // Number of experience records (Merkle leaves) of the proposed library; 0 for a call proposal (a
+        // library proposal cannot have 0).
         uint64 treeSize;
         // Merkle root of the proposed library.
         bytes32 root;
@@ -139,6 +148,15 @@ contract ExperienceRegistry {
     mapping(uint256 proposalId => Proposal) private _proposals;
     mapping(uint256 proposalId => mapping(address voter => bool)) private _hasVoted;
     mapping(uint256 version => LibraryVersion) private _versions;
+    mapping(uint256 proposalId => ProposedCall) private _calls;
+
+    /// @notice What a call proposal calls ({proposeCall}).
+    struct ProposedCall {
+        // The contract called.
+        address target;
+        // The calldata (selector and arguments).
+        bytes data;
+    }
 
     /**
      * @notice A proposal was created.
@@ -167,6 +185,35 @@ contract ExperienceRegistry {
     );
 
     /**
+     * @notice A call proposal was created; votes, execution and states are a library proposal's.
+     * @param proposalId The proposal's id ({hashCallProposal}).
+     * @param target The contract it calls.
+     * @param proposer The account that created it.
+     * @param data The calldata.
+     * @param salt The proposer's salt.
+     * @param snapshot Timestamp at which votes are read.
+     * @param voteStart First second of voting.
+     * @param voteEnd First second after voting.
+     */
+    event CallProposed(
+        uint256 indexed proposalId,
+        address indexed target,
+        address indexed proposer,
+        bytes data,
+        bytes32 salt,
+        uint48 snapshot,
+        uint48 voteStart,
+        uint48 voteEnd
+    );
+
+    /**
+     * @notice A call proposal was executed: its call returned.
+     * @param proposalId The executed proposal.
+     * @param target The contract called.
+     */
+    event CallExecuted(uint256 indexed proposalId, address indexed target);
+
+    /**
      * @notice A vote was cast.
      * @param proposalId The proposal voted on.
      * @param voter The voting account.
@@ -190,6 +237,17 @@ contract ExperienceRegistry {
      * @param cid IPFS CID of the new library's content.
      */
     event LibraryUpdated(uint256 indexed version, bytes32 indexed root, uint256 treeSize, string cid);
+
+    /**
+     * @notice A call proposal's target has no code (nothing could be called), or is this registry.
+     * @param target The address given.
+     */
+    error InvalidCallTarget(address target);
+
+    /**
+     * @notice A call proposal's calldata is shorter than a function selector.
+     */
+    error EmptyCall();
 
     /**
      * @notice The token address has no code.
@@ -435,29 +493,62 @@ contract ExperienceRegistry {
             revert WrongParent(parentVersion, currentVersion);
         }
         proposalId = hashProposal(root, treeSize, cid, parentVersion, msg.sender, salt);
-        Proposal storage p = _proposals[proposalId];
-        if (p.voteStart != 0) {
-            revert ProposalAlreadyExists(proposalId);
-        }
-        uint48 nowTs = Time.timestamp();
-        // Strictly before this block: nothing moved in the proposal's own second (or later) can count.
-        uint48 snapshot = nowTs - 1;
-        uint256 votes = token.getPastVotes(msg.sender, snapshot);
-        if (votes < proposalThreshold) {
-            revert InsufficientProposerVotes(msg.sender, votes, proposalThreshold);
-        }
-        uint48 voteStart = nowTs + 1;
-        uint48 voteEnd = voteStart + votingPeriod;
-        p.proposer = msg.sender;
-        p.snapshot = snapshot;
-        p.voteStart = voteStart;
-        p.voteEnd = voteEnd;
+        Proposal storage p = _open(proposalId);
         // Both fit: the version grows by one per execution, and a tree of 2**64 leaves cannot be built.
         p.parentVersion = uint64(parentVersion);
         p.treeSize = SafeCast.toUint64(treeSize);
         p.root = root;
         p.cid = cid;
         _emitCreated(proposalId, p, salt);
+    }
+
+    /**
+     * @notice The id of the call proposal by `proposer` to call `target` with `data` and salt `salt`.
+     * @param target The contract to call.
+     * @param data The calldata.
+     * @param proposer The proposing account.
+     * @param salt Any value the proposer picks.
+     * @return The proposal id (domain-separated from library proposal ids).
+     */
+    function hashCallProposal(address target, bytes calldata data, address proposer, bytes32 salt)
+        public
+        pure
+        returns (uint256)
+    {
+        return uint256(keccak256(abi.encode("zoo.call", target, keccak256(data), proposer, salt)));
+    }
+
+    /**
+     * @notice Proposes that this registry call `target` with `data` once the vote passes.
+     * @param target A contract (not this registry).
+     * @param data The calldata, at least a selector.
+     * @param salt Any value; this proposer's proposals of the same call need distinct salts.
+     * @return proposalId The new proposal's id ({hashCallProposal} with `msg.sender` as proposer).
+     */
+    function proposeCall(address target, bytes calldata data, bytes32 salt) external returns (uint256 proposalId) {
+        if (target.code.length == 0 || target == address(this)) {
+            revert InvalidCallTarget(target);
+        }
+        if (data.length < 4) {
+            revert EmptyCall();
+        }
+        proposalId = hashCallProposal(target, data, msg.sender, salt);
+        Proposal storage p = _open(proposalId);
+        ProposedCall storage c = _calls[proposalId];
+        c.target = target;
+        c.data = data;
+        emit CallProposed(proposalId, target, msg.sender, data, salt, p.snapshot, p.voteStart, p.voteEnd);
+    }
+
+    /**
+     * @notice The call a call proposal makes; a zero target for any other id.
+     * @param proposalId The proposal.
+     * @return target The contract called.
+     * @return data The calldata.
+     */
+    function proposedCall(uint256 proposalId) external view returns (address target, bytes memory data) {
+        ProposedCall storage c = _calls[proposalId];
+        return (c.target, c.data);
     }
 
     /**
@@ -479,7 +570,7 @@ contract ExperienceRegistry {
         if (nowTs >= p.voteEnd) {
             revert VotingClosed(proposalId, p.voteEnd);
         }
-        if (p.parentVersion != currentVersion) {
+        if (_stale(p)) {
             revert ProposalStale(proposalId, p.parentVersion, currentVersion);
         }
         if (_hasVoted[proposalId][msg.sender]) {
@@ -504,9 +595,10 @@ contract ExperienceRegistry {
     }
 
     /**
-     * @notice Makes a passed proposal the current library version. Anyone may call it.
+     * @notice Makes a passed proposal the current library version, or makes a passed call proposal's call.
+     * Anyone may call it.
      * @param proposalId The proposal.
-     * @return version The new version number.
+     * @return version The new version number (for a call proposal, the current one, unchanged).
      */
     function execute(uint256 proposalId) external returns (uint256 version) {
         Proposal storage p = _proposals[proposalId];
@@ -516,7 +608,7 @@ contract ExperienceRegistry {
         if (p.executed) {
             revert ProposalAlreadyExecuted(proposalId);
         }
-        if (p.parentVersion != currentVersion) {
+        if (_stale(p)) {
             revert ProposalStale(proposalId, p.parentVersion, currentVersion);
         }
         uint256 executableAt = uint256(p.voteEnd) + executionDelay;
@@ -533,6 +625,14 @@ contract ExperienceRegistry {
             revert ProposalExpired(proposalId, executableAt + gracePeriod);
         }
         p.executed = true;
+        if (p.treeSize == 0) {
+            // A call proposal. Marked executed first, so the call cannot re-enter to run it twice; a revert
+            // undoes the mark with everything else.
+            ProposedCall storage c = _calls[proposalId];
+            Address.functionCall(c.target, c.data);
+            emit CallExecuted(proposalId, c.target);
+            return currentVersion;
+        }
         bytes32 root = p.root;
         currentRoot = root;
         version = ++currentVersion;
@@ -567,7 +667,7 @@ contract ExperienceRegistry {
         if (p.executed) {
             return ProposalState.Executed;
         }
-        if (p.parentVersion != currentVersion) {
+        if (_stale(p)) {
             return ProposalState.Stale;
         }
         if (block.timestamp < p.voteStart) {
@@ -737,6 +837,30 @@ contract ExperienceRegistry {
         emit ProposalCreated(
             proposalId, p.root, p.proposer, p.treeSize, p.cid, p.parentVersion, salt, p.snapshot, p.voteStart, p.voteEnd
         );
+    }
+
+    /// @dev Creates proposal `proposalId` for msg.sender: snapshot, threshold and voting window.
+    function _open(uint256 proposalId) private returns (Proposal storage p) {
+        p = _proposals[proposalId];
+        if (p.voteStart != 0) {
+            revert ProposalAlreadyExists(proposalId);
+        }
+        uint48 nowTs = Time.timestamp();
+        // Strictly before this block: nothing moved in the proposal's own second (or later) can count.
+        uint48 snapshot = nowTs - 1;
+        uint256 votes = token.getPastVotes(msg.sender, snapshot);
+        if (votes < proposalThreshold) {
+            revert InsufficientProposerVotes(msg.sender, votes, proposalThreshold);
+        }
+        p.proposer = msg.sender;
+        p.snapshot = snapshot;
+        p.voteStart = nowTs + 1;
+        p.voteEnd = nowTs + 1 + votingPeriod;
+    }
+
+    /// @dev A library proposal whose parent is no longer current; call proposals (treeSize 0) are never stale.
+    function _stale(Proposal storage p) private view returns (bool) {
+        return p.treeSize != 0 && p.parentVersion != currentVersion;
     }
 
     function _supermajority(Proposal storage p) private view returns (bool) {

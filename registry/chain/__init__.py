@@ -18,7 +18,7 @@ from zoo.registry.chain.deploy import (
     deploy_token,
 )
 from zoo.registry.chain.errors import ChainError, ContractRevert, describe_revert
-from zoo.registry.chain.ids import format_proposal_id, parse_proposal_id, proposal_id
+from zoo.registry.chain.ids import call_proposal_id, format_proposal_id, parse_proposal_id, proposal_id
 from zoo.registry.chain.ledger import LedgerClient, UsageReport, record_leaf
 from zoo.registry.chain.records import (
     LibraryUpdate,
@@ -27,6 +27,7 @@ from zoo.registry.chain.records import (
     ProposalCreatedEvent,
     ProposalState,
     ProposalTx,
+    ProposedCall,
     RegistryParams,
     Tallies,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "ProposalCreatedEvent",
     "ProposalState",
     "ProposalTx",
+    "ProposedCall",
     "RegistryClient",
     "RegistryParams",
     "Tallies",
@@ -53,6 +55,7 @@ __all__ = [
     "TransactionSigner",
     "TxResult",
     "UsageReport",
+    "call_proposal_id",
     "cid_problem",
     "deploy_allowlist",
     "deploy_contract",

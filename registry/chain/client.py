@@ -18,7 +18,13 @@ from zoo.contracts.build import Artifacts
 from zoo.registry.chain.abi_codec import _TOLERANT_CODEC
 from zoo.registry.chain.deploy import _artifacts_or_default
 from zoo.registry.chain.errors import _REVERT_SOURCES, _as_revert, _default_error_table, _error_table
-from zoo.registry.chain.ids import format_proposal_id, parse_proposal_id, proposal_id, to_bytes32
+from zoo.registry.chain.ids import (
+    call_proposal_id,
+    format_proposal_id,
+    parse_proposal_id,
+    proposal_id,
+    to_bytes32,
+)
 from zoo.registry.chain.records import (
     LibraryUpdate,
     LibraryVersion,
@@ -26,6 +32,7 @@ from zoo.registry.chain.records import (
     ProposalCreatedEvent,
     ProposalState,
     ProposalTx,
+    ProposedCall,
     RegistryParams,
     Tallies,
 )
@@ -133,12 +140,22 @@ class RegistryClient(_ContractClient):
         pid = proposal_id(key, tree_size, cid, parent, account.address, salt_bytes)
         return ProposalTx(**{f.name: getattr(result, f.name) for f in fields(TxResult)}, proposal_id=pid)
 
+    def propose_call(self, target: str, data: bytes, *, salt: bytes | str | None = None) -> ProposalTx:
+        """Propose that the registry call `target` with `data` (selector and arguments) once the vote
+        passes: how the DAO acts on the contracts it governs. `salt` as for `propose`."""
+        account = self._require_account()
+        salt_bytes = os.urandom(32) if salt is None else to_bytes32(salt)
+        address = Web3.to_checksum_address(target)
+        result = self._transact("proposeCall", address, bytes(data), salt_bytes)
+        pid = call_proposal_id(address, bytes(data), account.address, salt_bytes)
+        return ProposalTx(**{f.name: getattr(result, f.name) for f in fields(TxResult)}, proposal_id=pid)
+
     def vote(self, proposal: int | str, support: bool) -> TxResult:
         """Vote for (`support` True) or against the proposal."""
         return self._transact("vote", parse_proposal_id(proposal), bool(support))
 
     def execute(self, proposal: int | str) -> TxResult:
-        """Execute the passed proposal, making it the next library version."""
+        """Execute the passed proposal: it becomes the next library version, or its call is made."""
         return self._transact("execute", parse_proposal_id(proposal))
 
     # ---- views
@@ -236,6 +253,13 @@ class RegistryClient(_ContractClient):
             against_weight=int(against_w),
         )
 
+    def proposed_call(self, proposal: int | str) -> tuple[ChecksumAddress, bytes] | None:
+        """(target, calldata) of a call proposal; None for any other id."""
+        target, data = self._call("proposedCall", parse_proposal_id(proposal))
+        if int(target, 16) == 0:
+            return None
+        return Web3.to_checksum_address(target), bytes(data)
+
     def state(self, proposal: int | str) -> ProposalState:
         """Lifecycle state of the proposal."""
         return ProposalState(int(self._call("state", parse_proposal_id(proposal))))
@@ -268,10 +292,9 @@ class RegistryClient(_ContractClient):
             return int(digits, 16)
         if len(digits) < 4:
             raise ValueError(f"proposal id prefix {text!r} is too short: give at least 4 hex digits")
-        matches = sorted(
-            {e.proposal_id for e in self.proposal_created_events(from_block)
-             if format_proposal_id(e.proposal_id)[2:].startswith(digits)}
-        )  # fmt: skip
+        ids = [e.proposal_id for e in self.proposal_created_events(from_block)]
+        ids += [c.proposal_id for c in self.call_proposed_events(from_block)]
+        matches = sorted({i for i in ids if format_proposal_id(i)[2:].startswith(digits)})
         if not matches:
             raise ValueError(f"no proposal id starts with 0x{digits}")
         if len(matches) > 1:
@@ -351,6 +374,22 @@ class RegistryClient(_ContractClient):
                 tx_hash="0x" + bytes(e["transactionHash"]).hex(),
             )
             for e in self._logs("ProposalCreated", from_block, to_block, {})
+        ]
+
+    def call_proposed_events(
+        self, from_block: BlockIdentifier = 0, to_block: BlockIdentifier = "latest"
+    ) -> list[ProposedCall]:
+        """CallProposed events in the block range, oldest first."""
+        return [
+            ProposedCall(
+                proposal_id=int(e["args"]["proposalId"]),
+                target=Web3.to_checksum_address(e["args"]["target"]),
+                data=bytes(e["args"]["data"]),
+                proposer=Web3.to_checksum_address(e["args"]["proposer"]),
+                vote_end=int(e["args"]["voteEnd"]),
+                block_number=int(e["blockNumber"]),
+            )
+            for e in self._logs("CallProposed", from_block, to_block, {})
         ]
 
 

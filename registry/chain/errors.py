@@ -70,6 +70,8 @@ _ERROR_MESSAGES: dict[str, str] = {
         "majority"
     ),
     "UnknownVersion": "library version {version} does not exist (the current version is {currentVersion})",
+    "InvalidCallTarget": "a call proposal must call a contract other than the registry (got {target})",
+    "EmptyCall": "a call proposal's calldata must hold at least a function selector",
     "InvalidToken": "the token address {token} is not a contract",
     "InvalidTokenClock": "the token {token} does not use a timestamp clock (its clock reads {clock})",
     "InvalidVotingPeriod": "the voting period must not be zero",
@@ -100,6 +102,8 @@ _ERROR_MESSAGES: dict[str, str] = {
     "OwnableUnauthorizedAccount": "{account} is not the owner",
     "OwnableInvalidOwner": "invalid owner {owner}",
     "SafeCastOverflowedUintDowncast": "{value} does not fit in {bits} bits",
+    "FailedCall": "the proposal's call failed without a reason",
+    "AddressEmptyCode": "{target} has no code to call",
     "ECDSAInvalidSignature": "invalid signature",
     "ECDSAInvalidSignatureLength": "invalid signature length {length}",
     "ECDSAInvalidSignatureS": "invalid signature (s value {s})",

@@ -1,4 +1,5 @@
-"""Proposal ids: ExperienceRegistry.hashProposal computed locally, and how ids are shown and read back."""
+"""Proposal ids: ExperienceRegistry.hashProposal and hashCallProposal computed locally, and how ids are shown
+and read back."""
 
 from __future__ import annotations
 
@@ -26,6 +27,21 @@ def proposal_id(
             int(tree_size),
             Web3.keccak(text=cid),
             int(parent_version),
+            Web3.to_checksum_address(proposer),
+            to_bytes32(salt),
+        ],
+    )
+    return int.from_bytes(Web3.keccak(encoded), "big")
+
+
+def call_proposal_id(target: str, data: bytes, proposer: str, salt: bytes | str) -> int:
+    """ExperienceRegistry.hashCallProposal, computed locally: the id a call proposal gets."""
+    encoded = abi_encode(
+        ["string", "address", "bytes32", "address", "bytes32"],
+        [
+            "zoo.call",
+            Web3.to_checksum_address(target),
+            Web3.keccak(bytes(data)),
             Web3.to_checksum_address(proposer),
             to_bytes32(salt),
         ],

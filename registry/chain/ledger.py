@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from eth_typing import ChecksumAddress
+from hexbytes import HexBytes
 from web3 import Web3
 
 from zoo.registry.chain.client import _ContractClient
@@ -58,6 +60,27 @@ class LedgerClient(_ContractClient):
     """UsageLedger: registration (the governor), reports (nodes), challenges, claims and balances."""
 
     _artifact_name = "UsageLedger"
+
+    # ---- the governor's calls, as calldata for a DAO call proposal (RegistryClient.propose_call)
+
+    GOVERNOR_FUNCTIONS = ("registerNode", "deregisterNode", "resolveChallenge")
+
+    def governor_call(self, function: str, *args: Any) -> bytes:
+        """Calldata of one of the governor's functions, e.g. ("registerNode", node)."""
+        if function not in self.GOVERNOR_FUNCTIONS:
+            known = ", ".join(self.GOVERNOR_FUNCTIONS)
+            raise ValueError(f"{function!r} is not a governor function ({known})")
+        args = tuple(Web3.to_checksum_address(a) if isinstance(a, str) else a for a in args)
+        return bytes(HexBytes(self.contract.encode_abi(function, args=list(args))))
+
+    def describe_call(self, data: bytes) -> str:
+        """A ledger call in words ("registerNode(0xAb…)"), or a note that the data calls nothing known."""
+        try:
+            function, params = self.contract.decode_function_input(bytes(data))
+        except ValueError:
+            return f"an unknown call ({len(data)} bytes) on the UsageLedger"
+        shown = ", ".join(str(v) for v in params.values())
+        return f"{function.fn_name}({shown})"
 
     # ---- transactions
 

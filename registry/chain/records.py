@@ -48,6 +48,23 @@ class Proposal:
     for_weight: int
     against_weight: int
 
+    @property
+    def is_call(self) -> bool:
+        """A call proposal (no library: the contract stores tree size 0, which a library cannot have)."""
+        return self.tree_size == 0
+
+
+@dataclass(frozen=True)
+class ProposedCall:
+    """What a call proposal calls, and its CallProposed event's fields."""
+
+    proposal_id: int
+    target: ChecksumAddress
+    data: bytes
+    proposer: ChecksumAddress
+    vote_end: int
+    block_number: int
+
 
 @dataclass(frozen=True)
 class Tallies:

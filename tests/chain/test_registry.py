@@ -920,6 +920,11 @@ def test_event_signatures_and_indexed_fields(artifacts_abi: dict[str, str]) -> N
         "VoteCast": "uint256 indexed proposalId,address indexed voter,bool support,uint256 weight",
         "LibraryUpdated": "uint256 indexed version,bytes32 indexed root,uint256 treeSize,string cid",
         "ProposalExecuted": "uint256 indexed proposalId,uint256 indexed version",
+        "CallProposed": (
+            "uint256 indexed proposalId,address indexed target,address indexed proposer,bytes data,"
+            "bytes32 salt,uint48 snapshot,uint48 voteStart,uint48 voteEnd"
+        ),
+        "CallExecuted": "uint256 indexed proposalId,address indexed target",
     }
 
 
