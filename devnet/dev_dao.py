@@ -1,6 +1,7 @@
 """The devnet's DAO in one object: dev accounts 0-2, which hold enough KEEPER between them to pass any
-proposal, approving library versions the way governance does (propose, warp into the voting window,
-three votes for, warp past voting and the execution delay, execute). For tests and benchmarks, where
+proposal, approving library versions and making calls (registering UsageLedger nodes) the way governance
+does (propose, warp into the voting window, three votes for, warp past voting and the execution delay,
+execute). For tests and benchmarks, where
 waiting out a real voting period is not an option; the `zoo-node dao` commands are the operator's way.
 """
 
@@ -46,6 +47,19 @@ class DevDao:
             voter.vote(proposal, True)
         warp(self.w3, self.wait_s)
         return proposal
+
+    def pass_call(self, target: str, data: bytes) -> int:
+        """A call proposal, voted through and left executable; returns its id."""
+        proposal = self.proposer.propose_call(target, data).proposal_id
+        warp(self.w3, 1)
+        for voter in self.voters:
+            voter.vote(proposal, True)
+        warp(self.w3, self.wait_s)
+        return proposal
+
+    def call(self, target: str, data: bytes) -> TxResult:
+        """Make the registry call `target` with `data`: propose, pass and execute."""
+        return self.execute(self.pass_call(target, data))
 
     def execute(self, proposal: int) -> TxResult:
         return self.proposer.execute(proposal)

@@ -1,5 +1,5 @@
-"""Credits on the devnet's UsageLedger the way settlement gives them, in one call: dev0 (the ledger's
-governor on the devnet) registers dev5 as a reporting node, dev5 posts a report for the last ended epoch
+"""Credits on the devnet's UsageLedger the way settlement gives them, in one call: the devnet's DAO registers
+dev5 as a reporting node (a call proposal, passed), dev5 posts a report for the last ended epoch
 crediting the account, the chain clock jumps past the challenge window, and the account claims its
 record with its proof. For tests and benchmarks that need a credit holder without waiting out an epoch.
 """
@@ -10,6 +10,7 @@ from typing import Any
 
 from web3 import Web3
 
+from zoo.devnet.dev_dao import DevDao
 from zoo.devnet.manager import DevnetInfo, warp
 from zoo.registry.chain import LedgerClient, record_leaf
 from zoo.registry.chain.ledger import EARNED
@@ -24,24 +25,26 @@ _CID = "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"
 def give_credits(info: DevnetInfo, account: Any, units: int) -> int:
     """Make `account` (an eth_account LocalAccount) hold `units` more credits; returns its balance."""
     w3 = Web3(Web3.HTTPProvider(info.rpc_url, request_kwargs={"timeout": 60}))
-    governor, reporter = dev_account(0), dev_account(REPORTER)
-    ledger = LedgerClient(w3, info.ledger_address, governor)
+    funder, reporter = dev_account(0), dev_account(REPORTER)
+    ledger = LedgerClient(w3, info.ledger_address)
     if not ledger.is_registered(reporter.address):
-        ledger.register_node(reporter.address)
+        DevDao(w3, info.registry_address, info.settings).call(
+            info.ledger_address, ledger.governor_call("registerNode", reporter.address)
+        )
     params = ledger.params()
     now = int(w3.eth.get_block("latest")["timestamp"])
     epoch = now // params.epoch_length - 1
     while LedgerClient(w3, info.ledger_address).report(reporter.address, epoch) is not None:
         now = warp(w3, params.epoch_length)  # one report per epoch: move on to a fresh one
         epoch = now // params.epoch_length - 1
-    records = [(EARNED, account.address, units), (EARNED, governor.address, 1)]
+    records = [(EARNED, account.address, units), (EARNED, funder.address, 1)]
     tree = MerkleTree.from_leaves([record_leaf(*r) for r in records])
     LedgerClient(w3, info.ledger_address, reporter).post_report(
         epoch, tree.root, tree_size=len(records), earned_units=units + 1, cid=_CID
     )
     warp(w3, params.challenge_window + 1)
     # The account claims its record itself; dev0 gives it gas money (anvil's dev accounts are unlocked).
-    w3.eth.send_transaction({"from": governor.address, "to": account.address, "value": 10**17})
+    w3.eth.send_transaction({"from": funder.address, "to": account.address, "value": 10**17})
     holder = LedgerClient(w3, info.ledger_address, account)
     holder.claim(reporter.address, epoch, units, 0, tree.prove(0).path)
     return holder.balance(account.address)

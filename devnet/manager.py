@@ -70,7 +70,7 @@ class DevnetInfo:
     settings: dict[str, int]
     genesis: dict[str, Any] = field(default_factory=dict)
     voter_registry_address: str = ""
-    ledger_address: str = ""  # the UsageLedger; its governor is dev0, the devnet's stand-in for the DAO
+    ledger_address: str = ""  # the UsageLedger; its governor is the registry (DAO call proposals)
     contracts_key: str = ""  # the compiled sources' hash (zoo.contracts.build) the chain was deployed from
     deploy_block: int = 0
     started_at: float = 0.0
@@ -404,7 +404,7 @@ class Devnet:
         info.ledger_address = deploy_ledger(
             w3,
             deployer,
-            governor=deployer.address,
+            governor=info.registry_address,  # the DAO: nodes are registered by passed call proposals
             keeper_token=info.token_address,
             epoch_length=s.epoch_s,
             challenge_window=s.challenge_window_s,

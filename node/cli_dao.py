@@ -19,7 +19,10 @@ from rich.table import Table
 
 from zoo.node.console import err, out
 
-app = typer.Typer(help="Governance: propose, vote on and execute library versions.", no_args_is_help=True)
+app = typer.Typer(
+    help="Governance: propose, vote on and execute library versions and the DAO's calls (node registration).",
+    no_args_is_help=True,
+)
 
 TOKEN = 10**18
 ConfigOpt = typer.Option(None, "--config", "-c", help="TOML config file.")
@@ -36,6 +39,7 @@ class Dao:
     devnet: bool
     ipfs_api: str | None
     cfg: Any
+    ledger_address: str | None = None
 
 
 def connect(config: Path | None, data_dir: Path | None, key: str | None, need_key: bool) -> Dao:
@@ -65,7 +69,8 @@ def connect(config: Path | None, data_dir: Path | None, key: str | None, need_ke
             raise typer.Exit(2) from None
         err.print(f"signing as {signer.address}")
     w3 = Web3(Web3.HTTPProvider(ep.rpc_url, request_kwargs={"timeout": 30}))
-    return Dao(w3, RegistryClient(w3, ep.registry_address, signer), ep.devnet, ep.ipfs_api, cfg)
+    registry = RegistryClient(w3, ep.registry_address, signer)
+    return Dao(w3, registry, ep.devnet, ep.ipfs_api, cfg, ep.ledger_address)
 
 
 @contextmanager
@@ -120,6 +125,19 @@ def existing(dao: Dao, pid: int) -> Any:
 
 def keeper(units: int) -> str:
     return f"{units / TOKEN:,.4f} KEEPER"
+
+
+def describe_call(dao: Dao, pid: int) -> str:
+    """What a call proposal calls, in words: the ledger's functions by name, anything else by its target."""
+    from zoo.registry.chain import LedgerClient
+
+    found = dao.registry.proposed_call(pid)
+    if found is None:
+        return "nothing (not a call proposal)"
+    target, data = found
+    if dao.ledger_address and target.lower() == dao.ledger_address.lower():
+        return f"{LedgerClient(dao.w3, target).describe_call(data)} on the UsageLedger {target}"
+    return f"a call to {target} (selector 0x{data[:4].hex()}, {len(data)} bytes of calldata)"
 
 
 def check_content(dao: Dao, proposal: Any, timeout_s: float | None = None, *, with_diff: bool = False) -> Any:
@@ -276,6 +294,45 @@ def propose(
         out.print(f"vote with `zoo-node dao vote {pid[:18]} --for`")
 
 
+@app.command("propose-node")
+def propose_node(
+    node: str = typer.Argument(..., help="The node's address (`zoo-node status` shows it as node_address)."),
+    deregister: bool = typer.Option(False, "--deregister", help="Propose removing the node instead."),
+    salt: str | None = typer.Option(None, "--salt", help="32-byte hex salt (default: random)."),
+    key: str | None = KeyOpt,
+    config: Path | None = ConfigOpt,
+    data_dir: Path | None = DataDirOpt,
+) -> None:
+    """Propose that the DAO register NODE on the UsageLedger, so it may post usage reports (or, with
+    --deregister, remove it). Voted on and executed like a library version: `dao vote`, `dao execute`."""
+    from web3 import Web3
+
+    from zoo.registry.chain import LedgerClient, format_proposal_id
+
+    if not Web3.is_address(node):
+        err.print(f"[red]not an address: {node!r} (0x and 40 hex digits)[/red]")
+        raise typer.Exit(2)
+    salt_bytes = parse_root(salt, "salt") if salt is not None else None
+    dao = connect(config, data_dir, key, need_key=True)
+    if not dao.ledger_address:
+        err.print("[red]no UsageLedger is configured: set chain.ledger_address (a devnet has one)[/red]")
+        raise typer.Exit(1)
+    with reverts():
+        ledger = LedgerClient(dao.w3, dao.ledger_address)
+        registered = ledger.is_registered(node)
+        if registered != deregister:
+            err.print(f"[red]refused: {Web3.to_checksum_address(node)} is "
+                      f"{'already' if registered else 'not'} registered[/red]")  # fmt: skip
+            raise typer.Exit(1)
+        data = ledger.governor_call("deregisterNode" if deregister else "registerNode", node)
+        tx = dao.registry.propose_call(dao.ledger_address, data, salt=salt_bytes)
+        prop = dao.registry.proposal(tx.proposal_id)
+    out.print(f"proposed {format_proposal_id(tx.proposal_id)}: {ledger.describe_call(data)} "
+              f"(tx {tx.tx_hash}, gas {tx.gas_used})")  # fmt: skip
+    if prop is not None:
+        out.print(f"voting {_when(prop.vote_start)} → {_when(prop.vote_end)}; then `zoo-node dao execute`")
+
+
 @app.command()
 def vote(
     proposal: str = typer.Argument(..., help="Proposal id, or an unambiguous prefix of one (0x…)."),
@@ -295,8 +352,11 @@ def vote(
     dao = connect(config, data_dir, key, need_key=True)
     pid = resolve(dao, proposal)
     with reverts():
-        if support:
-            content = check_content(dao, existing(dao, pid))
+        prop = existing(dao, pid)
+        if prop.is_call:
+            out.print(f"a call proposal: it calls {describe_call(dao, pid)}")
+        elif support:
+            content = check_content(dao, prop)
             if not content.verified:
                 if not force:
                     err.print(
@@ -318,10 +378,16 @@ def execute(
     config: Path | None = ConfigOpt,
     data_dir: Path | None = DataDirOpt,
 ) -> None:
-    """Execute a passed proposal after its voting window: it becomes the current library version."""
+    """Execute a passed proposal after its voting window: it becomes the current library version (or, for
+    a call proposal, its call is made)."""
     dao = connect(config, data_dir, key, need_key=True)
     pid = resolve(dao, proposal)
     with reverts():
+        if existing(dao, pid).is_call:
+            what = describe_call(dao, pid)
+            tx = dao.registry.execute(pid)
+            out.print(f"executed (tx {tx.tx_hash}, gas {tx.gas_used}): called {what}")
+            return
         tx = dao.registry.execute(pid)
         cur = dao.registry.current()
     out.print(
@@ -345,6 +411,10 @@ def review_cmd(
     with reverts():
         prop = existing(dao, pid)
         state = dao.registry.state(pid)
+        if prop.is_call:
+            out.print(f"proposal {format_proposal_id(pid)} ({state.name.lower()}) by {prop.proposer}")
+            out.print(f"a call proposal, no library content: it calls {describe_call(dao, pid)}")
+            return
         result = check_content(dao, prop, with_diff=True)
     out.print(f"proposal {format_proposal_id(pid)} ({state.name.lower()}) by {prop.proposer}")
     out.print(f"version {prop.parent_version + 1}: root 0x{prop.root.hex()}, {prop.tree_size} experiences, "
@@ -370,13 +440,17 @@ def proposals(
                    chain.ProposalState.SUCCEEDED}  # fmt: skip
     dao = connect(config, data_dir, None, need_key=False)
     with reverts():
-        events = dao.registry.proposal_created_events(dao.cfg.chain.from_block)[-limit:]
+        library = dao.registry.proposal_created_events(dao.cfg.chain.from_block)
+        calls = dao.registry.call_proposed_events(dao.cfg.chain.from_block)
+        events = sorted([*library, *calls], key=lambda e: e.block_number)[-limit:]
         params = dao.registry.params()
         now = int(dao.w3.eth.get_block("latest")["timestamp"])
         rows = []
         for e in reversed(events):
             state, prop = dao.registry.state(e.proposal_id), dao.registry.proposal(e.proposal_id)
-            if not verify:
+            if isinstance(e, chain.ProposedCall):
+                content = "call: " + describe_call(dao, e.proposal_id).split(" on the ")[0]
+            elif not verify:
                 content = "-"
             elif state in open_states and prop is not None:
                 content = check_content(dao, prop, timeout_s=min(5.0, dao.cfg.ipfs.timeout_s)).label
@@ -392,7 +466,7 @@ def proposals(
             chain.format_proposal_id(e.proposal_id)[:14] + "…",
             state.name.lower(),
             f"[{color}]{content}[/{color}]" if color else content,
-            str(e.parent_version + 1),
+            "-" if isinstance(e, chain.ProposedCall) else str(e.parent_version + 1),
             f"{prop.for_weight:,}" if prop else "-",
             f"{prop.against_weight:,}" if prop else "-",
             f"{prop.for_weight if prop else 0:,}/{params.quorum:,}",
@@ -421,10 +495,14 @@ def show(
     table.add_row("id", chain.format_proposal_id(p.id))
     table.add_row("state", state.name.lower())
     table.add_row("proposer", p.proposer)
-    table.add_row("root", "0x" + p.root.hex())
-    table.add_row("experiences", str(p.tree_size))
-    table.add_row("version", f"{p.parent_version + 1} (on top of version {p.parent_version})")
-    table.add_row("cid", chain.shown_cid(p.cid))
+    if p.is_call:
+        with reverts():
+            table.add_row("calls", describe_call(dao, pid))
+    else:
+        table.add_row("root", "0x" + p.root.hex())
+        table.add_row("experiences", str(p.tree_size))
+        table.add_row("version", f"{p.parent_version + 1} (on top of version {p.parent_version})")
+        table.add_row("cid", chain.shown_cid(p.cid))
     table.add_row("snapshot", f"{p.snapshot} ({_when(p.snapshot)})")
     table.add_row("voting", f"{_when(p.vote_start)} → {_when(p.vote_end)}")
     table.add_row(

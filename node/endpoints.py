@@ -17,6 +17,7 @@ class Endpoints:
     registry_address: str
     ipfs_api: str | None
     devnet: bool
+    ledger_address: str | None = None  # the UsageLedger (credits), where one is deployed or configured
 
 
 def resolve_endpoints(cfg: NodeConfig) -> Endpoints:
@@ -25,7 +26,13 @@ def resolve_endpoints(cfg: NodeConfig) -> Endpoints:
         raise EndpointsUnavailable("chain.mode is 'off': set it to 'devnet' or 'external' to use the chain")
     if cfg.chain.mode == "external":
         assert cfg.chain.rpc_url and cfg.chain.registry_address  # ChainConfig's validator guarantees both
-        return Endpoints(cfg.chain.rpc_url, cfg.chain.registry_address, cfg.ipfs.api_url, devnet=False)
+        return Endpoints(
+            cfg.chain.rpc_url,
+            cfg.chain.registry_address,
+            cfg.ipfs.api_url,
+            devnet=False,
+            ledger_address=cfg.chain.ledger_address,
+        )
     from zoo.devnet.manager import Devnet, DevnetError
 
     try:
@@ -37,4 +44,10 @@ def resolve_endpoints(cfg: NodeConfig) -> Endpoints:
             f"no devnet is running for data dir {cfg.data_dir}: start one with `zoo-node devnet up` "
             "(or `zoo-node start`, which starts it)"
         )
-    return Endpoints(info.rpc_url, info.registry_address, cfg.ipfs.api_url or info.ipfs_api, devnet=True)
+    return Endpoints(
+        info.rpc_url,
+        info.registry_address,
+        cfg.ipfs.api_url or info.ipfs_api,
+        devnet=True,
+        ledger_address=cfg.chain.ledger_address or info.ledger_address or None,
+    )

@@ -309,3 +309,44 @@ def test_delegate_moves_votes_and_back(chain: Chain) -> None:
     assert chain.token.delegates(dev4) == dev4
     assert chain.token.get_votes(dev4) == 1_000_000 * TOKEN
     assert chain.token.get_votes(dev6) == 1_000_000 * TOKEN
+
+
+def test_the_dao_registers_a_node_on_the_ledger_through_a_call_proposal(chain: Chain) -> None:
+    from zoo.registry.chain import LedgerClient
+
+    ledger = LedgerClient(chain.w3, chain.info.ledger_address)
+    node = dev_account(6).address
+    assert not ledger.is_registered(node)
+    proposed = chain.dao("propose-node", node)
+    assert proposed.returncode == 0, proposed.stderr
+    pid = proposal_id_in(proposed.stdout)
+    assert f"proposed {pid}: registerNode({node})" in proposed.stdout
+    warp(chain.w3, 1)
+    voted = chain.dao("vote", pid[:12], "--for", "--key", "dev1")
+    assert voted.returncode == 0, voted.stderr
+    assert f"a call proposal: it calls registerNode({node}) on the UsageLedger" in voted.stdout
+    assert chain.dao("vote", pid, "--for", "--key", "dev0").returncode == 0
+    shown = chain.dao("show", pid)
+    assert shown.returncode == 0 and f"registerNode({node})" in shown.stdout, shown.stdout
+    assert "call: registerNode" in row_of(chain.dao("proposals").stdout, pid)
+    early = chain.dao("execute", pid)
+    assert early.returncode == 1 and "cannot be executed before" in early.stderr, early.stderr
+    settings = chain.info.settings
+    warp(chain.w3, settings["voting_period_s"] + settings["execution_delay_s"] + 1)
+    executed = chain.dao("execute", pid)
+    assert executed.returncode == 0, executed.stderr
+    assert f"called registerNode({node})" in executed.stdout
+    assert ledger.is_registered(node)
+    # Proposing what is already so is refused before any transaction; a malformed address is a usage error.
+    again = chain.dao("propose-node", node)
+    assert again.returncode == 1 and "already registered" in again.stderr, again.stderr
+    absent = chain.dao("propose-node", dev_account(7).address, "--deregister")
+    assert absent.returncode == 1 and "not registered" in absent.stderr, absent.stderr
+    bad = chain.dao("propose-node", "0x1234")
+    assert bad.returncode == 2 and "not an address" in bad.stderr, bad.stderr
+    # The ledger itself refuses anyone but the DAO (its governor is the registry).
+    from zoo.registry.chain import ContractRevert
+
+    with pytest.raises(ContractRevert) as refused:
+        LedgerClient(chain.w3, chain.info.ledger_address, dev_account(0)).register_node(node)
+    assert refused.value.error == "NotGovernor"
