@@ -312,6 +312,11 @@ class CreditsConfig(_Section):
     only with a UsageLedger), so a holder under load does not wait for a slot to free."""
     balance_ttl_s: float = Field(5.0, gt=0, le=3600)
     """How long a credit balance read from the chain is trusted before it is read again."""
+    settle: bool = True
+    """With a UsageLedger: post each ended epoch's usage report and apply its spends (node/credits/
+    settlement.py; the node must be registered by the DAO: `zoo-node dao propose-node`)."""
+    settle_interval_s: float = Field(30.0, gt=0, le=86_400)
+    """How often settlement looks for ended epochs and reports whose challenge window has passed."""
 
 
 class P2PConfig(_Section):

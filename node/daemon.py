@@ -140,7 +140,12 @@ def wire(cfg: NodeConfig) -> Wiring:
 
 
 def build_components(
-    cfg: NodeConfig, data_dir: DataDir, model_path: Path, wiring: Wiring, metrics: NodeMetrics
+    cfg: NodeConfig,
+    data_dir: DataDir,
+    model_path: Path,
+    wiring: Wiring,
+    metrics: NodeMetrics,
+    meter: UsageMeter,
 ) -> list[Component]:
     comps: list[Component] = []
     if wiring.rpc_url:
@@ -184,7 +189,31 @@ def build_components(
     if p2p is not None:
         p2p.on_newer_version = lambda _version: library.wake()
     comps += [library, retrieval, _job_runner(cfg, data_dir, model, library, retrieval, metrics)]
+    comps.append(_settlement(cfg, data_dir, wiring, metrics, meter))
     return comps
+
+
+def _settlement(
+    cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, metrics: NodeMetrics, meter: UsageMeter
+) -> Component:
+    if not (wiring.rpc_url and wiring.ledger_address):
+        return DisabledComponent("settlement", "no UsageLedger (chain.ledger_address)")
+    if not cfg.credits.settle:
+        return DisabledComponent("settlement", "credits.settle = false")
+    from zoo.node.credits.settlement import Settlement  # web3 and eth_account load in its setup thread
+
+    data_dir.node_address()  # the key exists before settlement reads it
+    return Settlement(
+        meter,
+        rpc_url=wiring.rpc_url,
+        ledger_address=wiring.ledger_address,
+        ipfs_api=wiring.ipfs_api,
+        key_file=data_dir.key_file,
+        reports_dir=data_dir.path / "reports",
+        poll_s=cfg.credits.settle_interval_s,
+        devnet=cfg.chain.mode == "devnet",
+        on_failure=metrics.settlement_failures.inc,
+    )
 
 
 def _job_runner(
@@ -394,7 +423,8 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
             raise StartupError(f"cannot serve metrics on {cfg.metrics.listen}: {e}") from None
         metrics_url = f"http://{host}:{bound}/metrics"
 
-    supervisor = Supervisor(build_components(cfg, data_dir, model_path, wiring, metrics))
+    meter = UsageMeter(data_dir.path / "usage.sqlite", wiring.epoch_s or cfg.credits.epoch_s)
+    supervisor = Supervisor(build_components(cfg, data_dir, model_path, wiring, metrics, meter))
     supervisor.on_change(metrics.component_changed)
     health = HealthBridge(supervisor)
     host, _ = parse_listen(cfg.server.listen)
@@ -404,7 +434,6 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
     )
     library = supervisor.components["library"]
     assert isinstance(library, LibraryComponent)
-    meter = UsageMeter(data_dir.path / "usage.sqlite", wiring.epoch_s or cfg.credits.epoch_s)
     credits = _credit_book(cfg, wiring, meter)
     node_address = data_dir.node_address()
     identify = Identify(

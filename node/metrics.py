@@ -76,6 +76,9 @@ class NodeMetrics:
             ["outcome"],
             registry=r,
         )
+        self.settlement_failures = Counter(
+            "zoo_settlement_failures", "Settlement rounds that failed (and will be tried again)", registry=r
+        )
         self.metered_units = Counter(
             "zoo_metered_units", "Usage units (answer tokens) credited to experience authors", registry=r
         )

@@ -299,6 +299,11 @@ class UsageMeter:
         with self._db_lock:
             self._db.execute("INSERT OR IGNORE INTO settled VALUES (?, ?)", (epoch, self._clock()))
 
+    def settled_epochs(self) -> set[int]:
+        """Epochs settlement is done with (reported and spends applied, or nothing to report)."""
+        with self._db_lock:
+            return {r[0] for r in self._db.execute("SELECT epoch FROM settled")}
+
     def answered(self, epoch: int) -> tuple[int, int]:
         """Requests answered and their units in one epoch."""
         with self._db_lock:

@@ -456,4 +456,12 @@ def test_a_credit_holder_is_charged_for_its_answers(node: NodeProcess) -> None:
     assert clients[account.address]["spent"] == tokens > 0
     with NodeClient(node.address) as c:
         serving = c.status().serving
+        # Settlement runs beside serving; this node was never registered by the DAO, so it says how.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            settlement = next(x for x in c.status().components if x.name == "settlement")
+            if "propose-node" in settlement.detail:
+                break
+            time.sleep(0.5)
     assert serving.credit_holders_admitted >= 1 and serving.reserved_slots == 1
+    assert "not registered on the UsageLedger" in settlement.detail, settlement

@@ -1,0 +1,172 @@
+"""A node's usage report for one epoch: what it posts to the UsageLedger (the RFC 9162 root of its records)
+and to IPFS (this content, canonical JSON), and how anyone checks the one against the other.
+
+Records are (kind, account, units): EARNED units for each author whose `provenance.author` is an Ethereum
+address, SPENT credits for each signed client that paid with them. Authors that are not addresses (a job's
+"job:…" author, a name) cannot claim anything: their units are listed apart, outside the tree. When the
+earned units exceed the ledger's per-report cap, every author's units are scaled down by the same factor
+(floored) so the report stays postable; `earned_before_cap` says so. The leaves are in the order of
+`records`, sorted by kind then account, so a report's bytes and root follow from its content alone.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from eth_utils import is_address, to_checksum_address
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from zoo.registry.chain.ledger import EARNED, SPENT, record_leaf
+from zoo.registry.merkle import MerkleTree
+
+FORMAT = "zoo.usage-report/1"
+KIND_NAMES = {EARNED: "earned", SPENT: "spent"}
+_KINDS = {name: kind for kind, name in KIND_NAMES.items()}
+MAX_RECORDS = 100_000
+
+
+class ReportError(ValueError):
+    """Report content that is malformed or does not match what the ledger holds."""
+
+
+@dataclass(frozen=True, order=True)
+class Record:
+    kind: int
+    account: str  # checksummed
+    units: int
+
+    @property
+    def leaf(self) -> bytes:
+        return record_leaf(self.kind, self.account, self.units)
+
+
+class _RecordModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    kind: str = Field(pattern="^(earned|spent)$")
+    account: str = Field(pattern="^0x[0-9a-fA-F]{40}$")
+    units: int = Field(gt=0, lt=2**256)
+
+
+class _ReportModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    format: str = Field(pattern=f"^{FORMAT}$")
+    node: str = Field(pattern="^0x[0-9a-fA-F]{40}$")
+    epoch: int = Field(ge=0)
+    epoch_length: int = Field(gt=0)
+    records: list[_RecordModel] = Field(max_length=MAX_RECORDS)
+    unclaimable: dict[str, int] = Field(default_factory=dict, max_length=MAX_RECORDS)
+    earned_before_cap: int | None = None
+
+
+@dataclass(frozen=True)
+class Report:
+    node: str
+    epoch: int
+    epoch_length: int
+    records: tuple[Record, ...]
+    unclaimable: Mapping[str, int]  # authors that are not addresses -> units (not in the tree)
+    earned_before_cap: int | None = None  # the earned total before scaling to the cap, when it was scaled
+
+    @property
+    def earned_units(self) -> int:
+        return sum(r.units for r in self.records if r.kind == EARNED)
+
+    def tree(self) -> MerkleTree:
+        return MerkleTree.from_leaves([r.leaf for r in self.records])
+
+    def find(self, kind: int, account: str) -> tuple[int, Record] | None:
+        """(leaf index, record) of `account`'s record of `kind`, or None."""
+        wanted = to_checksum_address(account)
+        for i, r in enumerate(self.records):
+            if r.kind == kind and r.account == wanted:
+                return i, r
+        return None
+
+    def encode(self) -> bytes:
+        """Canonical JSON: sorted keys, no spaces, ASCII."""
+        body: dict[str, object] = {
+            "format": FORMAT,
+            "node": self.node,
+            "epoch": self.epoch,
+            "epoch_length": self.epoch_length,
+            "records": [
+                {"kind": KIND_NAMES[r.kind], "account": r.account, "units": r.units} for r in self.records
+            ],
+            "unclaimable": dict(sorted(self.unclaimable.items())),
+        }
+        if self.earned_before_cap is not None:
+            body["earned_before_cap"] = self.earned_before_cap
+        return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Report:
+        """A report from its bytes (untrusted: fetched from IPFS); ReportError says what is wrong."""
+        try:
+            model = _ReportModel.model_validate_json(data)
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "content"
+            raise ReportError(f"not a usage report: {where}: {first['msg']}") from None
+        records = tuple(
+            Record(_KINDS[r.kind], to_checksum_address(r.account), r.units) for r in model.records
+        )
+        if list(records) != sorted(records) or len(set((r.kind, r.account) for r in records)) != len(records):
+            raise ReportError("not a usage report: records must be sorted by kind and account, one per pair")
+        return cls(
+            to_checksum_address(model.node), model.epoch, model.epoch_length, records,
+            dict(model.unclaimable), model.earned_before_cap,
+        )  # fmt: skip
+
+    def check_against(self, node: str, epoch: int, root: bytes, tree_size: int, earned_units: int) -> None:
+        """Raise ReportError naming the first thing in which this content differs from the posted report."""
+        if self.node != to_checksum_address(node) or self.epoch != epoch:
+            raise ReportError(
+                f"the content is the report of node {self.node}, epoch {self.epoch}, not of node "
+                f"{to_checksum_address(node)}, epoch {epoch}"
+            )
+        if len(self.records) != tree_size:
+            raise ReportError(
+                f"the content holds {len(self.records)} records; the ledger's root covers {tree_size}"
+            )
+        got = self.tree().root
+        if got != root:
+            raise ReportError(
+                f"the content's records give root 0x{got.hex()}, not the ledger's 0x{root.hex()}"
+            )
+        if self.earned_units != earned_units:
+            raise ReportError(
+                f"the content's records earn {self.earned_units} units; the ledger was told {earned_units}"
+            )
+
+
+def build_report(
+    node: str,
+    epoch: int,
+    epoch_length: int,
+    earned_by_author: Mapping[str, int],
+    spent_by_client: Mapping[str, int],
+    cap: int,
+) -> Report:
+    """The report of one epoch's metered usage (see the module docstring for the rules)."""
+    earned: dict[str, int] = {}
+    unclaimable: dict[str, int] = {}
+    for author, units in earned_by_author.items():
+        if units <= 0:
+            continue
+        if is_address(author):
+            key = to_checksum_address(author)
+            earned[key] = earned.get(key, 0) + units
+        else:
+            unclaimable[author] = unclaimable.get(author, 0) + units
+    total = sum(earned.values())
+    before_cap = None
+    if total > cap:
+        before_cap = total
+        earned = {a: u * cap // total for a, u in earned.items()}
+    records = [Record(EARNED, a, u) for a, u in earned.items() if u > 0]
+    records += [Record(SPENT, to_checksum_address(c), u) for c, u in spent_by_client.items() if u > 0]
+    return Report(
+        to_checksum_address(node), epoch, epoch_length, tuple(sorted(records)), unclaimable, before_cap
+    )

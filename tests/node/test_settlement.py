@@ -1,0 +1,225 @@
+"""Settlement on a real devnet (anvil, IPFS, the deployed UsageLedger) with a real usage meter: an ended
+epoch's usage becomes a posted report whose IPFS content matches its root, authors claim from it, the
+clients' spends are applied after the challenge window, and every failure leaves the meter as it was."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from eth_account import Account
+from web3 import Web3
+
+from tests.devnet import tear_down
+from zoo.devnet.dev_dao import DevDao
+from zoo.devnet.dev_ledger import give_credits
+from zoo.devnet.manager import Devnet, DevnetInfo, DevnetSettings, warp
+from zoo.node.components import State
+from zoo.node.credits.meter import Served, UsageMeter
+from zoo.node.credits.report import Report, ReportError, build_report
+from zoo.node.credits.settlement import Settlement
+from zoo.registry.chain import ContractRevert, LedgerClient
+from zoo.registry.chain.ledger import EARNED, SPENT
+from zoo.registry.ipfs import IpfsClient
+from zoo.registry.keys import dev_account
+
+EPOCH, WINDOW = 600, 60
+AUTHOR = dev_account(7)
+
+
+@dataclass
+class Clock:
+    t: float
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture(scope="module")
+def devnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevnetInfo]:
+    data_dir = tmp_path_factory.mktemp("settlement-devnet")
+    try:
+        info, _ = Devnet(data_dir, DevnetSettings(epoch_s=EPOCH, challenge_window_s=WINDOW)).up(
+            die_with_parent=True
+        )
+        yield info
+    finally:
+        tear_down(data_dir)
+
+
+class Node:
+    """A node's key, meter and settlement against the devnet, on a clock of its own."""
+
+    def __init__(self, info: DevnetInfo, tmp: Path) -> None:
+        self.info = info
+        self.w3 = Web3(Web3.HTTPProvider(info.rpc_url))
+        self.key = Account.create()
+        (tmp / "node.key").write_text(self.key.key.hex())
+        self.clock = Clock(self.chain_now())
+        self.meter = UsageMeter(tmp / "usage.sqlite", EPOCH, clock=self.clock)
+        self.failures = 0
+        self.settlement = Settlement(
+            self.meter, rpc_url=info.rpc_url, ledger_address=info.ledger_address, ipfs_api=info.ipfs_api,
+            key_file=tmp / "node.key", reports_dir=tmp / "reports", devnet=True, clock=self.clock,
+            on_failure=self.failed,
+        )  # fmt: skip
+        self.ledger = LedgerClient(self.w3, info.ledger_address)
+
+    def failed(self) -> None:
+        self.failures += 1
+
+    def chain_now(self) -> int:
+        return int(self.w3.eth.get_block("latest")["timestamp"])
+
+    def meter_usage(self, units: int, authors: list[str], client: str = "", spent: int = 0) -> int:
+        served = [Served(f"e{i}-{secrets.token_hex(2)}", a, True) for i, a in enumerate(authors)]
+        usage = self.meter.usage_of(units, served, client, spent)
+        self.meter.submit(usage).result(timeout=10)
+        return usage.epoch
+
+    def end_epoch(self, epoch: int) -> None:
+        """Move both clocks past the end of `epoch`."""
+        end = (epoch + 1) * EPOCH
+        self.clock.t = max(self.clock.t, end + 1)
+        if self.chain_now() <= end:
+            warp(self.w3, end + 1 - self.chain_now())
+
+    def register(self) -> None:
+        DevDao.of(self.info).call(
+            self.info.ledger_address, self.ledger.governor_call("registerNode", self.key.address)
+        )
+
+
+@pytest.fixture
+def node(devnet: DevnetInfo, tmp_path: Path) -> Iterator[Node]:
+    n = Node(devnet, tmp_path)
+    yield n
+    n.meter.close()
+
+
+def test_an_ended_epoch_is_reported_claimed_and_its_spends_applied(node: Node, devnet: DevnetInfo) -> None:
+    holder = Account.create()
+    give_credits(devnet, holder, 1_000)
+    node.clock.t = node.chain_now()  # give_credits moved the chain on
+    node.settlement.connect()
+    # Not registered: nothing is posted, the usage stays, the component says why.
+    epoch = node.meter_usage(90, [AUTHOR.address, "job:tfgrpo-1", AUTHOR.address], holder.address, spent=40)
+    node.meter_usage(10, [AUTHOR.address])
+    node.end_epoch(epoch)
+    assert node.settlement.settle_once() is None
+    assert node.settlement._state is State.DEGRADED and "propose-node" in node.settlement._detail
+    assert node.ledger.report(node.key.address, epoch) is None and epoch not in node.meter.settled_epochs()
+
+    node.register()
+    node.end_epoch(epoch)
+    done = node.settlement.settle_once()
+    assert done is not None and done.posted == [epoch], done
+    posted = node.ledger.report(node.key.address, epoch)
+    assert posted is not None and posted.tree_size == 2  # the author's earnings, the holder's spend
+    # Anyone can fetch the content and check it against the root; the job author is listed, unclaimable.
+    with IpfsClient(devnet.ipfs_api) as ipfs:
+        report = Report.decode(ipfs.fetch_verified(posted.cid))
+    report.check_against(node.key.address, epoch, posted.root, posted.tree_size, posted.earned_units)
+    assert report.find(EARNED, AUTHOR.address)[1].units == 70  # type: ignore[index]
+    assert report.unclaimable == {"job:tfgrpo-1": 30}
+    assert report.find(SPENT, holder.address)[1].units == 40  # type: ignore[index]
+    assert posted.earned_units == 70
+    # A second round in the challenge window neither posts again nor applies anything.
+    again = node.settlement.settle_once()
+    assert again is not None and again.waiting == [epoch] and not again.posted
+    assert node.ledger.spent(holder.address) == 0 and node.meter.spent_unsettled(holder.address) == 40
+
+    warp(node.w3, WINDOW + 1)
+    done = node.settlement.settle_once()
+    assert done is not None and done.applied == [epoch]
+    assert node.ledger.spent(holder.address) == 40 and node.ledger.balance(holder.address) == 960
+    assert node.meter.spent_unsettled(holder.address) == 0 and epoch in node.meter.settled_epochs()
+    # The author claims with a proof from the published content; once only.
+    index, record = report.find(EARNED, AUTHOR.address)  # type: ignore[misc]
+    author = LedgerClient(node.w3, devnet.ledger_address, AUTHOR)
+    author.claim(node.key.address, epoch, record.units, index, report.tree().prove(index).path)
+    assert author.balance(AUTHOR.address) >= 70
+    with pytest.raises(ContractRevert) as twice:
+        author.claim(node.key.address, epoch, record.units, index, report.tree().prove(index).path)
+    assert twice.value.error == "AlreadySettled"
+    final = node.settlement.settle_once()
+    assert final is not None and final.describe() == "nothing to settle"
+
+
+def test_an_epoch_with_nothing_claimable_is_settled_without_a_report(node: Node) -> None:
+    node.register()
+    epoch = node.meter_usage(50, ["job:only-a-job"])
+    node.end_epoch(epoch)
+    done = node.settlement.settle_once()
+    assert done is not None and done.skipped == [epoch] and not done.posted
+    assert node.ledger.report(node.key.address, epoch) is None and epoch in node.meter.settled_epochs()
+
+
+def test_a_report_whose_kept_content_was_altered_is_not_applied(node: Node) -> None:
+    node.register()
+    client = Account.create().address
+    epoch = node.meter_usage(20, [AUTHOR.address], client, spent=5)
+    node.end_epoch(epoch)
+    assert node.settlement.settle_once().posted == [epoch]  # type: ignore[union-attr]
+    kept = node.settlement.reports_dir / f"epoch-{epoch}.json"
+    kept.write_bytes(kept.read_bytes().replace(b'"units":5', b'"units":6'))
+    warp(node.w3, WINDOW + 1)
+    with pytest.raises(ReportError, match="root"):
+        node.settlement.settle_once()
+    assert epoch not in node.meter.settled_epochs() and node.ledger.spent(client) == 0
+    kept.unlink()  # without the kept file, the content comes from IPFS, checked against the root
+    assert node.settlement.settle_once().applied == [epoch]  # type: ignore[union-attr]
+
+
+def test_a_failing_chain_degrades_settlement_and_loses_nothing(node: Node, devnet: DevnetInfo) -> None:
+    import asyncio
+
+    broken = Settlement(
+        node.meter, rpc_url="http://127.0.0.1:9", ledger_address=devnet.ledger_address, ipfs_api=None,
+        key_file=node.settlement.key_file, reports_dir=node.settlement.reports_dir, poll_s=0.05,
+        on_failure=node.failed,
+    )  # fmt: skip
+    epoch = node.meter_usage(10, [AUTHOR.address])
+
+    async def two_rounds() -> tuple[State, str]:
+        task = asyncio.create_task(broken.run_forever())
+        for _ in range(200):
+            await asyncio.sleep(0.05)
+            if node.failures >= 2:
+                break
+        task.cancel()
+        return await broken.probe()
+
+    state, detail = asyncio.run(two_rounds())
+    assert node.failures >= 2 and state is State.DEGRADED and "Connection" in detail, detail
+    assert epoch in node.meter.epochs() and epoch not in node.meter.settled_epochs()
+
+
+def test_reports_are_canonical_capped_and_refuse_bad_content() -> None:
+    a, b, c = (Account.create().address for _ in range(3))
+    report = build_report(a, 7, EPOCH, {b: 600, c: 300, "job:x": 5, a.lower(): 100}, {b: 9}, cap=500)
+    # Scaled to the cap by one factor; an address in any case is one author; a job author earns nothing.
+    assert report.earned_before_cap == 1000 and report.unclaimable == {"job:x": 5}
+    assert {r.account: r.units for r in report.records if r.kind == EARNED} == {b: 300, c: 150, a: 50}
+    assert [(r.kind, r.account) for r in report.records] == sorted(
+        (r.kind, r.account) for r in report.records
+    )
+    again = Report.decode(report.encode())
+    assert again == report and again.encode() == report.encode()
+    assert again.tree().root == report.tree().root
+    for bad, match in [
+        (b"{}", "format"),
+        (report.encode().replace(b'"epoch":7', b'"epoch":-1'), "epoch"),
+        (report.encode().replace(b'"kind":"spent"', b'"kind":"stolen"'), "kind"),
+        (report.encode().replace(b'"format"', b'"extra":1,"format"'), "extra"),
+        (b"not json", "usage report"),
+    ]:
+        with pytest.raises(ReportError, match=match):
+            Report.decode(bad)
+    with pytest.raises(ReportError, match="node"):
+        report.check_against(b, 7, report.tree().root, len(report.records), report.earned_units)
+    with pytest.raises(ReportError, match="earn"):
+        report.check_against(a, 7, report.tree().root, len(report.records), report.earned_units + 1)
