@@ -74,6 +74,7 @@ def test_get_status_fields(node: NodeProcess) -> None:
         "library": "COMPONENT_STATE_DEGRADED",
         "retrieval": "COMPONENT_STATE_DEGRADED",
         "jobs": "COMPONENT_STATE_SERVING",
+        "settlement": "COMPONENT_STATE_DISABLED",  # no chain, no UsageLedger
     }
 
 
