@@ -12,14 +12,12 @@ from web3 import Web3
 
 from zoo.devnet.dev_dao import DevDao
 from zoo.devnet.manager import DevnetInfo, warp
-from zoo.registry.chain import LedgerClient, record_leaf
-from zoo.registry.chain.ledger import EARNED
+from zoo.registry.chain import LedgerClient
+from zoo.registry.ipfs import IpfsClient
 from zoo.registry.keys import dev_account
-from zoo.registry.merkle import MerkleTree
+from zoo.registry.usage_report import build_report
 
 REPORTER = 5
-# A CID the ledger accepts; the records are not published (nobody challenges on the devnet).
-_CID = "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"
 
 
 def give_credits(info: DevnetInfo, account: Any, units: int) -> int:
@@ -37,14 +35,23 @@ def give_credits(info: DevnetInfo, account: Any, units: int) -> int:
     while LedgerClient(w3, info.ledger_address).report(reporter.address, epoch) is not None:
         now = warp(w3, params.epoch_length)  # one report per epoch: move on to a fresh one
         epoch = now // params.epoch_length - 1
-    records = [(EARNED, account.address, units), (EARNED, funder.address, 1)]
-    tree = MerkleTree.from_leaves([record_leaf(*r) for r in records])
+    # Published like a node's report, so `zoo-node credits show` can check it against its root.
+    report = build_report(
+        reporter.address,
+        epoch,
+        params.epoch_length,
+        {account.address: units},
+        {},
+        params.max_units_per_report,
+    )
+    with IpfsClient(info.ipfs_api) as ipfs:
+        cid = ipfs.add(report.encode())
     LedgerClient(w3, info.ledger_address, reporter).post_report(
-        epoch, tree.root, tree_size=len(records), earned_units=units + 1, cid=_CID
+        epoch, report.tree().root, tree_size=1, earned_units=units, cid=cid
     )
     warp(w3, params.challenge_window + 1)
     # The account claims its record itself; dev0 gives it gas money (anvil's dev accounts are unlocked).
     w3.eth.send_transaction({"from": funder.address, "to": account.address, "value": 10**17})
     holder = LedgerClient(w3, info.ledger_address, account)
-    holder.claim(reporter.address, epoch, units, 0, tree.prove(0).path)
+    holder.claim(reporter.address, epoch, units, 0, report.tree().prove(0).path)
     return holder.balance(account.address)

@@ -32,7 +32,7 @@ app.add_typer(contracts_app, name="contracts")
 
 def _add_groups() -> None:
     # Imported here so that `zoo-node --help` stays fast and each group lives in its own module.
-    from zoo.node import cli_dao, cli_devnet, cli_job, cli_library, cli_usage
+    from zoo.node import cli_credits, cli_dao, cli_devnet, cli_job, cli_library, cli_usage
 
     app.add_typer(cli_devnet.app, name="devnet")
     app.add_typer(cli_dao.app, name="dao")
@@ -40,6 +40,7 @@ def _add_groups() -> None:
     app.add_typer(cli_job.app, name="job")
     app.add_typer(cli_job.train_app, name="train")
     app.add_typer(cli_usage.app, name="usage")
+    app.add_typer(cli_credits.app, name="credits")
 
 
 _add_groups()

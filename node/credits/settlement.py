@@ -145,7 +145,7 @@ class Settlement(Component):
         return done
 
     def _settle_epoch(self, epoch: int, chain_now: int, done: Round) -> None:
-        from zoo.node.credits.report import build_report
+        from zoo.registry.usage_report import build_report
 
         posted = self.ledger.report(self.node, epoch)
         if posted is None:
@@ -193,8 +193,8 @@ class Settlement(Component):
         done.applied.append(epoch)
 
     def _apply_spent(self, epoch: int, posted: Any) -> None:
-        from zoo.node.credits.report import Report
         from zoo.registry.chain.ledger import SPENT
+        from zoo.registry.usage_report import Report
 
         path = self._report_file(epoch)
         if path.exists():

@@ -13,6 +13,7 @@ from typing import Any
 from eth_typing import ChecksumAddress
 from hexbytes import HexBytes
 from web3 import Web3
+from web3.types import BlockIdentifier
 
 from zoo.registry.chain.client import _ContractClient
 from zoo.registry.chain.ids import to_bytes32
@@ -167,6 +168,21 @@ class LedgerClient(_ContractClient):
                 Web3.to_checksum_address(account),
             )
         )
+
+    def report_posted_events(
+        self, from_block: BlockIdentifier = 0, node: str | None = None
+    ) -> list[UsageReport]:
+        """The reports posted (as ReportPosted announced them), oldest first; only `node`'s if given.
+        Their live state (challenged, voided, claimed) is in `report`."""
+        filters = {"node": Web3.to_checksum_address(node)} if node else None
+        logs = self.contract.events.ReportPosted().get_logs(argument_filters=filters, from_block=from_block)
+        reports = []
+        for e in sorted(logs, key=lambda e: (e["blockNumber"], e["logIndex"])):
+            a = e["args"]
+            node_address = Web3.to_checksum_address(a["node"])
+            reports.append(UsageReport(node_address, int(a["epoch"]), bytes(a["root"]), int(a["treeSize"]), 0,
+                                       False, False, int(a["earnedUnits"]), 0, str(a["cid"])))  # fmt: skip
+        return reports
 
     def leaf(self, kind: int, account: str, units: int) -> bytes:
         return bytes(self._call("leaf", int(kind), Web3.to_checksum_address(account), int(units)))

@@ -4,7 +4,9 @@ clients' spends are applied after the challenge window, and every failure leaves
 
 from __future__ import annotations
 
+import json
 import secrets
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,18 +15,18 @@ import pytest
 from eth_account import Account
 from web3 import Web3
 
-from tests.devnet import tear_down
+from tests.devnet import tear_down, zoo
 from zoo.devnet.dev_dao import DevDao
 from zoo.devnet.dev_ledger import give_credits
 from zoo.devnet.manager import Devnet, DevnetInfo, DevnetSettings, warp
 from zoo.node.components import State
 from zoo.node.credits.meter import Served, UsageMeter
-from zoo.node.credits.report import Report, ReportError, build_report
 from zoo.node.credits.settlement import Settlement
 from zoo.registry.chain import ContractRevert, LedgerClient
 from zoo.registry.chain.ledger import EARNED, SPENT
 from zoo.registry.ipfs import IpfsClient
 from zoo.registry.keys import dev_account
+from zoo.registry.usage_report import Report, ReportError, build_report
 
 EPOCH, WINDOW = 600, 60
 AUTHOR = dev_account(7)
@@ -39,15 +41,20 @@ class Clock:
 
 
 @pytest.fixture(scope="module")
-def devnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevnetInfo]:
+def devnet_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     data_dir = tmp_path_factory.mktemp("settlement-devnet")
     try:
-        info, _ = Devnet(data_dir, DevnetSettings(epoch_s=EPOCH, challenge_window_s=WINDOW)).up(
-            die_with_parent=True
-        )
-        yield info
+        Devnet(data_dir, DevnetSettings(epoch_s=EPOCH, challenge_window_s=WINDOW)).up(die_with_parent=True)
+        yield data_dir
     finally:
         tear_down(data_dir)
+
+
+@pytest.fixture(scope="module")
+def devnet(devnet_dir: Path) -> DevnetInfo:
+    info = Devnet(devnet_dir).info()
+    assert info is not None
+    return info
 
 
 class Node:
@@ -57,6 +64,7 @@ class Node:
         self.info = info
         self.w3 = Web3(Web3.HTTPProvider(info.rpc_url))
         self.key = Account.create()
+        tmp.mkdir(parents=True, exist_ok=True)
         (tmp / "node.key").write_text(self.key.key.hex())
         self.clock = Clock(self.chain_now())
         self.meter = UsageMeter(tmp / "usage.sqlite", EPOCH, clock=self.clock)
@@ -223,3 +231,59 @@ def test_reports_are_canonical_capped_and_refuse_bad_content() -> None:
         report.check_against(b, 7, report.tree().root, len(report.records), report.earned_units)
     with pytest.raises(ReportError, match="earn"):
         report.check_against(a, 7, report.tree().root, len(report.records), report.earned_units + 1)
+
+
+def test_credits_show_and_claim_from_the_cli(
+    node: Node, devnet: DevnetInfo, devnet_dir: Path, tmp_path: Path
+) -> None:
+    author = Account.create()
+    node.w3.eth.send_transaction({"from": dev_account(0).address, "to": author.address, "value": 10**17})
+    env = {"AUTHOR_KEY": author.key.hex()}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return zoo("credits", *args, "--data-dir", str(devnet_dir), env=env)
+
+    node.register()
+    epoch = node.meter_usage(40, [author.address])
+    node.end_epoch(epoch)
+    assert node.settlement.settle_once().posted == [epoch]  # type: ignore[union-attr]
+    shown = cli("show", author.address)
+    assert shown.returncode == 0, shown.stderr
+    assert "waiting" in shown.stdout and "challenge window" in shown.stdout, shown.stdout
+    early = cli("claim", "--key", "env:AUTHOR_KEY")
+    assert early.returncode == 0 and "claimed 0 now" in early.stdout and "not yet" in early.stdout, (
+        early.stdout
+    )
+    warp(node.w3, WINDOW + 1)
+    claimed = cli("claim", "--key", "env:AUTHOR_KEY")
+    assert claimed.returncode == 0, claimed.stderr
+    assert f"claimed 40 credits from node {node.key.address}, epoch {epoch}" in claimed.stdout, claimed.stdout
+    assert node.ledger.balance(author.address) == 40
+    again = cli("claim", "--key", "env:AUTHOR_KEY")
+    assert again.returncode == 0 and "claimed 0 now; balance 40" in again.stdout, again.stdout
+    listed = cli("show", author.address, "--json")
+    doc = json.loads(listed.stdout)
+    assert doc["balance"] == 40 and [r["status"] for r in doc["records"]] == ["claimed"], doc
+
+    # A node posts a root that its CID's content does not give: shown as such, never claimed from.
+    liar = Node(devnet, tmp_path / "liar")
+    try:
+        liar.settlement.connect()
+        liar.register()
+        lie_epoch = liar.chain_now() // EPOCH - 1
+        honest = build_report(liar.key.address, lie_epoch, EPOCH, {author.address: 5}, {}, cap=10**6)
+        with IpfsClient(devnet.ipfs_api) as ipfs:
+            cid = ipfs.add(honest.encode())
+        inflated = build_report(liar.key.address, lie_epoch, EPOCH, {author.address: 500}, {}, cap=10**6)
+        liar.settlement.ledger.post_report(
+            lie_epoch, inflated.tree().root, tree_size=1, earned_units=5, cid=cid
+        )
+    finally:
+        liar.meter.close()
+    warp(node.w3, WINDOW + 1)
+    bad = cli("show", author.address, "--node", liar.key.address)
+    assert bad.returncode == 1 and "content mismatch" in bad.stdout and "not the" in bad.stdout, bad.stdout
+    refused = cli("claim", "--key", "env:AUTHOR_KEY", "--node", liar.key.address)
+    assert refused.returncode == 1 and "content mismatch" in refused.stderr, refused.stderr
+    assert node.ledger.balance(author.address) == 40
+    assert cli("show", "0x1234").returncode == 2  # bad input is a usage error

@@ -1,0 +1,203 @@
+"""`zoo-node credits …`: inference credits on the UsageLedger — what an address holds and can claim, and
+claiming it.
+
+An author's credits come from the usage reports nodes post: each names the IPFS CID of its content, whose
+records must give the root the ledger holds. `show` and `claim` fetch every report (or those of --node /
+--epoch), check its content against its on-chain root, and find the address's records in it; a report
+whose content is unavailable or does not match is shown with the reason and never claimed from.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from zoo.node.cli_dao import ConfigOpt, Dao, DataDirOpt, KeyOpt, connect, reverts
+from zoo.node.console import err, out
+
+app = typer.Typer(help="Inference credits: balances, claimable usage, claims.", no_args_is_help=True)
+
+NodeOpt = typer.Option(None, "--node", help="Only reports of this node (address).")
+EpochOpt = typer.Option(None, "--epoch", min=0, help="Only reports of this epoch.")
+
+
+@dataclass
+class Entry:
+    """One record of `account` in one report, or a report that could not be read."""
+
+    node: str
+    epoch: int
+    kind: str  # earned | spent | "" (the report could not be checked)
+    units: int
+    status: str  # claimable | claimed | applied | pending | waiting | challenged | voided | unreadable
+    detail: str = ""
+    index: int = -1
+    proof: list[str] | None = None
+
+
+def _ledger(dao: Dao, signer: Any = None) -> Any:
+    from zoo.registry.chain import LedgerClient
+
+    if not dao.ledger_address:
+        err.print("[red]no UsageLedger is configured: set chain.ledger_address (a devnet has one)[/red]")
+        raise typer.Exit(1)
+    return LedgerClient(dao.w3, dao.ledger_address, signer)
+
+
+def _address(text: str) -> str:
+    from web3 import Web3
+
+    from zoo.registry.keys import dev_address
+
+    value = dev_address(text) if text.startswith("dev") else text
+    if not Web3.is_address(value):
+        err.print(f"[red]not an address: {text!r} (0x and 40 hex digits, or devN)[/red]")
+        raise typer.Exit(2)
+    return Web3.to_checksum_address(value)
+
+
+def entries_of(dao: Dao, ledger: Any, account: str, node: str | None, epoch: int | None) -> list[Entry]:
+    """Every record of `account` in the reports posted (filtered by node and epoch), with its status."""
+    from zoo.registry.chain.ledger import EARNED, SPENT
+    from zoo.registry.ipfs import IpfsClient, IpfsError
+    from zoo.registry.usage_report import Report, ReportError
+
+    params = ledger.params()
+    now = int(dao.w3.eth.get_block("latest")["timestamp"])
+    found: list[Entry] = []
+    announced = ledger.report_posted_events(dao.cfg.chain.from_block, node)
+    with IpfsClient(dao.ipfs_api or "http://127.0.0.1:5001") as ipfs:
+        for posted in announced:
+            if epoch is not None and posted.epoch != epoch:
+                continue
+            live = ledger.report(posted.node, posted.epoch)
+            try:
+                if not dao.ipfs_api:
+                    raise IpfsError("no IPFS API is configured")
+                content = ipfs.fetch_verified(posted.cid, timeout=min(10.0, dao.cfg.ipfs.timeout_s))
+                report = Report.decode(content)
+                report.check_against(posted.node, posted.epoch, live.root, live.tree_size, live.earned_units)
+            except (ReportError, IpfsError, ValueError) as e:
+                kind = "mismatch" if isinstance(e, ReportError) else "unavailable"
+                found.append(Entry(posted.node, posted.epoch, "", 0, "unreadable", f"content {kind}: {e}"))
+                continue
+            tree = report.tree()
+            for kind, name in ((EARNED, "earned"), (SPENT, "spent")):
+                hit = report.find(kind, account)
+                if hit is None:
+                    continue
+                index, record = hit
+                settled = ledger.settled(posted.node, posted.epoch, kind, account)
+                opens = live.posted_at + params.challenge_window
+                if live.voided:
+                    status, detail = "voided", "the DAO upheld a challenge: nothing of it applies"
+                elif settled:
+                    status, detail = ("claimed" if kind == EARNED else "applied"), ""
+                elif live.challenged:
+                    status, detail = "challenged", "waiting for the DAO to resolve the challenge"
+                elif now < opens:
+                    status, detail = (
+                        "waiting",
+                        f"claimable from {opens} (challenge window, {opens - now} s left)",
+                    )
+                else:
+                    status, detail = ("claimable" if kind == EARNED else "pending"), ""
+                proof = ["0x" + p.hex() for p in tree.prove(index).path]
+                found.append(
+                    Entry(posted.node, posted.epoch, name, record.units, status, detail, index, proof)
+                )
+    return found
+
+
+def _table(rows: list[Entry]) -> Table:
+    table = Table("node", "epoch", "record", "units", "status", "detail")
+    colors = {"claimable": "green", "claimed": "dim", "applied": "dim", "unreadable": "red", "voided": "red"}
+    for r in rows:
+        color = colors.get(r.status)
+        status = f"[{color}]{r.status}[/{color}]" if color else r.status
+        table.add_row(r.node, str(r.epoch), r.kind or "-", f"{r.units:,}", status, escape(r.detail))
+    return table
+
+
+@app.command()
+def show(
+    address: str = typer.Argument(..., help="An address, or devN."),
+    node: str | None = NodeOpt,
+    epoch: int | None = EpochOpt,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    config: Path | None = ConfigOpt,
+    data_dir: Path | None = DataDirOpt,
+) -> None:
+    """An address's credits: balance on the ledger, and its records in every report (claimable or not)."""
+    account = _address(address)
+    node_address = _address(node) if node else None
+    dao = connect(config, data_dir, None, need_key=False)
+    ledger = _ledger(dao)
+    with reverts():
+        balance, earned, spent = ledger.balance(account), ledger.earned(account), ledger.spent(account)
+        rows = entries_of(dao, ledger, account, node_address, epoch)
+    if as_json:
+        doc = {"address": account, "balance": balance, "earned": earned, "spent": spent,
+               "records": [{k: v for k, v in asdict(r).items() if k != "proof"} for r in rows]}  # fmt: skip
+        out.print_json(json.dumps(doc))
+        return
+    out.print(f"{account}: balance {balance:,} credits (claimed {earned:,}, spent {spent:,})")
+    claimable = sum(r.units for r in rows if r.status == "claimable")
+    out.print(_table(rows) if rows else "no usage report names this address")
+    if claimable:
+        out.print(f"{claimable:,} credits claimable now: `zoo-node credits claim --key …`")
+    if any(r.status == "unreadable" for r in rows):
+        raise typer.Exit(1)
+
+
+@app.command()
+def claim(
+    node: str | None = NodeOpt,
+    epoch: int | None = EpochOpt,
+    key: str | None = KeyOpt,
+    config: Path | None = ConfigOpt,
+    data_dir: Path | None = DataDirOpt,
+) -> None:
+    """Claim every credit the signing account can claim now: its earned records in reports whose
+    challenge window has passed, each proven against its report's root. Exits 1 if a report's content is
+    unavailable or does not match its root, or a claim is refused."""
+    from zoo.registry.chain import ChainError
+
+    node_address = _address(node) if node else None
+    dao = connect(config, data_dir, key, need_key=True)
+    signer = dao.registry.account
+    ledger = _ledger(dao, signer)
+    account = signer.address
+    with reverts():
+        rows = entries_of(dao, ledger, account, node_address, epoch)
+    failed = False
+    claimed = 0
+    for r in rows:
+        if r.status == "unreadable":
+            err.print(f"[red]report of node {r.node}, epoch {r.epoch}: {escape(r.detail)}[/red]")
+            failed = True
+        if r.status != "claimable" or r.proof is None:
+            continue
+        try:
+            tx = ledger.claim(r.node, r.epoch, r.units, r.index, [bytes.fromhex(p[2:]) for p in r.proof])
+        except ChainError as e:
+            err.print(f"[red]claim from node {r.node}, epoch {r.epoch} refused: {escape(str(e))}[/red]")
+            failed = True
+            continue
+        claimed += r.units
+        out.print(f"claimed {r.units:,} credits from node {r.node}, epoch {r.epoch} "
+                  f"(tx {tx.tx_hash}, gas {tx.gas_used})")  # fmt: skip
+    waiting = [r for r in rows if r.status in ("waiting", "challenged")]
+    for r in waiting:
+        out.print(f"not yet: {r.units:,} from node {r.node}, epoch {r.epoch}: {r.detail}")
+    with reverts():
+        balance = ledger.balance(account)
+    out.print(f"{account}: claimed {claimed:,} now; balance {balance:,} credits")
+    if failed:
+        raise typer.Exit(1)
