@@ -1,22 +1,29 @@
 """Does GSPO learn? Held-out reward of the bundled SmolLM2-135M before and after N GSPO steps, over several
-seeds, on a shipped verifiable task family (issue 13, figure 2).
+seeds, on a verifiable task family (issue 13, figure 2).
 
-The family is the shipped `habitats` convention family (trainer/data/families/): "Under which label is the
-otter filed?", answer WET or DRY, scored by exact_match. The run's instruction (the system turn) states the
-convention — "Animals are filed under one of two labels: WET (lives in or by water) or DRY (does not).
-Reply with the label only." — so the task is answerable and what is left to learn is to follow it: reply
-with one of the two labels, the right one. Zero-shot the model mostly writes sentences or other words.
+Two families (--family):
+- `sums` (the default): "What is 7 + 5?" under the instruction "Reply with the number only.", scored by
+  exact_match; every single-digit pair once, shuffled with a fixed seed, 24 for training and 16 held out.
+  What is left to learn is mostly the format: sampled at temperature 1 the model answers with the bare
+  number about one time in seven (otherwise it starts to explain and runs out of tokens), so a group of
+  G = 4 holds a reward signal about half the time.
+- `habitats`, the shipped convention family (trainer/data/families/): "Under which label is the otter
+  filed?", answer WET or DRY, under an instruction that states the convention. Sampled at temperature 1
+  the bundled model practically never replies with a bare label (0 of 192 samples in a run of this
+  benchmark), so every group's rewards are equal and GSPO has nothing to learn from: it shows what a
+  verifier without partial credit does to GSPO on a small model.
 
-Per seed, one `run_gspo` (what `zoo-node train gspo` runs) on the 24 train tasks for --epochs epochs,
-validating (greedy, one completion a task) on the 16 held-out test tasks before the first step, every
+Per seed, one `run_gspo` (what `zoo-node train gspo` runs) on the train tasks for --epochs epochs,
+validating (greedy, one completion a task) on the held-out tasks before the first step, every
 --validate-every steps and after the last: GSPO never selects anything on that score, so it is a held-out
 measurement. The seed changes the LoRA initialisation, the batch order and the sampling. Printed: per seed
 the held-out score before and after and the reward per step; over seeds the mean gain and its standard
 deviation, and the spread of the before and after scores. Written to --out: results.json and
 curve-seed<N>.png per seed (the run's own curve).
 
-Run: ./zoo bench gspo_learning [--seeds 3] [--epochs 2] [--lr 1e-4] [--group-size 4] [--batch-size 4]
-         [--max-new-tokens 8] [--lora-rank 8] [--validate-every 3] [--threads 2] [--out DIR]
+Run: ./zoo bench gspo_learning [--family sums|habitats] [--seeds 3] [--epochs 2] [--lr 1e-4]
+         [--group-size 4] [--batch-size 4] [--max-new-tokens 8] [--lora-rank 8] [--validate-every 3]
+         [--threads 2] [--out DIR]
 """
 
 from __future__ import annotations
@@ -32,14 +39,32 @@ from pathlib import Path
 
 import torch
 
-INSTRUCTION = (
-    "Animals are filed under one of two labels: WET (lives in or by water) or DRY (does not). "
-    "Reply with the label only."
-)
+INSTRUCTIONS = {
+    "habitats": "Animals are filed under one of two labels: WET (lives in or by water) or DRY (does not). "
+    "Reply with the label only.",
+    "sums": "Reply with the number only.",
+}
+
+
+def sums_files(out: Path) -> tuple[Path, Path]:
+    """The sums family: every single-digit pair once, shuffled (fixed seed), 24 train and 16 test tasks."""
+    import random
+
+    from zoo.trainer.tasks import Task, write_jsonl
+
+    pairs = [(a, b) for a in range(1, 10) for b in range(1, 10)]
+    random.Random(13).shuffle(pairs)
+    tasks = [Task(id=f"sum-{a}-{b}", question=f"What is {a} + {b}?", answer=str(a + b), domain="math.sums")
+             for a, b in pairs]  # fmt: skip
+    train, test = out / "sums-train.jsonl", out / "sums-test.jsonl"
+    write_jsonl(train, tasks[:24])
+    write_jsonl(test, tasks[24:40])
+    return train, test
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--family", choices=sorted(INSTRUCTIONS), default="sums")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-4)
@@ -69,8 +94,12 @@ def main() -> None:
     model = prepare_bundled_chat_model(default_cache_dir()).path
     out = args.out or Path(tempfile.mkdtemp(prefix="zoo-bench-gspo-learning-"))
     out.mkdir(parents=True, exist_ok=True)
+    if args.family == "sums":
+        train_file, test_file = sums_files(out)
+    else:
+        train_file, test_file = families.path("habitats", "train"), families.path("habitats", "test")
     print(
-        f"model {model}; habitats: 24 train, 16 held-out test tasks; seeds {args.seeds}, epochs "
+        f"model {model}; {args.family}: 24 train, 16 held-out test tasks; seeds {args.seeds}, epochs "
         f"{args.epochs}, lr {args.lr}, G {args.group_size}, batch {args.batch_size}, "
         f"rank {args.lora_rank}, {args.max_new_tokens} new tokens; outputs in {out}",
         flush=True,
@@ -78,9 +107,9 @@ def main() -> None:
     runs = []
     for seed in range(args.seeds):
         spec = GspoSpec.parse({
-            "dataset": str(families.path("habitats", "train")),
-            "validation": str(families.path("habitats", "test")),
-            "instruction": INSTRUCTION, "epochs": args.epochs, "batch_size": args.batch_size,
+            "dataset": str(train_file),
+            "validation": str(test_file),
+            "instruction": INSTRUCTIONS[args.family], "epochs": args.epochs, "batch_size": args.batch_size,
             "group_size": args.group_size, "max_new_tokens": args.max_new_tokens,
             "learning_rate": args.lr, "lora_rank": args.lora_rank, "lora_alpha": 2.0 * args.lora_rank,
             "num_iterations": args.num_iterations, "validate_every": args.validate_every,

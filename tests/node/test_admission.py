@@ -132,3 +132,40 @@ def test_reserved_slots_run_only_credit_holders() -> None:
     asyncio.run(main())
     with pytest.raises(ValueError, match="from 0 to slots - 1"):
         Admission(slots=2, max_queued=1, max_wait_s=1, reserved=2)
+
+
+def test_while_a_holder_runs_anonymous_requests_get_fewer_slots() -> None:
+    async def main() -> None:
+        admission = Admission(slots=4, max_queued=9, max_wait_s=10, reserved=1, anonymous_with_holders=1)
+        order: list[str] = []
+        releases = {f"anon-{i}": asyncio.Event() for i in range(5)} | {"holder": asyncio.Event()}
+
+        def start(name: str, priority: bool = False) -> asyncio.Task[None]:
+            return asyncio.create_task(hold(admission, name, order, releases[name], priority=priority))
+
+        tasks = [start(f"anon-{i}") for i in range(5)]
+        await asyncio.sleep(0.01)
+        assert order == ["anon-0", "anon-1", "anon-2"] and admission.waiting == 2  # one slot reserved
+        tasks.append(start("holder", priority=True))
+        await asyncio.sleep(0.01)
+        assert order[-1] == "holder" and admission.running == 4
+        # Anonymous requests that finish are not replaced while the holder runs, down to one running...
+        for name in ("anon-0", "anon-1"):
+            releases[name].set()
+            await asyncio.sleep(0.01)
+        assert admission.running == 2 and admission.waiting == 2 and "anon-3" not in order
+        releases["anon-2"].set()
+        await asyncio.sleep(0.01)
+        assert order[-1] == "anon-3" and admission.running == 2  # ... and one always may run beside it
+        # Once the holder is done, anonymous requests take every open slot again.
+        releases["holder"].set()
+        await asyncio.sleep(0.01)
+        assert order[-1] == "anon-4" and admission.running == 2
+        for event in releases.values():
+            event.set()
+        await asyncio.gather(*tasks)
+        assert admission.running == 0 and admission.waiting == 0
+
+    asyncio.run(main())
+    with pytest.raises(ValueError, match="from 1 to 3"):
+        Admission(slots=4, max_queued=1, max_wait_s=1, reserved=1, anonymous_with_holders=4)
