@@ -5,9 +5,7 @@ Waiting requests are in two queues, each in arrival order: signed credit holders
 everyone else's. A freed slot goes to the oldest credit holder first, and `reserved` slots only ever run
 holders' requests, so under load a holder waits only for the holders before it, not for a slot to free;
 each queue holds at most `max_queued`, so a flood of anonymous requests that fills its queue never keeps
-a holder out. While any holder's request runs, anonymous requests are admitted into at most
-`anonymous_with_holders` slots (those already running finish), so the holder's answer shares the model
-with fewer rows and is not slowed down by a full batch of others.
+a holder out.
 
 A request beyond its queue, or one whose wait runs out, is refused with Overloaded (RESOURCE_EXHAUSTED,
 HTTP 429) and a message saying which limit it hit. What a waiting request holds is its parsed request
@@ -48,19 +46,11 @@ class Admission:
         max_wait_s: float,
         on_wait: Callable[[float], None] | None = None,
         reserved: int = 0,
-        anonymous_with_holders: int | None = None,
     ) -> None:
         if not 0 <= reserved < slots:
             raise ValueError(f"reserved slots must be from 0 to slots - 1 ({slots - 1}), got {reserved}")
         self.slots = slots
         self.reserved = reserved
-        open_slots = slots - reserved
-        self.anonymous_with_holders = open_slots if anonymous_with_holders is None else anonymous_with_holders
-        if not 1 <= self.anonymous_with_holders <= open_slots:
-            raise ValueError(
-                f"anonymous slots beside credit holders must be from 1 to {open_slots}, "
-                f"got {anonymous_with_holders}"
-            )
         self.max_queued = max_queued
         self.max_wait_s = max_wait_s
         self.on_wait = on_wait  # called with each admitted request's wait in seconds (a metrics histogram)
@@ -119,11 +109,7 @@ class Admission:
     def _may_run(self, priority: bool) -> bool:
         if self.running >= self.slots:
             return False
-        if priority:
-            return True
-        holders_running = self.running > self._running_anonymous
-        limit = self.anonymous_with_holders if holders_running else self.slots - self.reserved
-        return self._running_anonymous < limit
+        return priority or self._running_anonymous < self.slots - self.reserved
 
     def _start(self, priority: bool) -> None:
         self.running += 1

@@ -310,10 +310,6 @@ class CreditsConfig(_Section):
     reserved_slots: int = Field(1, ge=0, le=1024)
     """Slots of the model's batch that only credit holders' requests use (at most max_batch_size - 1;
     only with a UsageLedger), so a holder under load does not wait for a slot to free."""
-    anonymous_slots_with_holders: int = Field(0, ge=0, le=1024)
-    """While a credit holder's request runs, anonymous requests are admitted into at most this many of the
-    batch's slots (those already running finish), so the holder's answer is not slowed by a full batch.
-    0: half the slots that are not reserved (at least one). Only with a UsageLedger."""
     balance_ttl_s: float = Field(5.0, gt=0, le=3600)
     """How long a credit balance read from the chain is trusted before it is read again."""
     settle: bool = True

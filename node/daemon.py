@@ -450,15 +450,8 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
     servicer.allows_anonymous = cfg.credits.allow_anonymous
     inf = cfg.inference
     reserved = min(cfg.credits.reserved_slots, inf.max_batch_size - 1) if credits is not None else 0
-    open_slots = inf.max_batch_size - reserved
-    beside_holders = cfg.credits.anonymous_slots_with_holders or max(1, open_slots // 2)
     admission = Admission(
-        inf.max_batch_size,
-        inf.max_queued,
-        inf.max_wait_s,
-        metrics.queue_wait.observe,
-        reserved=reserved,
-        anonymous_with_holders=min(beside_holders, open_slots) if credits is not None else None,
+        inf.max_batch_size, inf.max_queued, inf.max_wait_s, metrics.queue_wait.observe, reserved=reserved
     )
     model = supervisor.components["model"]
     assert isinstance(model, ModelComponent)
