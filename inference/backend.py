@@ -50,6 +50,9 @@ class GenerationRequest:
     cancel: threading.Event = field(default_factory=threading.Event)
     # A named LoRA adapter to decode with (an inference.adapters.AdapterRef); None: the base model.
     adapter: Any = None
+    # A credit holder's request: while any such request decodes, the batch decodes only those (the others
+    # wait, their caches kept), so a holder's answer is not slowed by a full batch of other requests.
+    priority: bool = False
 
 
 @dataclass

@@ -15,6 +15,12 @@ Batch invariance (greedy output alone == inside any batch, bit for bit, measured
 - CPU bf16 matmuls give a row the same result whatever else is in the batch for M >= 2 rows, but a
   single row takes a different kernel; so a lone request decodes beside a shadow copy of itself.
 On GPUs, matmul kernels are not batch-invariant in general; there the guarantee does not hold.
+
+Priority: while any running request is a priority one (a credit holder's), each step decodes only the
+priority rows. The other rows' cache rows are set aside (parked) with the cache width they had and merged
+back, left-padded like newly prefilled rows, once no priority row is left; parked rows keep their
+requests' slots. On a compute-bound CPU a decode step over a full batch costs several single-row steps,
+so this is what keeps a holder's answer near its idle latency under load.
 """
 
 from __future__ import annotations
@@ -200,6 +206,8 @@ class ContinuousBatcher:
         self._waiting: deque[Sequence] = deque()
         self._closed = False
         self._rows: list[Sequence] = []  # running sequences, in cache row order
+        # Rows set aside while priority rows decode: (rows, their cache layers, the cache width then).
+        self._parked: list[tuple[list[Sequence], list[tuple[torch.Tensor, torch.Tensor]], int]] = []
         self._shadow = False  # the cache holds one extra row copying row 0 (see the module docstring)
         self._cache: Any = None
         self._thread = threading.Thread(target=self._run, name="batcher", daemon=True)
@@ -231,10 +239,10 @@ class ContinuousBatcher:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and not self._waiting and not self._rows:
+                while not self._closed and not self._waiting and not self._rows and not self._parked:
                     self._cond.wait()
                 if self._closed:
-                    pending = list(self._waiting) + self._rows
+                    pending = list(self._waiting) + self._rows + self._parked_rows()
                     self._waiting.clear()
                     break
                 admitted = self._admit()
@@ -242,16 +250,17 @@ class ContinuousBatcher:
                 with torch.inference_mode():
                     if admitted:
                         self._prefill(admitted)
+                    self._prioritise()
                     if self._rows:
                         self._decode_step()
             except Exception as e:  # a failed forward pass fails every running request, not the node
                 logger.exception("batched forward pass failed")
-                for seq in [*self._rows, *admitted]:
+                for seq in [*self._rows, *admitted, *self._parked_rows()]:
                     if not seq.finish:
                         seq.finish = "error"
                         seq.emit(e)
-                self._rows, self._cache, self._shadow = [], None, False
-            self.stats.running = len(self._rows)
+                self._rows, self._cache, self._shadow, self._parked = [], None, False, []
+            self.stats.running = len(self._rows) + len(self._parked_rows())
         for seq in pending:
             seq.emit(RuntimeError("the model is shutting down"))
 
@@ -259,7 +268,7 @@ class ContinuousBatcher:
         """Take waiting requests while there are free rows and the prefill budget lasts (at least one)."""
         taken: list[Sequence] = []
         budget = self.prefill_budget_tokens
-        while self._waiting and len(self._rows) + len(taken) < self.max_batch_size:
+        while self._waiting and len(self._rows) + len(self._parked_rows()) + len(taken) < self.max_batch_size:
             seq = self._waiting[0]
             if taken and len(seq.prompt_ids) > budget:
                 break
@@ -422,29 +431,49 @@ class ContinuousBatcher:
         self._cache = DynamicCache(ddp_cache_data=layers)
 
     def _merge(self, joined: list[tuple[Sequence, Any]]) -> None:
-        """Add prefilled sequences as new rows: every row left-padded to the longest, then stacked."""
-        parts: list[tuple[list[tuple[torch.Tensor, torch.Tensor]], int]] = []
+        """Add prefilled sequences as new rows."""
+        self._join([([seq], [(layer.keys, layer.values) for layer in cache.layers], len(seq.prompt_ids))
+                    for seq, cache in joined])  # fmt: skip
+
+    def _join(self, parts: list[tuple[list[Sequence], list[tuple[torch.Tensor, torch.Tensor]], int]]) -> None:
+        """Append rows with their cache layers (each part as wide as given): every row left-padded to the
+        widest, then stacked after the running rows."""
         if self._rows:
             self._drop_shadow()
-            parts.append((self._layers(), self._cache.get_seq_length()))
-        for seq, cache in joined:
-            parts.append(([(layer.keys, layer.values) for layer in cache.layers], len(seq.prompt_ids)))
-        width = max(w for _, w in parts)
+            parts = [(self._rows, self._layers(), self._cache.get_seq_length()), *parts]
+        width = max(w for _, _, w in parts)
 
         def padded(t: torch.Tensor, w: int) -> torch.Tensor:
             return torch.nn.functional.pad(t, (0, 0, width - w, 0)) if w < width else t
 
-        n_layers = len(parts[0][0])
+        n_layers = len(parts[0][1])
         self._set_cache(
             [
                 (
-                    torch.cat([padded(layers[i][0], w) for layers, w in parts]),
-                    torch.cat([padded(layers[i][1], w) for layers, w in parts]),
+                    torch.cat([padded(layers[i][0], w) for _, layers, w in parts]),
+                    torch.cat([padded(layers[i][1], w) for _, layers, w in parts]),
                 )
                 for i in range(n_layers)
             ]
         )
-        self._rows = [*self._rows, *(seq for seq, _ in joined)]
+        self._rows = [seq for rows, _, _ in parts for seq in rows]
+
+    def _parked_rows(self) -> list[Sequence]:
+        return [seq for rows, _, _ in self._parked for seq in rows]
+
+    def _prioritise(self) -> None:
+        """Park the other rows while a priority row runs; bring them back when none is left."""
+        urgent = [i for i, seq in enumerate(self._rows) if seq.request.priority]
+        if urgent and len(urgent) < len(self._rows):
+            self._drop_shadow()
+            others = [i for i in range(len(self._rows)) if i not in set(urgent)]
+            index = torch.tensor(others, dtype=torch.long, device=self.device)
+            layers = [(k[index], v[index]) for k, v in self._layers()]
+            self._parked.append(([self._rows[i] for i in others], layers, self._cache.get_seq_length()))
+            self._evict(urgent)
+        elif not urgent and self._parked:
+            parked, self._parked = self._parked, []
+            self._join(parked)
 
     def _drop_shadow(self) -> None:
         if self._shadow:

@@ -39,6 +39,7 @@ class InferParams:
     response_format: ResponseFormat | None = None
     adapter: str = ""  # a named LoRA adapter (inference.adapters); "" is the base model
     client: str = ""  # the account that signed the request (node.credits); "" when anonymous
+    priority: bool = False  # a credit holder's request: decoded ahead of the others (GenerationRequest)
 
 
 @dataclass
@@ -158,6 +159,7 @@ class InferenceEngine:
             processor,
             response_format=p.response_format,
             adapter=adapter,
+            priority=p.priority,
         )
         t1 = time.perf_counter()
         result = None

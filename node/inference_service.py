@@ -318,7 +318,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         return params, True
 
     async def _priority(self, params: InferParams) -> bool:
-        return self.credits is not None and await self.credits.is_holder(params.client)
+        """Whether the request is a credit holder's (admitted first, decoded ahead); marks `params`."""
+        params.priority = self.credits is not None and await self.credits.is_holder(params.client)
+        return params.priority
 
     async def _peer_refused(self, context: Any, e: Exception) -> None:
         await context.abort(e.code, str(e))  # type: ignore[attr-defined]

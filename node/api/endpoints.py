@@ -215,9 +215,9 @@ class OpenAIApi:
             return
         engine = self._engine()
         credits = self.deps.credits
-        priority = credits is not None and await credits.is_holder(params.client)
+        params.priority = credits is not None and await credits.is_holder(params.client)
         async with (
-            self.deps.admission.slot(priority) as queue_ms,
+            self.deps.admission.slot(params.priority) as queue_ms,
             contextlib.aclosing(engine.stream(params)) as items,
         ):
             async for item in items:

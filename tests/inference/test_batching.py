@@ -171,6 +171,37 @@ def test_a_per_request_logits_processor_touches_only_its_row(backend: Transforme
     assert untouched.text == plain.text
 
 
+def test_a_priority_request_decodes_alone_and_the_others_resume_exactly(backend: TransformersBackend) -> None:
+    others = [GenerationRequest(msgs(p), max_tokens=40) for p in PROMPTS[:3]]
+    urgent = GenerationRequest(msgs(PROMPTS[6]), max_tokens=16, priority=True)
+    alone = [asyncio.run(generate(backend, GenerationRequest(r.messages, max_tokens=r.max_tokens)))
+             for r in [*others, urgent]]  # fmt: skip
+    seen: list[tuple[int, int]] = []  # (rows decoding, rows parked) while the priority request runs
+    batcher = backend.batcher
+
+    async def run() -> list:
+        tasks = [asyncio.create_task(generate(backend, r)) for r in others]
+        while batcher.stats.running < 3:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.2)  # they are decoding together
+        first = asyncio.create_task(generate(backend, urgent))
+        while not first.done():
+            seen.append((len(batcher._rows), len(batcher._parked_rows())))
+            await asyncio.sleep(0.001)
+        return [*(await asyncio.gather(*tasks)), await first]
+
+    results = asyncio.run(run())
+    # Parked rows resume exactly where they stopped: every output is the one it gets alone.
+    for got, want in zip(results, alone, strict=True):
+        assert (got.text, got.completion_tokens) == (want.text, want.completion_tokens)
+    # While the holder's request ran, it decoded alone and the three others waited, parked.
+    assert (1, 3) in seen, seen
+    assert all(rows == 1 for rows, parked in seen if parked), seen
+    assert not any(r.finish_reason == "length" and r.completion_tokens < 40 for r in results[:3])
+    wait_idle(backend)
+    assert not batcher._parked
+
+
 def test_more_requests_than_rows_wait_and_all_finish(backend: TransformersBackend) -> None:
     requests = [GenerationRequest(msgs(f"Say the number {i}."), max_tokens=6) for i in range(20)]
     results = asyncio.run(_staggered(backend, requests, 0.0))
