@@ -6,14 +6,17 @@ tokens) votes with weight w * 10**9, written below as w "weight units" (W).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from web3 import Web3
 
 from zoo.contracts.build import Artifacts
 from zoo.devnet.anvil import AnvilProcess
-from zoo.registry.chain import AllowlistClient, RegistryClient, TokenClient
+from zoo.registry.chain import AllowlistClient, ContractRevert, LedgerClient, RegistryClient, TokenClient
 from zoo.registry.keys import Signer, dev_account
 
 W = 10**9  # quadratic weight of one whole token
@@ -73,6 +76,11 @@ class World:
     def allowlist(self, index: int = 0) -> AllowlistClient:
         return self._client("allowlist", index, AllowlistClient, self.allowlist_address)
 
+    def ledger(self, address: str, index: int | None = None) -> LedgerClient:
+        """Client of a UsageLedger a test module deployed; read-only without `index`."""
+        account = None if index is None else dev_account(index)
+        return LedgerClient(self.w3, address, account, artifacts=self.artifacts)
+
     def _client(self, kind: str, index: int, cls: type, address: str) -> Any:
         key = (kind, index)
         if key not in self._clients:
@@ -100,3 +108,16 @@ class World:
 
     def block_time(self, block_number: int) -> int:
         return int(self.w3.eth.get_block(block_number)["timestamp"])
+
+
+@contextmanager
+def refused(error: str, match: str | None = None, **args: object) -> Iterator[None]:
+    """The block must raise ContractRevert for custom error `error`, with a message containing `match`
+    and these decoded argument values, when given."""
+    with pytest.raises(ContractRevert) as info:
+        yield
+    assert info.value.error == error, str(info.value)
+    if match is not None:
+        assert match in str(info.value), str(info.value)
+    for name, value in args.items():
+        assert info.value.args_by_name[name] == value, str(info.value)

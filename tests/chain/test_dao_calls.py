@@ -5,17 +5,13 @@ reverts with the target's own decoded error, and call proposals never go stale."
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 from web3 import Web3
 from web3.logs import DISCARD
 
-from tests.chain.support import DAY, EXECUTION_DELAY, World
+from tests.chain.support import DAY, EXECUTION_DELAY, World, refused
 from zoo.registry.chain import (
-    ContractRevert,
-    LedgerClient,
     ProposalState,
     call_proposal_id,
     deploy_ledger,
@@ -42,20 +38,6 @@ def ledger_address(deployed: World) -> str:
     )
 
 
-def ledger(world: World, address: str, index: int | None = None) -> LedgerClient:
-    account = None if index is None else dev_account(index)
-    return LedgerClient(world.w3, address, account, artifacts=world.artifacts)
-
-
-@contextmanager
-def refused(error: str, **args: object) -> Iterator[None]:
-    with pytest.raises(ContractRevert) as info:
-        yield
-    assert info.value.error == error, str(info.value)
-    for name, value in args.items():
-        assert info.value.args_by_name[name] == value, str(info.value)
-
-
 def pass_calls(world: World, target: str, *calls: bytes) -> list[int]:
     """Propose the calls, vote them through, wait until they are executable; returns the proposal ids."""
     ids = [world.registry().propose_call(target, data).proposal_id for data in calls]
@@ -77,9 +59,9 @@ def test_the_dao_registers_and_deregisters_a_node_and_nobody_else_can(
     world: World, ledger_address: str
 ) -> None:
     node = world.address(NODE)
-    reader = ledger(world, ledger_address)
+    reader = world.ledger(ledger_address)
     with refused("NotGovernor", caller=world.address(0)):
-        ledger(world, ledger_address, 0).register_node(node)  # dev0 is not the governor here
+        world.ledger(ledger_address, 0).register_node(node)  # dev0 is not the governor here
     data = reader.governor_call("registerNode", node)
     assert reader.describe_call(data) == f"registerNode({node})"
     pid = pass_call(world, ledger_address, data)
@@ -104,18 +86,18 @@ def test_the_dao_registers_and_deregisters_a_node_and_nobody_else_can(
     epoch = world.now() // DAY
     world.advance(DAY)
     root = hashlib.sha256(b"report").digest()
-    ledger(world, ledger_address, NODE).post_report(epoch, root, tree_size=1, earned_units=1, cid=CID)
+    world.ledger(ledger_address, NODE).post_report(epoch, root, tree_size=1, earned_units=1, cid=CID)
     reg.execute(pass_call(world, ledger_address, reader.governor_call("deregisterNode", node)))
     assert not reader.is_registered(node)
     with refused("NodeNotRegistered", node=node):
-        ledger(world, ledger_address, NODE).post_report(epoch + 1, root, tree_size=1, earned_units=1, cid=CID)
+        world.ledger(ledger_address, NODE).post_report(epoch + 1, root, tree_size=1, earned_units=1, cid=CID)
 
 
 def test_a_failing_call_reverts_with_the_targets_error_and_stays_executable(
     world: World, ledger_address: str
 ) -> None:
     node = world.address(OTHER)
-    reader = ledger(world, ledger_address)
+    reader = world.ledger(ledger_address)
     data = reader.governor_call("registerNode", node)
     first, second = pass_calls(world, ledger_address, data, data)
     world.registry().execute(first)
@@ -127,7 +109,7 @@ def test_a_failing_call_reverts_with_the_targets_error_and_stays_executable(
 
 
 def test_a_call_proposal_never_goes_stale(world: World, ledger_address: str) -> None:
-    reader = ledger(world, ledger_address)
+    reader = world.ledger(ledger_address)
     pid = world.registry().propose_call(
         ledger_address, reader.governor_call("registerNode", world.address(9))
     )
@@ -147,7 +129,7 @@ def test_a_call_proposal_never_goes_stale(world: World, ledger_address: str) -> 
 
 def test_call_proposals_are_refused_like_any_other(world: World, ledger_address: str) -> None:
     reg = world.registry()
-    data = ledger(world, ledger_address).governor_call("registerNode", world.address(NODE))
+    data = world.ledger(ledger_address).governor_call("registerNode", world.address(NODE))
     with refused("InvalidCallTarget", target=world.address(4)):
         reg.propose_call(world.address(4), data)  # an account: no code to call
     with refused("InvalidCallTarget", target=Web3.to_checksum_address(world.registry_address)):
@@ -174,16 +156,16 @@ def test_call_proposals_are_refused_like_any_other(world: World, ledger_address:
 
 
 def test_the_dao_resolves_a_challenge(world: World, ledger_address: str) -> None:
-    reader = ledger(world, ledger_address)
+    reader = world.ledger(ledger_address)
     node = world.address(NODE)
     if not reader.is_registered(node):
         world.registry().execute(pass_call(world, ledger_address, reader.governor_call("registerNode", node)))
     epoch = world.now() // DAY
     world.advance(DAY)
-    ledger(world, ledger_address, NODE).post_report(
+    world.ledger(ledger_address, NODE).post_report(
         epoch, hashlib.sha256(b"inflated").digest(), tree_size=1, earned_units=9, cid=CID
     )
-    ledger(world, ledger_address, 1).challenge(node, epoch, "invented usage")
+    world.ledger(ledger_address, 1).challenge(node, epoch, "invented usage")
     upheld = reader.governor_call("resolveChallenge", node, epoch, True)
     assert reader.describe_call(upheld) == f"resolveChallenge({node}, {epoch}, True)"
     world.registry().execute(pass_call(world, ledger_address, upheld))

@@ -4,13 +4,10 @@ lowers balances; every refusal is a decoded custom error with its values."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import pytest
 
-from tests.chain.support import DAY, TOKEN, World
-from zoo.registry.chain import ContractRevert, LedgerClient, deploy_ledger, record_leaf
+from tests.chain.support import DAY, TOKEN, World, refused
+from zoo.registry.chain import deploy_ledger, record_leaf
 from zoo.registry.chain.ledger import EARNED, SPENT
 from zoo.registry.keys import dev_account
 from zoo.registry.merkle import MerkleTree
@@ -38,19 +35,6 @@ def ledger_address(deployed: World) -> str:
     )
 
 
-def ledger(world: World, ledger_address: str, index: int) -> LedgerClient:
-    return LedgerClient(world.w3, ledger_address, dev_account(index), artifacts=world.artifacts)
-
-
-@contextmanager
-def refused(error: str, **args: object) -> Iterator[None]:
-    with pytest.raises(ContractRevert) as info:
-        yield
-    assert info.value.error == error, str(info.value)
-    for name, value in args.items():
-        assert info.value.args_by_name[name] == value, str(info.value)
-
-
 class Report:
     """Records of one report, their tree and proofs."""
 
@@ -71,12 +55,12 @@ def posted(
     world: World, ledger_address: str, report: Report, *, node: int = NODE, earned: int | None = None
 ) -> int:
     """Register `node` (if needed), let an epoch end, post `report` for it; returns the epoch."""
-    gov = ledger(world, ledger_address, GOVERNOR)
+    gov = world.ledger(ledger_address, GOVERNOR)
     if not gov.is_registered(world.address(node)):
         gov.register_node(world.address(node))
     epoch = world.now() // DAY
     world.advance(DAY)
-    ledger(world, ledger_address, node).post_report(
+    world.ledger(ledger_address, node).post_report(
         epoch, report.tree.root, tree_size=len(report.records),
         earned_units=report.earned if earned is None else earned, cid=CID,
     )  # fmt: skip
@@ -91,8 +75,8 @@ def sample(world: World) -> Report:
 def test_only_the_governor_registers_nodes(world: World, ledger_address: str) -> None:
     node = world.address(NODE)
     with refused("NotGovernor", caller=world.address(NODE)):
-        ledger(world, ledger_address, NODE).register_node(node)
-    gov = ledger(world, ledger_address, GOVERNOR)
+        world.ledger(ledger_address, NODE).register_node(node)
+    gov = world.ledger(ledger_address, GOVERNOR)
     gov.register_node(node)
     assert gov.is_registered(node)
     with refused("NodeAlreadyRegistered", node=node):
@@ -106,11 +90,11 @@ def test_a_report_is_claimed_with_proofs_once_after_the_window(world: World, led
     report = sample(world)
     epoch = posted(world, ledger_address, report)
     node, a, c = world.address(NODE), world.address(AUTHOR_A), world.address(CLIENT)
-    stored = ledger(world, ledger_address, AUTHOR_A).report(node, epoch)
+    stored = world.ledger(ledger_address, AUTHOR_A).report(node, epoch)
     assert stored is not None and stored.root == report.tree.root and stored.cid == CID
     assert stored.tree_size == 4 and stored.earned_units == 1050 and not stored.challenged
     units, index, proof = report.proof(EARNED, a)
-    author = ledger(world, ledger_address, AUTHOR_A)
+    author = world.ledger(ledger_address, AUTHOR_A)
     with refused("ChallengeWindowOpen", claimableAt=stored.posted_at + WINDOW):
         author.claim(node, epoch, units, index, proof)
     world.advance(WINDOW)
@@ -121,19 +105,19 @@ def test_a_report_is_claimed_with_proofs_once_after_the_window(world: World, led
         author.claim(node, epoch, units, index, proof)
     # A wrong amount, or another author's record claimed by this one, proves nothing.
     with refused("InvalidProof", units=701):
-        ledger(world, ledger_address, AUTHOR_B).claim(
+        world.ledger(ledger_address, AUTHOR_B).claim(
             node, epoch, 701, *report.proof(EARNED, world.address(AUTHOR_B))[1:]
         )
     with refused("InvalidProof", account=world.address(AUTHOR_B)):
-        ledger(world, ledger_address, AUTHOR_B).claim(node, epoch, units, index, proof)
+        world.ledger(ledger_address, AUTHOR_B).claim(node, epoch, units, index, proof)
     # The client earned 50 and spent 40 here: anyone applies the spend, its balance goes down.
-    client = ledger(world, ledger_address, CLIENT)
+    client = world.ledger(ledger_address, CLIENT)
     client.claim(node, epoch, *report.proof(EARNED, c))
-    ledger(world, ledger_address, AUTHOR_B).apply_spent(node, epoch, c, *report.proof(SPENT, c))
+    world.ledger(ledger_address, AUTHOR_B).apply_spent(node, epoch, c, *report.proof(SPENT, c))
     assert client.balance(c) == 10 and client.earned(c) == 50 and client.spent(c) == 40
     with refused("AlreadySettled", kind=SPENT):
         client.apply_spent(node, epoch, c, *report.proof(SPENT, c))
-    assert ledger(world, ledger_address, CLIENT).report(node, epoch).claimed_units == 750  # type: ignore[union-attr]
+    assert world.ledger(ledger_address, CLIENT).report(node, epoch).claimed_units == 750  # type: ignore[union-attr]
 
 
 def test_claims_never_exceed_what_the_report_declared(world: World, ledger_address: str) -> None:
@@ -141,20 +125,20 @@ def test_claims_never_exceed_what_the_report_declared(world: World, ledger_addre
     epoch = posted(world, ledger_address, report, earned=800)  # the leaves say 1050
     world.advance(WINDOW)
     node = world.address(NODE)
-    ledger(world, ledger_address, AUTHOR_A).claim(node, epoch, *report.proof(EARNED, world.address(AUTHOR_A)))
+    world.ledger(ledger_address, AUTHOR_A).claim(node, epoch, *report.proof(EARNED, world.address(AUTHOR_A)))
     with refused("ClaimOverCap", claimable=100, units=300):
-        ledger(world, ledger_address, AUTHOR_B).claim(
+        world.ledger(ledger_address, AUTHOR_B).claim(
             node, epoch, *report.proof(EARNED, world.address(AUTHOR_B))
         )
 
 
 def test_bad_reports_are_refused_naming_what(world: World, ledger_address: str) -> None:
     report = sample(world)
-    node = ledger(world, ledger_address, NODE)
+    node = world.ledger(ledger_address, NODE)
     epoch = world.now() // DAY
     with refused("NodeNotRegistered", node=world.address(NODE)):
         node.post_report(epoch - 1, report.tree.root, tree_size=4, earned_units=1, cid=CID)
-    ledger(world, ledger_address, GOVERNOR).register_node(world.address(NODE))
+    world.ledger(ledger_address, GOVERNOR).register_node(world.address(NODE))
     with refused("EpochNotEnded", epoch=epoch, endsAt=(epoch + 1) * DAY):
         node.post_report(epoch, report.tree.root, tree_size=4, earned_units=1, cid=CID)
     with refused("ZeroRoot"):
@@ -172,7 +156,7 @@ def test_bad_reports_are_refused_naming_what(world: World, ledger_address: str) 
     with refused("ReportExists", node=world.address(NODE), epoch=epoch - 1):
         node.post_report(epoch - 1, report.tree.root, tree_size=4, earned_units=1050, cid=CID)
     with refused("ReportNotFound", node=world.address(OTHER_NODE), epoch=epoch - 1):
-        ledger(world, ledger_address, AUTHOR_A).claim(world.address(OTHER_NODE), epoch - 1, 1, 0, [])
+        world.ledger(ledger_address, AUTHOR_A).claim(world.address(OTHER_NODE), epoch - 1, 1, 0, [])
 
 
 def test_a_keeper_challenge_freezes_a_report_until_the_governor_resolves_it(
@@ -182,22 +166,22 @@ def test_a_keeper_challenge_freezes_a_report_until_the_governor_resolves_it(
     epoch = posted(world, ledger_address, report)
     node, a = world.address(NODE), world.address(AUTHOR_A)
     with refused("InsufficientKeeperVotes", challenger=world.address(NOT_A_KEEPER), votes=0, threshold=TOKEN):
-        ledger(world, ledger_address, NOT_A_KEEPER).challenge(node, epoch, "invented usage")
-    keeper = ledger(world, ledger_address, KEEPER)
+        world.ledger(ledger_address, NOT_A_KEEPER).challenge(node, epoch, "invented usage")
+    keeper = world.ledger(ledger_address, KEEPER)
     keeper.challenge(node, epoch, "the CID's content does not hash to the root")
     with refused("ReportUnderChallenge", node=node, epoch=epoch):
         keeper.challenge(node, epoch, "again")
     world.advance(WINDOW)
-    author = ledger(world, ledger_address, AUTHOR_A)
+    author = world.ledger(ledger_address, AUTHOR_A)
     with refused("ReportUnderChallenge", node=node, epoch=epoch):
         author.claim(node, epoch, *report.proof(EARNED, a))
     with refused("NotGovernor", caller=world.address(KEEPER)):
         keeper.resolve_challenge(node, epoch, False)
-    ledger(world, ledger_address, GOVERNOR).resolve_challenge(node, epoch, False)  # dismissed
+    world.ledger(ledger_address, GOVERNOR).resolve_challenge(node, epoch, False)  # dismissed
     author.claim(node, epoch, *report.proof(EARNED, a))
     assert author.balance(a) == 700
     with refused("ReportNotChallenged", node=node, epoch=epoch):
-        ledger(world, ledger_address, GOVERNOR).resolve_challenge(node, epoch, True)
+        world.ledger(ledger_address, GOVERNOR).resolve_challenge(node, epoch, True)
     with refused("ChallengeWindowClosed"):
         keeper.challenge(node, epoch, "too late")
 
@@ -208,22 +192,22 @@ def test_an_upheld_challenge_voids_a_report_and_deregistration_freezes_claims(
     report = sample(world)
     epoch = posted(world, ledger_address, report)
     node, a = world.address(NODE), world.address(AUTHOR_A)
-    ledger(world, ledger_address, KEEPER).challenge(node, epoch, "invented usage")
-    ledger(world, ledger_address, GOVERNOR).resolve_challenge(node, epoch, True)
+    world.ledger(ledger_address, KEEPER).challenge(node, epoch, "invented usage")
+    world.ledger(ledger_address, GOVERNOR).resolve_challenge(node, epoch, True)
     world.advance(WINDOW)
     with refused("ReportVoided", node=node, epoch=epoch):
-        ledger(world, ledger_address, AUTHOR_A).claim(node, epoch, *report.proof(EARNED, a))
+        world.ledger(ledger_address, AUTHOR_A).claim(node, epoch, *report.proof(EARNED, a))
     # A second epoch's report, then the DAO deregisters the node: nothing more is claimable from it.
     later = posted(world, ledger_address, report)
     world.advance(WINDOW)
-    ledger(world, ledger_address, GOVERNOR).deregister_node(node)
+    world.ledger(ledger_address, GOVERNOR).deregister_node(node)
     with refused("NodeNotRegistered", node=node):
-        ledger(world, ledger_address, AUTHOR_A).claim(node, later, *report.proof(EARNED, a))
-    assert ledger(world, ledger_address, AUTHOR_A).balance(a) == 0
+        world.ledger(ledger_address, AUTHOR_A).claim(node, later, *report.proof(EARNED, a))
+    assert world.ledger(ledger_address, AUTHOR_A).balance(a) == 0
 
 
 def test_the_contract_leaf_is_the_python_leaf(world: World, ledger_address: str) -> None:
-    client = ledger(world, ledger_address, AUTHOR_A)
+    client = world.ledger(ledger_address, AUTHOR_A)
     for kind, units in ((EARNED, 0), (SPENT, 2**256 - 1), (EARNED, 12345)):
         assert client.leaf(kind, world.address(CLIENT), units) == record_leaf(
             kind, world.address(CLIENT), units

@@ -7,8 +7,7 @@ import itertools
 import math
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 
 import pytest
 from eth_abi import encode as abi_encode
@@ -29,6 +28,7 @@ from tests.chain.support import (
     WEIGHTS,
     W,
     World,
+    refused,
     units_for_weight,
 )
 from zoo.registry import merkle
@@ -54,16 +54,6 @@ SALT = b"\x5a" * 32
 
 def root_of(label: str) -> bytes:
     return hashlib.sha256(label.encode()).digest()
-
-
-@contextmanager
-def refused(error: str, match: str | None = None) -> Iterator[None]:
-    """The block must raise ContractRevert for custom error `error` (and a message containing `match`)."""
-    with pytest.raises(ContractRevert) as info:
-        yield
-    assert info.value.error == error, str(info.value)
-    if match is not None:
-        assert match in str(info.value), str(info.value)
 
 
 def open_proposal(
