@@ -1,8 +1,8 @@
 """The devnet's DAO in one object: dev accounts 0-2, which hold enough KEEPER between them to pass any
 proposal, approving library versions and making calls (registering UsageLedger nodes) the way governance
 does (propose, warp into the voting window, three votes for, warp past voting and the execution delay,
-execute). For tests and benchmarks, where
-waiting out a real voting period is not an option; the `zoo-node dao` commands are the operator's way.
+execute). For tests and benchmarks, where waiting out a real voting period is not an option; the
+`zoo-node dao` commands are the operator's way.
 """
 
 from __future__ import annotations
@@ -39,18 +39,15 @@ class DevDao:
         self, root: bytes | str, cid: str, *, tree_size: int, parent_version: int | None = None
     ) -> int:
         """Everything up to (not including) execute, leaving the proposal executable; returns its id."""
-        proposal = self.proposer.propose(
-            root, cid, tree_size=tree_size, parent_version=parent_version
-        ).proposal_id
-        warp(self.w3, 1)
-        for voter in self.voters:
-            voter.vote(proposal, True)
-        warp(self.w3, self.wait_s)
-        return proposal
+        proposal = self.proposer.propose(root, cid, tree_size=tree_size, parent_version=parent_version)
+        return self._pass(proposal.proposal_id)
 
     def pass_call(self, target: str, data: bytes) -> int:
         """A call proposal, voted through and left executable; returns its id."""
-        proposal = self.proposer.propose_call(target, data).proposal_id
+        return self._pass(self.proposer.propose_call(target, data).proposal_id)
+
+    def _pass(self, proposal: int) -> int:
+        """Into the voting window, every voter for, past voting and the execution delay."""
         warp(self.w3, 1)
         for voter in self.voters:
             voter.vote(proposal, True)
