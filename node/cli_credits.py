@@ -18,7 +18,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from zoo.node.cli_dao import ConfigOpt, Dao, DataDirOpt, KeyOpt, connect, reverts
+from zoo.node.cli_dao import ConfigOpt, Dao, DataDirOpt, KeyOpt, connect, ledger_of, reverts
 from zoo.node.console import err, out
 
 app = typer.Typer(help="Inference credits: balances, claimable usage, claims.", no_args_is_help=True)
@@ -41,15 +41,6 @@ class Entry:
     proof: list[str] | None = None
 
 
-def _ledger(dao: Dao, signer: Any = None) -> Any:
-    from zoo.registry.chain import LedgerClient
-
-    if not dao.ledger_address:
-        err.print("[red]no UsageLedger is configured: set chain.ledger_address (a devnet has one)[/red]")
-        raise typer.Exit(1)
-    return LedgerClient(dao.w3, dao.ledger_address, signer)
-
-
 def _address(text: str) -> str:
     from web3 import Web3
 
@@ -66,23 +57,18 @@ def entries_of(dao: Dao, ledger: Any, account: str, node: str | None, epoch: int
     """Every record of `account` in the reports posted (filtered by node and epoch), with its status."""
     from zoo.registry.chain.ledger import EARNED, SPENT
     from zoo.registry.ipfs import IpfsClient, IpfsError
-    from zoo.registry.usage_report import Report, ReportError
+    from zoo.registry.usage_report import ReportError, fetch_report
 
     params = ledger.params()
     now = int(dao.w3.eth.get_block("latest")["timestamp"])
     found: list[Entry] = []
-    announced = ledger.report_posted_events(dao.cfg.chain.from_block, node)
+    posted_reports = ledger.posted_reports(dao.cfg.chain.from_block, node, epoch)
     with IpfsClient(dao.ipfs_api or "http://127.0.0.1:5001") as ipfs:
-        for posted in announced:
-            if epoch is not None and posted.epoch != epoch:
-                continue
-            live = ledger.report(posted.node, posted.epoch)
+        for posted in posted_reports:
             try:
                 if not dao.ipfs_api:
                     raise IpfsError("no IPFS API is configured")
-                content = ipfs.fetch_verified(posted.cid, timeout=min(10.0, dao.cfg.ipfs.timeout_s))
-                report = Report.decode(content)
-                report.check_against(posted.node, posted.epoch, live.root, live.tree_size, live.earned_units)
+                report = fetch_report(ipfs, posted, timeout=min(10.0, dao.cfg.ipfs.timeout_s))
             except (ReportError, IpfsError, ValueError) as e:
                 kind = "mismatch" if isinstance(e, ReportError) else "unavailable"
                 found.append(Entry(posted.node, posted.epoch, "", 0, "unreadable", f"content {kind}: {e}"))
@@ -94,12 +80,12 @@ def entries_of(dao: Dao, ledger: Any, account: str, node: str | None, epoch: int
                     continue
                 index, record = hit
                 settled = ledger.settled(posted.node, posted.epoch, kind, account)
-                opens = live.posted_at + params.challenge_window
-                if live.voided:
+                opens = posted.posted_at + params.challenge_window
+                if posted.voided:
                     status, detail = "voided", "the DAO upheld a challenge: nothing of it applies"
                 elif settled:
                     status, detail = ("claimed" if kind == EARNED else "applied"), ""
-                elif live.challenged:
+                elif posted.challenged:
                     status, detail = "challenged", "waiting for the DAO to resolve the challenge"
                 elif now < opens:
                     status, detail = (
@@ -138,7 +124,7 @@ def show(
     account = _address(address)
     node_address = _address(node) if node else None
     dao = connect(config, data_dir, None, need_key=False)
-    ledger = _ledger(dao)
+    ledger = ledger_of(dao)
     with reverts():
         balance, earned, spent = ledger.balance(account), ledger.earned(account), ledger.spent(account)
         rows = entries_of(dao, ledger, account, node_address, epoch)
@@ -172,7 +158,7 @@ def claim(
     node_address = _address(node) if node else None
     dao = connect(config, data_dir, key, need_key=True)
     signer = dao.registry.account
-    ledger = _ledger(dao, signer)
+    ledger = ledger_of(dao, signer)
     account = signer.address
     with reverts():
         rows = entries_of(dao, ledger, account, node_address, epoch)

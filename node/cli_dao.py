@@ -127,6 +127,16 @@ def keeper(units: int) -> str:
     return f"{units / TOKEN:,.4f} KEEPER"
 
 
+def ledger_of(dao: Dao, signer: Any = None) -> Any:
+    """A client of the UsageLedger (signing with `signer`, if given); exits 1 when none is configured."""
+    from zoo.registry.chain import LedgerClient
+
+    if not dao.ledger_address:
+        err.print("[red]no UsageLedger is configured: set chain.ledger_address (a devnet has one)[/red]")
+        raise typer.Exit(1)
+    return LedgerClient(dao.w3, dao.ledger_address, signer)
+
+
 def describe_call(dao: Dao, pid: int) -> str:
     """What a call proposal calls, in words: the ledger's functions by name, anything else by its target."""
     from zoo.registry.chain import LedgerClient
@@ -307,18 +317,15 @@ def propose_node(
     --deregister, remove it). Voted on and executed like a library version: `dao vote`, `dao execute`."""
     from web3 import Web3
 
-    from zoo.registry.chain import LedgerClient, format_proposal_id
+    from zoo.registry.chain import format_proposal_id
 
     if not Web3.is_address(node):
         err.print(f"[red]not an address: {node!r} (0x and 40 hex digits)[/red]")
         raise typer.Exit(2)
     salt_bytes = parse_root(salt, "salt") if salt is not None else None
     dao = connect(config, data_dir, key, need_key=True)
-    if not dao.ledger_address:
-        err.print("[red]no UsageLedger is configured: set chain.ledger_address (a devnet has one)[/red]")
-        raise typer.Exit(1)
+    ledger = ledger_of(dao)
     with reverts():
-        ledger = LedgerClient(dao.w3, dao.ledger_address)
         registered = ledger.is_registered(node)
         if registered != deregister:
             err.print(f"[red]refused: {Web3.to_checksum_address(node)} is "

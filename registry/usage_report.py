@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from eth_utils import is_address, to_checksum_address
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from zoo.registry.chain.ledger import EARNED, SPENT, record_leaf
+from zoo.registry.chain.ledger import EARNED, SPENT, UsageReport, record_leaf
+from zoo.registry.ipfs import IpfsClient
 from zoo.registry.merkle import MerkleTree
 
 FORMAT = "zoo.usage-report/1"
@@ -119,26 +120,36 @@ class Report:
             dict(model.unclaimable), model.earned_before_cap,
         )  # fmt: skip
 
-    def check_against(self, node: str, epoch: int, root: bytes, tree_size: int, earned_units: int) -> None:
-        """Raise ReportError naming the first thing in which this content differs from the posted report."""
-        if self.node != to_checksum_address(node) or self.epoch != epoch:
+    def check_against(self, posted: UsageReport) -> None:
+        """Raise ReportError naming the first thing in which this content differs from the report the ledger
+        holds."""
+        if self.node != posted.node or self.epoch != posted.epoch:
             raise ReportError(
                 f"the content is the report of node {self.node}, epoch {self.epoch}, not of node "
-                f"{to_checksum_address(node)}, epoch {epoch}"
+                f"{posted.node}, epoch {posted.epoch}"
             )
-        if len(self.records) != tree_size:
+        if len(self.records) != posted.tree_size:
             raise ReportError(
-                f"the content holds {len(self.records)} records; the ledger's root covers {tree_size}"
+                f"the content holds {len(self.records)} records; the ledger's root covers {posted.tree_size}"
             )
         got = self.tree().root
-        if got != root:
+        if got != posted.root:
             raise ReportError(
-                f"the content's records give root 0x{got.hex()}, not the ledger's 0x{root.hex()}"
+                f"the content's records give root 0x{got.hex()}, not the ledger's 0x{posted.root.hex()}"
             )
-        if self.earned_units != earned_units:
+        if self.earned_units != posted.earned_units:
             raise ReportError(
-                f"the content's records earn {self.earned_units} units; the ledger was told {earned_units}"
+                f"the content's records earn {self.earned_units} units; "
+                f"the ledger was told {posted.earned_units}"
             )
+
+
+def fetch_report(ipfs: IpfsClient, posted: UsageReport, timeout: float | None = None) -> Report:
+    """A posted report's content from IPFS (by its CID), decoded and checked against the ledger's record;
+    ReportError when it does not match, IpfsError when it cannot be fetched."""
+    report = Report.decode(ipfs.fetch_verified(posted.cid, timeout=timeout))
+    report.check_against(posted)
+    return report
 
 
 def build_report(

@@ -194,15 +194,15 @@ class Settlement(Component):
 
     def _apply_spent(self, epoch: int, posted: Any) -> None:
         from zoo.registry.chain.ledger import SPENT
-        from zoo.registry.usage_report import Report
+        from zoo.registry.usage_report import Report, fetch_report
 
         path = self._report_file(epoch)
         if path.exists():
             report = Report.decode(path.read_bytes())
+            report.check_against(posted)
         else:  # posted by this key from elsewhere, or the file was lost: the posted content is on IPFS
             with self._ipfs() as ipfs:
-                report = Report.decode(ipfs.fetch_verified(posted.cid))
-        report.check_against(self.node, epoch, posted.root, posted.tree_size, posted.earned_units)
+                report = fetch_report(ipfs, posted)
         tree = report.tree()
         for index, record in enumerate(report.records):
             if record.kind == SPENT and not self.ledger.settled(self.node, epoch, SPENT, record.account):

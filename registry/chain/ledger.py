@@ -169,20 +169,22 @@ class LedgerClient(_ContractClient):
             )
         )
 
-    def report_posted_events(
-        self, from_block: BlockIdentifier = 0, node: str | None = None
+    def posted_reports(
+        self, from_block: BlockIdentifier = 0, node: str | None = None, epoch: int | None = None
     ) -> list[UsageReport]:
-        """The reports posted (as ReportPosted announced them), oldest first; only `node`'s if given.
-        Their live state (challenged, voided, claimed) is in `report`."""
-        filters = {"node": Web3.to_checksum_address(node)} if node else None
-        logs = self.contract.events.ReportPosted().get_logs(argument_filters=filters, from_block=from_block)
-        reports = []
-        for e in sorted(logs, key=lambda e: (e["blockNumber"], e["logIndex"])):
-            a = e["args"]
-            node_address = Web3.to_checksum_address(a["node"])
-            reports.append(UsageReport(node_address, int(a["epoch"]), bytes(a["root"]), int(a["treeSize"]), 0,
-                                       False, False, int(a["earnedUnits"]), 0, str(a["cid"])))  # fmt: skip
-        return reports
+        """Every report posted (found by its ReportPosted event), oldest first, as the ledger holds it now
+        (challenged, voided, claimed); only `node`'s and `epoch`'s if given."""
+        filters: dict[str, Any] = {}
+        if node is not None:
+            filters["node"] = Web3.to_checksum_address(node)
+        if epoch is not None:
+            filters["epoch"] = int(epoch)
+        logs = self.contract.events.ReportPosted().get_logs(
+            argument_filters=filters or None, from_block=from_block
+        )
+        ordered = sorted(logs, key=lambda e: (e["blockNumber"], e["logIndex"]))
+        reports = [self.report(e["args"]["node"], int(e["args"]["epoch"])) for e in ordered]
+        return [r for r in reports if r is not None]
 
     def leaf(self, kind: int, account: str, units: int) -> bytes:
         return bytes(self._call("leaf", int(kind), Web3.to_checksum_address(account), int(units)))

@@ -23,10 +23,10 @@ from zoo.node.components import State
 from zoo.node.credits.meter import Served, UsageMeter
 from zoo.node.credits.settlement import Settlement
 from zoo.registry.chain import ContractRevert, LedgerClient
-from zoo.registry.chain.ledger import EARNED, SPENT
+from zoo.registry.chain.ledger import EARNED, SPENT, UsageReport
 from zoo.registry.ipfs import IpfsClient
 from zoo.registry.keys import dev_account
-from zoo.registry.usage_report import Report, ReportError, build_report
+from zoo.registry.usage_report import Report, ReportError, build_report, fetch_report
 
 EPOCH, WINDOW = 600, 60
 AUTHOR = dev_account(7)
@@ -129,8 +129,8 @@ def test_an_ended_epoch_is_reported_claimed_and_its_spends_applied(node: Node, d
     assert posted is not None and posted.tree_size == 2  # the author's earnings, the holder's spend
     # Anyone can fetch the content and check it against the root; the job author is listed, unclaimable.
     with IpfsClient(devnet.ipfs_api) as ipfs:
-        report = Report.decode(ipfs.fetch_verified(posted.cid))
-    report.check_against(node.key.address, epoch, posted.root, posted.tree_size, posted.earned_units)
+        report = fetch_report(ipfs, posted)
+    assert report.node == node.key.address and report.epoch == epoch
     assert report.find(EARNED, AUTHOR.address)[1].units == 70  # type: ignore[index]
     assert report.unclaimable == {"job:tfgrpo-1": 30}
     assert report.find(SPENT, holder.address)[1].units == 40  # type: ignore[index]
@@ -227,10 +227,11 @@ def test_reports_are_canonical_capped_and_refuse_bad_content() -> None:
     ]:
         with pytest.raises(ReportError, match=match):
             Report.decode(bad)
+    root, size, earned = report.tree().root, len(report.records), report.earned_units
     with pytest.raises(ReportError, match="node"):
-        report.check_against(b, 7, report.tree().root, len(report.records), report.earned_units)
+        report.check_against(UsageReport(b, 7, root, size, 1, False, False, earned, 0, "cid"))
     with pytest.raises(ReportError, match="earn"):
-        report.check_against(a, 7, report.tree().root, len(report.records), report.earned_units + 1)
+        report.check_against(UsageReport(a, 7, root, size, 1, False, False, earned + 1, 0, "cid"))
 
 
 def test_credits_show_and_claim_from_the_cli(
