@@ -466,7 +466,7 @@ class ContinuousBatcher:
         urgent = [i for i, seq in enumerate(self._rows) if seq.request.priority]
         if urgent and len(urgent) < len(self._rows):
             self._drop_shadow()
-            others = [i for i in range(len(self._rows)) if i not in set(urgent)]
+            others = [i for i, seq in enumerate(self._rows) if not seq.request.priority]
             index = torch.tensor(others, dtype=torch.long, device=self.device)
             layers = [(k[index], v[index]) for k, v in self._layers()]
             self._parked.append(([self._rows[i] for i in others], layers, self._cache.get_seq_length()))
