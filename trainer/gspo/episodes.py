@@ -76,12 +76,12 @@ def policy_sampler(
     eos = set(eos_ids_of(policy))
 
     def sample(ids: list[int], max_new_tokens: int, seed: int) -> list[int]:
-        torch.manual_seed(seed)
         prompt = torch.tensor([ids], dtype=torch.long, device=policy.device)
         inputs = {"input_ids": prompt, "attention_mask": torch.ones_like(prompt)}
         out = policy_generate(
-            policy, inputs, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, greedy=greedy
-        )
+            policy, inputs, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+            seeds=None if greedy else [seed],
+        )  # fmt: skip
         new = out[0, len(ids) :].tolist()
         for i, token in enumerate(new):
             if token in eos:

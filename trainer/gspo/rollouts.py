@@ -1,11 +1,15 @@
-"""GSPO rollouts: G sampled completions per prompt in one batched `generate`, and the masks the loss needs.
+"""GSPO rollouts: G sampled completions per prompt, every prompt of a batch in one `generate`, and the masks
+the loss needs.
 
-Each prompt's group is sampled on its own with a seed of its own (`seed_of(run seed, step, task id)`), so
-what a prompt gets does not depend on which other prompts share its batch or process: one process and
-N processes sharing a batch sample the same completions. `stack` then lays the groups into one batch,
-prompts left-padded to one length so every completion starts at the same column. A completion counts up
-to and including its first end-of-sequence token; what follows it is masked out. The chat template and
-the task's instruction are those TF-GRPO and serving use.
+Every row samples from a random stream of its own, seeded by (its prompt's seed, its index in the group):
+its next token is the argmax of its logits plus Gumbel noise drawn from its own generator, which is exactly
+a draw from softmax(logits) (the Gumbel-max trick) and needs no shared random state. So what a row gets
+does not depend on which other prompts share its batch or process (up to float rounding of the batched
+forward): one process and N processes sharing a batch sample the same completions, and a process
+generates its whole share of the batch in one call. Prompts are left-padded to one length so every
+completion starts at the same column; a completion counts up to and including its first end-of-sequence
+token, and what follows it is masked out. The chat template and the task's instruction are those TF-GRPO
+and serving use.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
 from zoo.trainer.gspo.policy import LoraPolicy
+from zoo.trainer.schedule import seed_of
 from zoo.trainer.tasks import Task, instruction_for
 
 
@@ -68,6 +74,31 @@ def eos_ids_of(policy: LoraPolicy) -> list[int]:
     return sorted({int(i) for i in ids})
 
 
+class RowStreams(LogitsProcessor):
+    """Sampling with a random stream per row: adds Gumbel noise (-log E, E ~ Exp(1)) from row i's own
+    generator to row i's logits, so that greedy decoding of the result samples from softmax(logits).
+
+    transformers samples every row from one generator (`torch.multinomial` over the batch), which ties a
+    row's draws to the rows beside it; hence this processor. It runs after temperature and top-p, as the
+    last processor; every row draws once per decoding step, finished or not, so the draws of a row follow
+    its own step count alone.
+    """
+
+    def __init__(self, seeds: Sequence[int], device: torch.device | str) -> None:
+        self.generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if scores.shape[0] != len(self.generators):
+            raise ValueError(f"{scores.shape[0]} rows to sample, {len(self.generators)} random streams")
+        vocab = scores.shape[-1]
+        noise = torch.stack([
+            torch.empty(vocab, device=scores.device, dtype=torch.float32).exponential_(generator=g)
+            for g in self.generators
+        ])  # fmt: skip
+        # E can round to 0 in float32; the clamp keeps such a token's noise finite (very large, as it should).
+        return scores.float() - noise.clamp_min(torch.finfo(torch.float32).tiny).log()
+
+
 @torch.no_grad()
 def policy_generate(
     policy: LoraPolicy,
@@ -76,22 +107,27 @@ def policy_generate(
     max_new_tokens: int,
     temperature: float,
     top_p: float,
-    greedy: bool,
-    num_return_sequences: int = 1,
+    seeds: Sequence[int] | None,
 ) -> torch.Tensor:
-    """The policy's `generate` in eval mode (its train/eval mode restored after): greedy, or sampled with
-    top_k=0, from the whole distribution (transformers' default top_k=50 would truncate it)."""
-    sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature,
-                                                     "top_p": top_p, "top_k": 0}  # fmt: skip
+    """The policy's `generate` in eval mode (its train/eval mode restored after): greedy when `seeds` is
+    None, else sampled from the whole distribution (no top-k) at `temperature` and `top_p`, row i drawing
+    from a stream seeded by seeds[i]."""
+    processors = LogitsProcessorList()
+    if seeds is not None:
+        if temperature != 1.0:
+            processors.append(TemperatureLogitsWarper(temperature))
+        if top_p < 1.0:
+            processors.append(TopPLogitsWarper(top_p))
+        processors.append(RowStreams(seeds, policy.device))
     was_training = policy.model.training
     policy.model.eval()
     try:
         return policy.model.generate(
             **inputs,
             max_new_tokens=max_new_tokens,
-            num_return_sequences=num_return_sequences,
             pad_token_id=policy.tokenizer.pad_token_id,
-            **sampling,
+            do_sample=False,  # the argmax of the noised logits when sampling (RowStreams)
+            logits_processor=processors,
         )
     finally:
         policy.model.train(was_training)
@@ -106,28 +142,31 @@ def generate(
     max_new_tokens: int,
     temperature: float,
     top_p: float,
-    seed: int,
+    seeds: Sequence[int],
     instruction: str | None = None,
     greedy: bool = False,
 ) -> Rollouts:
-    """`group_size` completions of every task (greedy: one each, group_size ignored), seeded."""
+    """`group_size` completions of every task (greedy: one each, group_size ignored) in one `generate`,
+    the j-th completion of task i sampled from a stream seeded by (seeds[i], j)."""
+    if len(seeds) != len(tasks):
+        raise ValueError(f"{len(tasks)} tasks, {len(seeds)} seeds")
     tokenizer = policy.tokenizer
     chats = [messages_for(t, instruction) for t in tasks]
     texts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
     encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(policy.device)
     prompt_length = int(encoded["input_ids"].shape[1])
     n = 1 if greedy else group_size
-    torch.manual_seed(seed)
+    # Each prompt's row n times (transformers' num_return_sequences is for its own sampling only).
+    rows = {key: value.repeat_interleave(n, dim=0) for key, value in encoded.items()}
     sequences = policy_generate(
-        policy, encoded, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, greedy=greedy,
-        num_return_sequences=n,
+        policy, rows, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+        seeds=None if greedy else [seed_of(s, j) for s in seeds for j in range(n)],
     )  # fmt: skip
     completion_ids = sequences[:, prompt_length:]
     if completion_ids.shape[1] == 0:  # nothing generated at all (max_new_tokens reached at once)
         raise RuntimeError("generation produced no tokens")
     mask = completion_mask_of(completion_ids, eos_ids_of(policy))
-    prompt_mask = encoded["attention_mask"].repeat_interleave(n, dim=0)
-    attention_mask = torch.cat([prompt_mask, mask], dim=1)
+    attention_mask = torch.cat([rows["attention_mask"], mask], dim=1)
     completions = [
         tokenizer.decode(row[: int(m.sum())], skip_special_tokens=True)
         for row, m in zip(completion_ids, mask, strict=True)

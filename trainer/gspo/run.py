@@ -104,22 +104,24 @@ class GspoRun:
         return [r.score for r in score_group(self.reward_for(task), task, completions)]
 
     def sample(self, tasks: Sequence[Task], tag: str, *, greedy: bool = False) -> list[Rollouts]:
-        """Each task's group (one greedy completion when `greedy`), seeded by the task, not the batch."""
+        """Each task's group (one greedy completion when `greedy`), all in one `generate`, each task's rows
+        seeded by the task, not the batch."""
+        if not tasks:
+            return []
         spec = self.spec
-        return [
-            generate(
-                self.policy,
-                [task],
-                group_size=spec.group_size,
-                max_new_tokens=spec.max_new_tokens,
-                temperature=spec.temperature,
-                top_p=spec.top_p,
-                seed=seed_of(tag, spec.seed, task.id),
-                instruction=spec.instruction,
-                greedy=greedy,
-            )
-            for task in tasks
-        ]
+        every = generate(
+            self.policy,
+            tasks,
+            group_size=spec.group_size,
+            max_new_tokens=spec.max_new_tokens,
+            temperature=spec.temperature,
+            top_p=spec.top_p,
+            seeds=[seed_of(tag, spec.seed, task.id) for task in tasks],
+            instruction=spec.instruction,
+            greedy=greedy,
+        )
+        n = 1 if greedy else spec.group_size
+        return [every.rows(slice(i * n, (i + 1) * n)) for i in range(len(tasks))]
 
     def rollout(
         self, tasks: Sequence[Any], tag: str, *, greedy: bool = False
