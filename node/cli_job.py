@@ -517,19 +517,26 @@ def _train_gspo(
     processes: int = typer.Option(
         1, "--processes", min=1, max=64, help="Data-parallel worker processes (accelerate launch)."
     ),
+    deepspeed: str | None = typer.Option(
+        None,
+        "--deepspeed",
+        help="Train under DeepSpeed ZeRO with this config: a JSON file, or 'zero2' for the shipped ZeRO-2 "
+        "one (needs `pip install 'zoo-node[deepspeed]'`).",
+    ),
     config: Path | None = ConfigOpt,
     data_dir: Path | None = DataDirOpt,
 ) -> None:
     """Train LoRA adapters with GSPO on the configured local model (no daemon); kill it any time and
     continue with --resume from its last checkpoint. --processes N shares each batch out over N workers
-    (the same adapters as one process, within float tolerance)."""
+    (the same adapters as one process, within float tolerance); with --deepspeed their optimiser state and
+    gradients are partitioned by DeepSpeed ZeRO."""
     from zoo.node.cli import load
     from zoo.node.training import TrainingError, run_gspo_foreground
     from zoo.trainer.gspo.spec import GspoSpec  # noqa: F401  (documents where the options come from)
 
     cfg = load(config, data_dir=data_dir and str(data_dir))
     try:
-        code = run_gspo_foreground(cfg, spec, out_dir, resume, GspoView(err), processes)
+        code = run_gspo_foreground(cfg, spec, out_dir, resume, GspoView(err), processes, deepspeed)
     except TrainingError as e:
         raise _fail(str(e), 2) from None
     except KeyboardInterrupt:

@@ -135,10 +135,17 @@ def gspo_spec_for(out_dir: Path, spec_fields: dict[str, Any], resume: bool) -> A
 
 
 def run_gspo_foreground(
-    cfg: NodeConfig, spec_fields: dict[str, Any], out_dir: Path, resume: bool, view: Any, processes: int = 1
+    cfg: NodeConfig,
+    spec_fields: dict[str, Any],
+    out_dir: Path,
+    resume: bool,
+    view: Any,
+    processes: int = 1,
+    deepspeed: str | None = None,
 ) -> int:
-    """Run GSPO on the configured local model, in this process or in `processes` accelerate workers;
-    returns the exit code (0 when it completed)."""
+    """Run GSPO on the configured local model, in this process or in `processes` accelerate workers (with
+    `deepspeed`, a DeepSpeed config, always in workers: under ZeRO); returns the exit code (0 when it
+    completed)."""
     from zoo.node.daemon import StartupError, resolve_model_path
     from zoo.trainer.gspo.job import run_gspo
 
@@ -154,6 +161,8 @@ def run_gspo_foreground(
     except StartupError as e:
         raise TrainingError(str(e)) from None
     assert path is not None  # only the openai backend has no local path
+    if deepspeed is not None:
+        deepspeed = _checked_zero_config(deepspeed, spec)
     if cfg.model.threads:
         import torch
 
@@ -162,20 +171,36 @@ def run_gspo_foreground(
     write_atomic(out_dir / SPEC_FILE, json.dumps(spec.to_json(), indent=2).encode())
     with view:
         view.start(spec)
-        if processes > 1:
-            return _gspo_processes(out_dir, path, cfg.model.device, processes, view)
+        if processes > 1 or deepspeed is not None:
+            return _gspo_processes(out_dir, path, cfg.model.device, processes, view, deepspeed)
         result = run_gspo(spec, path, out_dir, device=cfg.model.device, on_step=view.step)
         view.done(result)
     return 0
 
 
-def _gspo_processes(out_dir: Path, model: Path, device: str, processes: int, view: Any) -> int:
+def _checked_zero_config(source: str, spec: Any) -> str:
+    """`source` (a DeepSpeed config file or the shipped one's name) checked against the spec before any
+    worker starts, and DeepSpeed importable; the file's absolute path (or the name)."""
+    from zoo.trainer.gspo.zero import SHIPPED, ZeroConfigError, deepspeed_module, engine_config, read_config
+
+    try:
+        config, where = read_config(source)
+        engine_config(config, max_grad_norm=spec.max_grad_norm, micro_batch_size=spec.micro_batch_size)
+        deepspeed_module()
+    except ZeroConfigError as e:
+        raise TrainingError(f"--deepspeed: {e}") from None
+    return SHIPPED if where == SHIPPED else str(Path(where).resolve())
+
+
+def _gspo_processes(
+    out_dir: Path, model: Path, device: str, processes: int, view: Any, deepspeed: str | None = None
+) -> int:
     """The run under `accelerate launch` with `processes` workers; their main one reports each step."""
     import subprocess
 
     from zoo.trainer.gspo.launch import RESULT, STEP, launch_command, launch_env, worker_messages
 
-    command = launch_command(out_dir / SPEC_FILE, model, out_dir, processes, device)
+    command = launch_command(out_dir / SPEC_FILE, model, out_dir, processes, device, deepspeed=deepspeed)
     with subprocess.Popen(command, env=launch_env(processes), stdout=subprocess.PIPE, text=True) as proc:
         assert proc.stdout is not None
         for kind, data in worker_messages(proc.stdout):

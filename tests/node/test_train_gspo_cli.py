@@ -73,15 +73,27 @@ def test_bad_options_and_remote_backends_are_refused(tmp_path: Path) -> None:
     )  # fmt: skip
     refused = zoo(*args(remote, tmp_path / "c"))
     assert refused.returncode == 2 and "must be 'transformers'" in refused.stderr, refused.stderr
-    assert not (tmp_path / "a").exists() and not (tmp_path / "c" / "checkpoints").exists()
+    missing = zoo(*args(config, tmp_path / "d", "--deepspeed", str(tmp_path / "nope.json")))
+    assert missing.returncode == 2 and "--deepspeed: no DeepSpeed config at" in missing.stderr, missing.stderr
+    stage3 = tmp_path / "stage3.json"
+    stage3.write_text(json.dumps({"zero_optimization": {"stage": 3}}))
+    unusable = zoo(*args(config, tmp_path / "e", "--deepspeed", str(stage3)))
+    assert unusable.returncode == 2 and "stage is 3" in unusable.stderr, unusable.stderr
+    for name in "ade":
+        assert not (tmp_path / name).exists(), name
+    assert not (tmp_path / "c" / "checkpoints").exists()
 
 
-def test_two_worker_processes_from_the_cli(tmp_path: Path) -> None:
+def test_two_worker_processes_under_zero2_from_the_cli(tmp_path: Path) -> None:
+    """--processes 2 --deepspeed zero2: two accelerate workers, their optimiser state partitioned by
+    DeepSpeed (tests/trainer/test_gspo_zero.py checks the adapters against one process's)."""
     config = write_config(tmp_path / "node.toml", base_config(tmp_path / "data"))
     out = tmp_path / "run"
-    done = zoo(*args(config, out, "--train-limit", "2", "--batch-size", "2", "--processes", "2"), timeout=300)
+    options = ("--train-limit", "2", "--batch-size", "2", "--processes", "2", "--deepspeed", "zero2")
+    done = zoo(*args(config, out, *options), timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "step 1:" in done.stderr and "completed" in done.stderr, done.stderr
     report = json.loads((out / "report.json").read_text())
     assert [p["processes"] for p in report["curve"]] == [2]
+    assert len(list((out / "checkpoints" / "step-000001").rglob("*optim_states.pt"))) == 2
     assert (out / "adapter" / "adapter_model.safetensors").stat().st_size > 0

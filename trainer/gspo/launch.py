@@ -45,17 +45,26 @@ def free_port() -> int:
 
 
 def launch_command(
-    spec_file: Path, model: Path, out_dir: Path, processes: int, device: str, imports: tuple[str, ...] = ()
+    spec_file: Path,
+    model: Path,
+    out_dir: Path,
+    processes: int,
+    device: str,
+    imports: tuple[str, ...] = (),
+    *,
+    deepspeed: str | None = None,
 ) -> list[str]:
     """The `accelerate launch` command running the worker in `processes` processes; `imports` are modules
-    each worker imports first (ones that register custom rewards)."""
+    each worker imports first (ones that register custom rewards); `deepspeed`, a DeepSpeed config (a
+    file, or zero.SHIPPED) to train under ZeRO (zero.py)."""
     return [
         sys.executable, "-m", "accelerate.commands.launch",
-        "--num_processes", str(processes), "--num_machines", "1", "--multi_gpu",
+        "--num_processes", str(processes), "--num_machines", "1", *(["--multi_gpu"] if processes > 1 else []),
         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
         "-m", "zoo.trainer.gspo.launch",
         "--spec", str(spec_file), "--model", str(model), "--out", str(out_dir), "--device", device,
         *(f"--import={name}" for name in imports),
+        *(["--deepspeed", deepspeed] if deepspeed is not None else []),
     ]  # fmt: skip
 
 
@@ -74,6 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--import", dest="imports", action="append", default=[], help="a module to import first")
+    ap.add_argument("--deepspeed", help="a DeepSpeed config (JSON file, or 'zero2'): train under ZeRO")
     args = ap.parse_args(argv)
     for name in args.imports:
         importlib.import_module(name)
@@ -86,7 +96,14 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     spec = GspoSpec.parse(json.loads(args.spec.read_text()))
-    processes = AcceleratedProcesses()
+    if args.deepspeed is not None:
+        from zoo.trainer.gspo.zero import ZeroProcesses, read_config
+
+        if args.device == "cpu":
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed would pick CUDA where there is one
+        processes: AcceleratedProcesses = ZeroProcesses(read_config(args.deepspeed)[0])
+    else:
+        processes = AcceleratedProcesses()
     device = str(processes.device) if args.device != "cpu" else "cpu"
 
     def report(kind: str, data: dict) -> None:

@@ -13,6 +13,7 @@ trainable parameters are a few MB. Launch with `zoo-node train gspo --processes 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -21,10 +22,12 @@ T = TypeVar("T")
 
 
 class Processes:
-    """One process: nothing to share."""
+    """One process: nothing to share. The optimiser's steps go through here (`prepare`, `backward`,
+    `update`, `save_optimizer` / `load_optimizer`) so that a DeepSpeed engine can take them over (zero.py)."""
 
     rank = 0
     world = 1
+    pads_micro_batches = False  # whether every process must run as many backwards per update as the others
 
     @property
     def is_main(self) -> bool:
@@ -46,6 +49,35 @@ class Processes:
 
     def barrier(self) -> None:
         """Wait until every process gets here."""
+
+    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, spec: Any) -> None:
+        """Set up the optimisation of `model`'s trainable parameters by `optimizer` (nothing to do here)."""
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def update(
+        self, optimizer: torch.optim.Optimizer, params: Sequence[torch.nn.Parameter], max_grad_norm: float
+    ) -> float:
+        """Sum the accumulated gradients over the processes, clip them to `max_grad_norm` and step; the
+        gradient norm before clipping."""
+        self.sum_gradients(params)
+        norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+        optimizer.step()
+        return norm
+
+    def save_optimizer(self, checkpoint: Path, optimizer: torch.optim.Optimizer) -> Any:
+        """What the checkpoint's state file keeps of the optimiser (every process calls this; the main
+        process writes the state file)."""
+        return optimizer.state_dict()
+
+    def load_optimizer(self, checkpoint: Path, optimizer: torch.optim.Optimizer, saved: Any) -> None:
+        if isinstance(saved, dict) and "zero_processes" in saved:
+            raise ValueError(
+                f"{checkpoint}: written under DeepSpeed ZeRO over {saved['zero_processes']} processes; "
+                f"resume with --deepspeed and --processes {saved['zero_processes']}"
+            )
+        optimizer.load_state_dict(saved)
 
 
 class AcceleratedProcesses(Processes):

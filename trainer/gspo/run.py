@@ -85,6 +85,7 @@ class GspoRun:
         self.optimizer = torch.optim.AdamW(
             policy.trainable_parameters(), lr=spec.learning_rate, weight_decay=spec.weight_decay
         )
+        self.processes.prepare(policy.model, self.optimizer, spec)
         self._rewards: dict[str, BaseReward] = {}
         self.step = 0
         self.curve: list[dict[str, Any]] = []
@@ -156,13 +157,28 @@ class GspoRun:
         size = self.spec.micro_batch_size
         return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
-    def optimise(self, rollouts: Rollouts | None, advantages: torch.Tensor, total: int) -> dict[str, float]:
+    def _padding_backward(self) -> None:
+        """A backward of weight 0 through every trainable parameter: a process with fewer micro-batches
+        than another runs these so that all run as many backwards per update (a ZeRO-2 engine reduces
+        gradients on each)."""
+        ids = torch.full((1, 2), self.policy.tokenizer.pad_token_id, device=self.policy.device)
+        logp = self.policy.token_logprobs(
+            ids, torch.ones_like(ids), 1, fused=self.fused, autocast_bf16=self.spec.bf16
+        )
+        self.processes.backward(logp.sum() * 0.0)
+
+    def optimise(
+        self, rollouts: Rollouts | None, advantages: torch.Tensor, total: int, backwards: int
+    ) -> dict[str, float]:
         """num_iterations passes over this process's rollouts (None: it has none this step), each one
-        optimiser step on the batch mean over all `total` sequences of all processes."""
+        optimiser step on the batch mean over all `total` sequences of all processes; where the processes
+        must match backward for backward, each pass runs `backwards` of them (the most micro-batches any
+        process has), padded with zero-weight ones."""
         spec = self.spec
         params = self.policy.trainable_parameters()
         n = len(rollouts.completions) if rollouts is not None else 0
         parts = self._micro_batches(n)
+        padding = backwards - len(parts) if self.processes.pads_micro_batches else 0
         old: list[torch.Tensor | None] = [None] * len(parts)
         ref: list[torch.Tensor | None] = [None] * len(parts)
         assert rollouts is not None or not parts
@@ -187,12 +203,12 @@ class GspoRun:
                     logp, sampled, advantages[s], part.completion_mask, self.loss_config, ref_logp=ref[j]
                 )
                 share = (s.stop - s.start) / total  # micro-batch means -> the mean over the whole batch
-                (loss * share).backward()
+                self.processes.backward(loss * share)
                 for key in totals:
                     totals[key] += float(m.get(key, 0.0)) * share
-            self.processes.sum_gradients(params)
-            norms.append(float(torch.nn.utils.clip_grad_norm_(params, spec.max_grad_norm)))
-            self.optimizer.step()
+            for _ in range(padding):
+                self._padding_backward()
+            norms.append(self.processes.update(self.optimizer, params, spec.max_grad_norm))
             # The last pass's loss, ratio and clipping (where the ratio has moved off 1); the gradient
             # norm averaged over passes (a pass whose every sequence is clipped has none).
             metrics = {**self.processes.sum_values(totals), "grad_norm": statistics.fmean(norms)}
@@ -218,11 +234,13 @@ class GspoRun:
         flat_groups = sum(len(set(group)) == 1 for group, _, _ in every)
         rollouts = stack(groups, self.policy.tokenizer.pad_token_id) if groups else None
         total = sum(n for _, n, _ in every)
+        mine_rows = len(rollouts.completions) if rollouts is not None else 0
+        backwards = max(self.processes.gather([len(self._micro_batches(mine_rows))]))
         # Every process takes the same number of optimiser steps (the sums are collective), so whether
         # to learn at all is decided on the whole batch: not when every group's rewards were equal.
         learn = flat_groups < len(batch)
         advantages = advantages.to(self.policy.device)
-        metrics = self.optimise(rollouts, advantages, total) if learn else {}
+        metrics = self.optimise(rollouts, advantages, total, backwards) if learn else {}
         all_advantages = advantages_of_batch(scores, spec.group_size)
         return {
             "step": number,
@@ -268,36 +286,40 @@ class GspoRun:
                 self.on_step(point)
 
     def checkpoint(self) -> Path | None:
-        """Write the state after `self.step` as checkpoints/step-NNNNNN (whole, then renamed into place); the
-        main process writes, every process waits for it."""
-        self.processes.barrier()
-        if not self.processes.is_main:
-            self.processes.barrier()
-            return None
+        """Write the state after `self.step` as checkpoints/step-NNNNNN (whole, then renamed into place):
+        every process saves what it holds of the optimiser (under ZeRO, its partition), the main process
+        the rest; every process waits for it."""
         root = self.out_dir / CHECKPOINTS
         final = root / f"step-{self.step:06d}"
         tmp = root / f".step-{self.step:06d}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        self.policy.save_adapter(tmp)
-        state = {
-            "version": STATE_VERSION,
-            "spec": self.spec.to_json(),
-            "step": self.step,
-            "curve": self.curve,
-            "baseline_validation_score": self.baseline_validation_score,
-            "validation_score": self.validation_score,
-            "wall_s": self.wall_s,
-            "optimizer": self.optimizer.state_dict(),
-            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
-        }
-        torch.save(state, tmp / STATE_FILE)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        write_atomic(root / "latest", final.name.encode())
+        main = self.processes.is_main
         self.processes.barrier()
-        return final
+        if main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        self.processes.barrier()
+        optimizer_state = self.processes.save_optimizer(tmp, self.optimizer)
+        self.processes.barrier()
+        if main:
+            self.policy.save_adapter(tmp)
+            state = {
+                "version": STATE_VERSION,
+                "spec": self.spec.to_json(),
+                "step": self.step,
+                "curve": self.curve,
+                "baseline_validation_score": self.baseline_validation_score,
+                "validation_score": self.validation_score,
+                "wall_s": self.wall_s,
+                "optimizer": optimizer_state,
+                "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+            }
+            torch.save(state, tmp / STATE_FILE)
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            write_atomic(root / "latest", final.name.encode())
+        self.processes.barrier()
+        return final if main else None
 
     def latest_checkpoint(self) -> Path | None:
         root = self.out_dir / CHECKPOINTS
@@ -315,7 +337,7 @@ class GspoRun:
         if GspoSpec.parse(state["spec"]) != self.spec:
             raise ValueError(f"{found}: the checkpoint was written by a run with another spec")
         self.policy.load_adapter_weights(found)
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.processes.load_optimizer(found, self.optimizer, state["optimizer"])
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
         self.step = int(state["step"])
