@@ -1,13 +1,14 @@
 """Run a GSPO job over N processes with `accelerate launch`, and the worker each process runs.
 
-    python -m zoo.trainer.gspo.launch --spec spec.json --model DIR --out OUT --processes 2
+    python -m zoo.trainer.gspo.launch --spec spec.json --model DIR --out OUT [--deepspeed zero2]
 
 `launch_command` builds the `accelerate launch` line: its multi-process launcher (`--multi_gpu`, which
 despite the name is the torchrun-style one: on a machine without CUDA the workers join a gloo group on
-CPU, while `--cpu` would start a single process), one machine, a free port on 127.0.0.1. `main` is the
-worker: it joins the process group, runs the job with
-its share of every batch (processes.py) and, on the main process, prints one JSON line per step and one
-for the result, which `zoo-node train gspo --processes N` turns into its progress display.
+CPU, while `--cpu` would start a single process), one machine, a free port on 127.0.0.1; for one process
+(a ZeRO run on one GPU) its single-process launcher. `main` is the worker: it joins the process group,
+runs the job with its share of every batch (processes.py, or zero.py under DeepSpeed) and, on the main
+process, prints one JSON line per step and one for the result, which `zoo-node train gspo --processes N`
+turns into its progress display.
 """
 
 from __future__ import annotations

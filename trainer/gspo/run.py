@@ -168,7 +168,7 @@ class GspoRun:
         self.processes.backward(logp.sum() * 0.0)
 
     def optimise(
-        self, rollouts: Rollouts | None, advantages: torch.Tensor, total: int, backwards: int
+        self, rollouts: Rollouts | None, advantages: torch.Tensor, total: int, backwards: int = 0
     ) -> dict[str, float]:
         """num_iterations passes over this process's rollouts (None: it has none this step), each one
         optimiser step on the batch mean over all `total` sequences of all processes; where the processes
@@ -178,7 +178,7 @@ class GspoRun:
         params = self.policy.trainable_parameters()
         n = len(rollouts.completions) if rollouts is not None else 0
         parts = self._micro_batches(n)
-        padding = backwards - len(parts) if self.processes.pads_micro_batches else 0
+        padding = max(0, backwards - len(parts)) if self.processes.pads_micro_batches else 0
         old: list[torch.Tensor | None] = [None] * len(parts)
         ref: list[torch.Tensor | None] = [None] * len(parts)
         assert rollouts is not None or not parts
