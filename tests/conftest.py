@@ -17,6 +17,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# The subprocesses tests start (daemons, CLI runs, accelerate workers) share the cores with the test
+# workers: their OpenMP threads sleep while they wait instead of spinning (./zoo test sets it for the
+# workers themselves, before torch loads).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def free_port() -> int:
