@@ -171,14 +171,14 @@ class GspoRun:
         self, rollouts: Rollouts | None, advantages: torch.Tensor, total: int, backwards: int = 0
     ) -> dict[str, float]:
         """num_iterations passes over this process's rollouts (None: it has none this step), each one
-        optimiser step on the batch mean over all `total` sequences of all processes; where the processes
-        must match backward for backward, each pass runs `backwards` of them (the most micro-batches any
-        process has), padded with zero-weight ones."""
+        optimiser step on the batch mean over all `total` sequences of all processes; each pass runs at
+        least `backwards` backwards (where processes must match backward for backward: the most
+        micro-batches any process has), padded with zero-weight ones."""
         spec = self.spec
         params = self.policy.trainable_parameters()
         n = len(rollouts.completions) if rollouts is not None else 0
         parts = self._micro_batches(n)
-        padding = max(0, backwards - len(parts)) if self.processes.pads_micro_batches else 0
+        padding = max(0, backwards - len(parts))
         old: list[torch.Tensor | None] = [None] * len(parts)
         ref: list[torch.Tensor | None] = [None] * len(parts)
         assert rollouts is not None or not parts
@@ -234,8 +234,10 @@ class GspoRun:
         flat_groups = sum(len(set(group)) == 1 for group, _, _ in every)
         rollouts = stack(groups, self.policy.tokenizer.pad_token_id) if groups else None
         total = sum(n for _, n, _ in every)
-        mine_rows = len(rollouts.completions) if rollouts is not None else 0
-        backwards = max(self.processes.gather([len(self._micro_batches(mine_rows))]))
+        backwards = 0
+        if self.processes.pads_micro_batches:
+            mine_rows = len(rollouts.completions) if rollouts is not None else 0
+            backwards = max(self.processes.gather([len(self._micro_batches(mine_rows))]))
         # Every process takes the same number of optimiser steps (the sums are collective), so whether
         # to learn at all is decided on the whole batch: not when every group's rewards were equal.
         learn = flat_groups < len(batch)

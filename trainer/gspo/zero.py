@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -166,7 +167,7 @@ class ZeroProcesses(AcceleratedProcesses):
         self.engine.backward(loss * self.world, scale_wrt_gas=False)
 
     def update(
-        self, optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], max_grad_norm: float
+        self, optimizer: torch.optim.Optimizer, params: Sequence[torch.nn.Parameter], max_grad_norm: float
     ) -> float:
         """Reduce (stage 2: finish reducing) the gradients, clip them to the config's gradient_clipping
         (the spec's max_grad_norm) and step; the global gradient norm before clipping."""
