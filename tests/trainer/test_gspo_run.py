@@ -93,6 +93,30 @@ def test_a_prompt_samples_the_same_completions_alone_or_in_a_batch(model_path: P
         generate(policy, [short, long], seeds=[1], **options)
 
 
+def test_generation_rows_bound_a_call_without_changing_the_samples(model_path: Path, tmp_path: Path) -> None:
+    """generation_rows cuts a step's sampling into calls of whole groups; the rows' streams make the samples
+    those of one call."""
+    spec = small_spec(tmp_path, group_size=3, max_new_tokens=8)
+    policy = LoraPolicy.load(model_path, spec)
+    questions = ("Hi.", "Name a sea animal.", "Why?")
+    tasks = [Task(id=f"q{i}", question=q, answer="x") for i, q in enumerate(questions)]
+    calls: list[int] = []
+    original = policy.model.generate
+
+    def counted(**kwargs: object) -> torch.Tensor:
+        calls.append(int(kwargs["input_ids"].shape[0]))  # type: ignore[union-attr]
+        return original(**kwargs)
+
+    policy.model.generate = counted  # type: ignore[method-assign]
+    whole = GspoRun(spec, policy, tasks, [], tmp_path / "a").sample(tasks, "t")
+    capped = spec.model_copy(update={"generation_rows": 7})
+    cut = GspoRun(capped, policy, tasks, [], tmp_path / "b").sample(tasks, "t")
+    assert calls == [9, 6, 3]  # all 3 groups at once; then 2 whole groups of 3 rows (7 // 3), then 1
+    assert [g.completions for g in whole] == [g.completions for g in cut]
+    with pytest.raises(ValidationError):
+        small_spec(tmp_path, generation_rows=-1)
+
+
 def test_a_step_raises_the_logprob_of_better_completions(model_path: Path, tmp_path: Path) -> None:
     spec = small_spec(tmp_path, num_iterations=1, learning_rate=5e-3)
     torch.manual_seed(0)

@@ -105,24 +105,27 @@ class GspoRun:
         return [r.score for r in score_group(self.reward_for(task), task, completions)]
 
     def sample(self, tasks: Sequence[Task], tag: str, *, greedy: bool = False) -> list[Rollouts]:
-        """Each task's group (one greedy completion when `greedy`), all in one `generate`, each task's rows
-        seeded by the task, not the batch."""
-        if not tasks:
-            return []
+        """Each task's group (one greedy completion when `greedy`), whole groups in one `generate` up to
+        `generation_rows` (all of them by default), each task's rows seeded by the task, not the batch."""
         spec = self.spec
-        every = generate(
-            self.policy,
-            tasks,
-            group_size=spec.group_size,
-            max_new_tokens=spec.max_new_tokens,
-            temperature=spec.temperature,
-            top_p=spec.top_p,
-            seeds=[seed_of(tag, spec.seed, task.id) for task in tasks],
-            instruction=spec.instruction,
-            greedy=greedy,
-        )
         n = 1 if greedy else spec.group_size
-        return [every.rows(slice(i * n, (i + 1) * n)) for i in range(len(tasks))]
+        per_call = max(1, spec.generation_rows // n) if spec.generation_rows else max(1, len(tasks))
+        groups: list[Rollouts] = []
+        for start in range(0, len(tasks), per_call):
+            part = tasks[start : start + per_call]
+            rows = generate(
+                self.policy,
+                part,
+                group_size=spec.group_size,
+                max_new_tokens=spec.max_new_tokens,
+                temperature=spec.temperature,
+                top_p=spec.top_p,
+                seeds=[seed_of(tag, spec.seed, task.id) for task in part],
+                instruction=spec.instruction,
+                greedy=greedy,
+            )
+            groups += [rows.rows(slice(i * n, (i + 1) * n)) for i in range(len(part))]
+        return groups
 
     def rollout(
         self, tasks: Sequence[Any], tag: str, *, greedy: bool = False

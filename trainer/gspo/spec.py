@@ -27,6 +27,13 @@ class GspoSpec(TaskSource):
     max_new_tokens: int = Field(default=64, ge=1, le=32_768)
     temperature: float = Field(default=1.0, gt=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    generation_rows: int = Field(
+        default=0,
+        ge=0,
+        le=65_536,
+        description="most completions sampled in one generate call, whole groups (0: a process's whole "
+        "share of a step at once); bounds the KV cache, never changes the samples",
+    )
     instruction: str | None = Field(
         default=None, min_length=1, max_length=4000, description="system turn for tasks without their own"
     )
