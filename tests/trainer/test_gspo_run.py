@@ -49,6 +49,46 @@ def adapter_weights(directory: Path) -> dict[str, torch.Tensor]:
     return load_file(str(directory / "adapter_model.safetensors"))
 
 
+def initial_adapter(spec: GspoSpec, model_path: Path, tmp_path: Path) -> dict[str, torch.Tensor]:
+    """The adapters a run of `spec` starts from (run_gspo seeds them the same way)."""
+    torch.manual_seed(spec.seed)
+    LoraPolicy.load(model_path, spec).save_adapter(tmp_path / "initial")
+    return adapter_weights(tmp_path / "initial")
+
+
+# Two runs that train on the same rollouts but sum gradients in another order (another process split,
+# other micro-batches, another reduction) cannot be compared element by element: Adam divides each
+# update by sqrt(v) + eps, so an element whose gradient is near zero moves by up to about the learning
+# rate either way on a rounding difference, and where the rounding falls depends on the CPU's kernels
+# (a fresh clone on an Intel machine ended 2.06e-5 apart on one element, where the old check allowed 1e-5).
+# Measured here (AMD EPYC, Zen 4) on one-process runs of the ZeRO test's spec (3 prompts x G 2, lr 1e-3,
+# 2 steps of 2 passes), against micro-batches of 2 rows (‖update‖ = 0.844):
+#   same training, another summation order   largest element apart   ‖θa - θb‖ / ‖θa - θ0‖
+#     micro-batches of 6 rows                   1.5e-6                   3.3e-6
+#     micro-batches of 3 rows                   7.3e-5                   1.8e-4
+#     micro-batches of 1 row                    2.2e-3 (2.2 lr)          3.7e-3
+#   defects
+#     one micro-batch's gradient lost a pass    2.6e-3                   0.67
+#     Adam's moments lost between the steps     2.6e-3                   0.46
+# The largest element cannot tell a reordering from a defect; the distance relative to the update can,
+# by two orders of magnitude. The bound sits 8x above the worst reordering and 15x below the mildest
+# defect. (Script of the measurement: the closing note of issue 33.)
+SAME_TRAINING_TOLERANCE = 0.03
+
+
+def assert_same_training(
+    a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], initial: dict[str, torch.Tensor]
+) -> float:
+    """Adapters `a` and `b`, both trained from `initial`, are the same training up to summation order
+    (see SAME_TRAINING_TOLERANCE); returns their distance relative to a's update."""
+    assert a.keys() == b.keys() == initial.keys()
+    apart = sum(float((a[k] - b[k]).pow(2).sum()) for k in a) ** 0.5
+    update = sum(float((a[k] - initial[k]).pow(2).sum()) for k in a) ** 0.5
+    assert update > 0, "the adapters never moved: the comparison would be vacuous"
+    assert apart / update <= SAME_TRAINING_TOLERANCE, (apart / update, apart, update)
+    return apart / update
+
+
 def test_completion_mask_ends_at_the_first_eos() -> None:
     ids = torch.tensor([[5, 6, 2, 7, 2], [5, 6, 7, 8, 9], [2, 0, 0, 0, 0]])
     assert completion_mask_of(ids, [2]).tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]]
@@ -246,6 +286,4 @@ def test_two_processes_train_the_adapters_of_one(model_path: Path, tmp_path: Pat
         assert steps[0][key] == first[key], key  # the same completions, sampled apart
     assert steps[0]["updated"], "no group carried a signal: the comparison would be vacuous"
     a, b = adapter_weights(Path(one["adapter"])), adapter_weights(Path(result["adapter"]))
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.allclose(a[key], b[key], atol=1e-5, rtol=1e-4), (key, (a[key] - b[key]).abs().max())
+    assert_same_training(a, b, initial_adapter(spec, model_path, tmp_path))

@@ -10,11 +10,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import torch
 
 import tests.trainer.gspo_rewards  # noqa: F401  (registers test_parity)
 from tests.trainer.test_gspo_run import (  # noqa: F401  (model_path: the fixture)
     adapter_weights,
+    assert_same_training,
+    initial_adapter,
     model_path,
     small_spec,
     tasks_file,
@@ -33,12 +34,6 @@ def run_two(spec_file: Path, model: Path, out: Path) -> list[dict]:
     done = subprocess.run(command, env=launch_env(2), capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-
-
-def assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.allclose(a[key], b[key], atol=1e-5, rtol=1e-4), (key, (a[key] - b[key]).abs().max())
 
 
 def test_zero2_over_two_processes_trains_the_adapters_of_one_and_resumes(
@@ -60,9 +55,12 @@ def test_zero2_over_two_processes_trains_the_adapters_of_one_and_resumes(
     curve = json.loads(Path(one["report"]).read_text())["curve"]
     for mine, theirs in zip(steps, curve, strict=True):
         assert mine["reward_mean"] == theirs["reward_mean"] and mine["tokens"] == theirs["tokens"]
+        # A norm is well conditioned: summation orders measured here moved it by at most 8.5e-6 of itself.
         assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-4)
     adapter = adapter_weights(Path(lines[-1]["result"]["adapter"]))
-    assert_close(adapter_weights(Path(one["adapter"])), adapter)
+    initial = initial_adapter(spec, model_path, tmp_path)
+    apart = assert_same_training(adapter_weights(Path(one["adapter"])), adapter, initial)
+    print(f"ZeRO-2 over 2 processes vs one process: {apart:.2e} of the update apart")
 
     # Each process's optimiser partition is in the checkpoint; resuming from step 1 ends where the whole
     # run did (the Adam moments of step 1 matter to step 2's update).
@@ -72,7 +70,8 @@ def test_zero2_over_two_processes_trains_the_adapters_of_one_and_resumes(
     shutil.rmtree(checkpoints / "step-000002")
     resumed = run_two(spec_file, model_path, tmp_path / "two")
     assert [line["step"]["step"] for line in resumed if "step" in line] == [2]
-    assert_close(adapter, adapter_weights(Path(resumed[-1]["result"]["adapter"])))
+    apart = assert_same_training(adapter, adapter_weights(Path(resumed[-1]["result"]["adapter"])), initial)
+    print(f"resumed vs uninterrupted: {apart:.2e} of the update apart")
 
     # A ZeRO checkpoint cannot be resumed without ZeRO (its optimiser state is partitioned).
     with pytest.raises(ValueError, match="written under DeepSpeed ZeRO over 2 processes"):
