@@ -137,9 +137,10 @@ def ledger_of(dao: Dao, signer: Any = None) -> Any:
     return LedgerClient(dao.w3, dao.ledger_address, signer)
 
 
-def describe_call(dao: Dao, pid: int) -> str:
-    """What a call proposal calls, in words: the ledger's functions by name, anything else by its target."""
-    from zoo.registry.chain import LedgerClient
+def describe_call(dao: Dao, pid: int, *, short: bool = False) -> str:
+    """What a call proposal calls, in words: the ledger's functions by name, the registry's `cancel` with the
+    proposal it cancels (its id cut short with `short`, for a table), anything else by its target."""
+    from zoo.registry.chain import LedgerClient, format_proposal_id
 
     found = dao.registry.proposed_call(pid)
     if found is None:
@@ -147,7 +148,28 @@ def describe_call(dao: Dao, pid: int) -> str:
     target, data = found
     if dao.ledger_address and target.lower() == dao.ledger_address.lower():
         return f"{LedgerClient(dao.w3, target).describe_call(data)} on the UsageLedger {target}"
+    if target == dao.registry.address:
+        try:
+            function, params = dao.registry.contract.decode_function_input(data)
+        except ValueError:
+            pass
+        else:
+            if function.fn_name == "cancel":
+                canceled = format_proposal_id(params["proposalId"])
+                return f"cancel({canceled[:18] + '…' if short else canceled}) on the registry"
     return f"a call to {target} (selector 0x{data[:4].hex()}, {len(data)} bytes of calldata)"
+
+
+STALE_CALL = "stale: an identical call was executed since it was proposed"
+
+
+def stale_note(dao: Dao, pid: int) -> str | None:
+    """For a stale call proposal, why (its call's executions then and now); None for anything else."""
+    binding = dao.registry.call_binding(pid)
+    if binding is None or not binding.stale:
+        return None
+    then, now = binding.executions_at_proposal, binding.executions_now
+    return f"{STALE_CALL} ({then} executions of it then, {now} now): it can never run"
 
 
 def check_content(dao: Dao, proposal: Any, timeout_s: float | None = None, *, with_diff: bool = False) -> Any:
@@ -341,6 +363,69 @@ def propose_node(
 
 
 @app.command()
+def cancel(
+    proposal: str = typer.Argument(..., help="Proposal id, or an unambiguous prefix of one (0x…)."),
+    key: str | None = KeyOpt,
+    config: Path | None = ConfigOpt,
+    data_dir: Path | None = DataDirOpt,
+) -> None:
+    """Cancel your own proposal while it is pending or active (before its vote ends): it can then never be
+    voted on or executed. The DAO cancels anyone's proposal, a passed one too, with `dao propose-cancel`."""
+    from zoo.registry.chain import ProposalState, format_proposal_id
+
+    dao = connect(config, data_dir, key, need_key=True)
+    pid = resolve(dao, proposal)
+    shown = format_proposal_id(pid)
+    with reverts():
+        prop = existing(dao, pid)
+        signer = dao.registry.account.address
+        state = dao.registry.state(pid)
+        if prop.proposer != signer:
+            err.print(f"[red]refused: {signer} did not make proposal {shown} ({prop.proposer} did)[/red]")
+            err.print("(the DAO cancels anyone's proposal: `zoo-node dao propose-cancel`)")
+            raise typer.Exit(1)
+        if state not in (ProposalState.PENDING, ProposalState.ACTIVE):
+            err.print(f"[red]refused: proposal {shown} is {state.name.lower()}: its proposer may cancel it "
+                      "only while it is pending or active[/red]")  # fmt: skip
+            if state not in (ProposalState.EXECUTED, ProposalState.CANCELED):
+                err.print("(the DAO still can: `zoo-node dao propose-cancel`)")
+            raise typer.Exit(1)
+        tx = dao.registry.cancel(pid)
+    out.print(f"canceled {shown} (tx {tx.tx_hash}, gas {tx.gas_used})")
+
+
+@app.command("propose-cancel")
+def propose_cancel(
+    proposal: str = typer.Argument(..., help="Proposal id, or an unambiguous prefix of one (0x…)."),
+    salt: str | None = typer.Option(None, "--salt", help="32-byte hex salt (default: random)."),
+    key: str | None = KeyOpt,
+    config: Path | None = ConfigOpt,
+    data_dir: Path | None = DataDirOpt,
+) -> None:
+    """Propose that the DAO cancel PROPOSAL: a call proposal of the registry's own `cancel`. Once it passes
+    and is executed, PROPOSAL is canceled whatever its state, as long as it was not executed first (a passed
+    proposal the DAO no longer wants). Voted on and executed like any proposal: `dao vote`, `dao execute`."""
+    from zoo.registry.chain import ProposalState, format_proposal_id
+
+    salt_bytes = parse_root(salt, "salt") if salt is not None else None
+    dao = connect(config, data_dir, key, need_key=True)
+    pid = resolve(dao, proposal)
+    with reverts():
+        existing(dao, pid)
+        state = dao.registry.state(pid)
+        if state in (ProposalState.EXECUTED, ProposalState.CANCELED):
+            err.print(f"[red]refused: proposal {format_proposal_id(pid)} is {state.name.lower()}: "
+                      "there is nothing left to cancel[/red]")  # fmt: skip
+            raise typer.Exit(1)
+        tx = dao.registry.propose_cancel(pid, salt=salt_bytes)
+        prop = dao.registry.proposal(tx.proposal_id)
+    out.print(f"proposed {format_proposal_id(tx.proposal_id)}: cancel({format_proposal_id(pid)}) "
+              f"(tx {tx.tx_hash}, gas {tx.gas_used})")  # fmt: skip
+    if prop is not None:
+        out.print(f"voting {_when(prop.vote_start)} → {_when(prop.vote_end)}; then `zoo-node dao execute`")
+
+
+@app.command()
 def vote(
     proposal: str = typer.Argument(..., help="Proposal id, or an unambiguous prefix of one (0x…)."),
     support: bool = typer.Option(..., "--for/--against", help="Vote for or against."),
@@ -456,7 +541,9 @@ def proposals(
         for e in reversed(events):
             state, prop = dao.registry.state(e.proposal_id), dao.registry.proposal(e.proposal_id)
             if isinstance(e, chain.ProposedCall):
-                content = "call: " + describe_call(dao, e.proposal_id).split(" on the ")[0]
+                content = "call: " + describe_call(dao, e.proposal_id, short=True).split(" on the ")[0]
+                if state is chain.ProposalState.STALE:
+                    content += " (an identical call was executed since)"
             elif not verify:
                 content = "-"
             elif state in open_states and prop is not None:
@@ -497,10 +584,11 @@ def show(
         p = existing(dao, pid)
         state = dao.registry.state(pid)
         params = dao.registry.params()
+        stale = stale_note(dao, pid) if p.is_call and state is chain.ProposalState.STALE else None
     executable_at = p.vote_end + params.execution_delay
     table = Table(show_header=False, box=None)
     table.add_row("id", chain.format_proposal_id(p.id))
-    table.add_row("state", state.name.lower())
+    table.add_row("state", stale or state.name.lower())
     table.add_row("proposer", p.proposer)
     if p.is_call:
         with reverts():
@@ -518,6 +606,7 @@ def show(
     table.add_row("for / against", f"{p.for_weight:,} / {p.against_weight:,} (passes if for > 2 x against)")
     table.add_row("quorum", f"{p.for_weight:,} of {params.quorum:,} for (against votes do not count)")
     table.add_row("executed", str(p.executed))
+    table.add_row("canceled", str(p.canceled))
     out.print(table)
 
 

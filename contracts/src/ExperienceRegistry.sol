@@ -47,8 +47,23 @@ import {RFC9162} from "./RFC9162.sol";
  *   contract: how the DAO acts on the contracts it governs (a {UsageLedger} whose governor is this registry
  *   registers and deregisters nodes and resolves challenges only so). It has no parent version, so library
  *   versions executed meanwhile never make it stale; the rest (threshold, snapshot, quorum, supermajority,
- *   delay, grace period, one execution) is a library proposal's. A call that reverts makes `execute`
- *   revert with the target's own error, and the proposal stays executable until its grace period ends.
+ *   delay, grace period, one execution) is a library proposal's.
+ * - A call proposal is bound to the state it was voted on: it records how often the same call (same target,
+ *   same calldata: {hashCall}) had been executed when it was made ({callExecutions}), and it is Stale once
+ *   that count has moved. So of several identical call proposals the first executed wins and the others are
+ *   Stale for good (counts only grow), while a fresh proposal of the call, made later, is bound to the new
+ *   count and can pass. This closes the leftover-proposal attack: without it, two passed `registerNode(N)`
+ *   proposals leave one executable after the first ran, and once the DAO deregisters N anyone could execute
+ *   the leftover and register N again without a vote. Different calls never interfere.
+ * - A call that reverts makes `execute` revert with the target's own error; nothing is recorded, and the
+ *   proposal stays executable until its grace period ends. A failed execution is deliberately not made
+ *   final: anyone may execute, so an executor could give the inner call too little gas to make it fail and
+ *   thereby kill a proposal the DAO passed.
+ * - A proposal can be canceled ({cancel}): by its proposer while it is Pending or Active, or by the DAO
+ *   itself (a passed call proposal whose target is this registry and whose calldata is `cancel(id)`, the
+ *   only call a call proposal may make on this registry) at any time before it is executed, which is how
+ *   the DAO withdraws a passed proposal it no longer wants. A canceled proposal can never be voted on or
+ *   executed.
  *
  * SECURITY: square-root voting is NOT Sybil-resistant on its own. Whoever splits a balance over k addresses
  * (each delegating to itself) multiplies their weight by sqrt(k): one holder of 100 tokens has weight 10, the
@@ -76,11 +91,15 @@ contract ExperienceRegistry {
         Succeeded,
         // The proposal was executed and its root became a library version.
         Executed,
-        // The current version is no longer the proposal's parent (another proposal was executed): it can
-        // never pass.
+        // A library proposal whose parent is no longer the current version (another proposal was executed),
+        // or a call proposal whose call was executed since it was proposed ({callExecutions}): it can never
+        // pass.
         Stale,
         // The vote passed but nobody executed it within the grace period: it can never be executed.
-        Expired
+        Expired,
+        // Canceled by its proposer before the vote ended, or by the DAO before execution ({cancel}): it can
+        // never be voted on or executed.
+        Canceled
     }
 
     /// @notice A proposal, keyed by its id ({hashProposal}).
@@ -95,6 +114,8 @@ contract ExperienceRegistry {
         uint48 voteEnd;
         // Whether it was executed.
         bool executed;
+        // Whether it was canceled ({cancel}).
+        bool canceled;
         // The library version number it builds on; it must still be current when executed.
         uint64 parentVersion;
         // Number of experience records (Merkle leaves) of the proposed library; 0 for a call proposal (a
@@ -150,10 +171,18 @@ contract ExperienceRegistry {
     mapping(uint256 version => LibraryVersion) private _versions;
     mapping(uint256 proposalId => ProposedCall) private _calls;
 
+    /// @notice How many times each call ({hashCall}) was executed through a call proposal; only ever increases.
+    mapping(bytes32 callHash => uint256) public callExecutions;
+
     /// @notice What a call proposal calls ({proposeCall}).
     struct ProposedCall {
         // The contract called.
         address target;
+        // {callExecutions} of the call when the proposal was made; the proposal is Stale once it differs.
+        // Shares the target's slot: a count grows by one per executed proposal, so it never nears 2**96.
+        uint96 executionsAtProposal;
+        // {hashCall} of target and data, kept so that votes need not read the calldata.
+        bytes32 callHash;
         // The calldata (selector and arguments).
         bytes data;
     }
@@ -214,6 +243,13 @@ contract ExperienceRegistry {
     event CallExecuted(uint256 indexed proposalId, address indexed target);
 
     /**
+     * @notice A proposal was canceled: it can never be voted on or executed.
+     * @param proposalId The canceled proposal.
+     * @param by Its proposer, or this registry (the DAO, through a passed call proposal).
+     */
+    event ProposalCanceled(uint256 indexed proposalId, address indexed by);
+
+    /**
      * @notice A vote was cast.
      * @param proposalId The proposal voted on.
      * @param voter The voting account.
@@ -239,10 +275,45 @@ contract ExperienceRegistry {
     event LibraryUpdated(uint256 indexed version, bytes32 indexed root, uint256 treeSize, string cid);
 
     /**
-     * @notice A call proposal's target has no code (nothing could be called), or is this registry.
+     * @notice A call proposal's target has no code (nothing could be called), or is this registry with a
+     * calldata other than {cancel}'s.
      * @param target The address given.
      */
     error InvalidCallTarget(address target);
+
+    /**
+     * @notice The call proposal's call was executed (through another proposal) since it was proposed, so it
+     * can never be voted on or executed; propose the call again if it is still wanted.
+     * @param proposalId The proposal.
+     * @param callHash Its call ({hashCall}).
+     * @param executionsAtProposal {callExecutions} of the call when the proposal was made.
+     * @param executionsNow {callExecutions} of the call now.
+     */
+    error CallProposalStale(
+        uint256 proposalId, bytes32 callHash, uint256 executionsAtProposal, uint256 executionsNow
+    );
+
+    /**
+     * @notice The proposal was canceled ({cancel}).
+     * @param proposalId The proposal.
+     */
+    error ProposalIsCanceled(uint256 proposalId);
+
+    /**
+     * @notice The proposal cannot be canceled in its state: the proposer may cancel only while it is Pending
+     * or Active, the DAO only before it is executed (and nothing is canceled twice).
+     * @param proposalId The proposal.
+     * @param state Its state.
+     */
+    error ProposalNotCancelable(uint256 proposalId, ProposalState state);
+
+    /**
+     * @notice Only the proposal's proposer, or the DAO (this registry, through a passed call proposal), may
+     * cancel it.
+     * @param proposalId The proposal.
+     * @param caller The account that tried.
+     */
+    error NotAllowedToCancel(uint256 proposalId, address caller);
 
     /**
      * @notice A call proposal's calldata is shorter than a function selector.
@@ -519,23 +590,36 @@ contract ExperienceRegistry {
     }
 
     /**
-     * @notice Proposes that this registry call `target` with `data` once the vote passes.
-     * @param target A contract (not this registry).
+     * @notice The key of the call `target.call(data)` in {callExecutions}: identical calls share it.
+     * @param target The contract called.
+     * @param data The calldata.
+     * @return `keccak256(abi.encode(target, keccak256(data)))`.
+     */
+    function hashCall(address target, bytes calldata data) public pure returns (bytes32) {
+        return keccak256(abi.encode(target, keccak256(data)));
+    }
+
+    /**
+     * @notice Proposes that this registry call `target` with `data` once the vote passes. The proposal is
+     * bound to the call's current {callExecutions}: it becomes Stale once the same call is executed by
+     * another proposal.
+     * @param target A contract; this registry only with {cancel}'s calldata.
      * @param data The calldata, at least a selector.
      * @param salt Any value; this proposer's proposals of the same call need distinct salts.
      * @return proposalId The new proposal's id ({hashCallProposal} with `msg.sender` as proposer).
      */
     function proposeCall(address target, bytes calldata data, bytes32 salt) external returns (uint256 proposalId) {
-        if (target.code.length == 0 || target == address(this)) {
-            revert InvalidCallTarget(target);
-        }
-        if (data.length < 4) {
-            revert EmptyCall();
-        }
+        if (target.code.length == 0) revert InvalidCallTarget(target);
+        if (data.length < 4) revert EmptyCall();
+        // On itself the DAO may only cancel proposals: anything else would let a vote bypass the rules here.
+        if (target == address(this) && bytes4(data[:4]) != this.cancel.selector) revert InvalidCallTarget(target);
         proposalId = hashCallProposal(target, data, msg.sender, salt);
         Proposal storage p = _open(proposalId);
         ProposedCall storage c = _calls[proposalId];
+        bytes32 callHash = hashCall(target, data);
         c.target = target;
+        c.executionsAtProposal = SafeCast.toUint96(callExecutions[callHash]);
+        c.callHash = callHash;
         c.data = data;
         emit CallProposed(proposalId, target, msg.sender, data, salt, p.snapshot, p.voteStart, p.voteEnd);
     }
@@ -552,6 +636,47 @@ contract ExperienceRegistry {
     }
 
     /**
+     * @notice What a call proposal is bound to: it is Stale when `executionsAtProposal != executionsNow`.
+     * @param proposalId The proposal; all zeros for an id that is not a call proposal.
+     * @return callHash Its call ({hashCall}).
+     * @return executionsAtProposal {callExecutions} of the call when the proposal was made.
+     * @return executionsNow {callExecutions} of the call now.
+     */
+    function callBinding(uint256 proposalId)
+        external
+        view
+        returns (bytes32 callHash, uint256 executionsAtProposal, uint256 executionsNow)
+    {
+        ProposedCall storage c = _calls[proposalId];
+        return (c.callHash, c.executionsAtProposal, callExecutions[c.callHash]);
+    }
+
+    /**
+     * @notice Cancels proposal `proposalId`, so it can never be voted on or executed. Its proposer may cancel
+     * it while it is Pending or Active; the DAO (this registry itself, executing a passed call proposal of
+     * `cancel(proposalId)`) may cancel it in any state before it is executed, a passed one included.
+     * @param proposalId The proposal.
+     */
+    function cancel(uint256 proposalId) external {
+        Proposal storage p = _proposals[proposalId];
+        if (p.voteStart == 0) revert ProposalNotFound(proposalId);
+        ProposalState current = state(proposalId);
+        if (msg.sender == address(this)) {
+            if (current == ProposalState.Executed || current == ProposalState.Canceled) {
+                revert ProposalNotCancelable(proposalId, current);
+            }
+        } else if (msg.sender == p.proposer) {
+            if (current != ProposalState.Pending && current != ProposalState.Active) {
+                revert ProposalNotCancelable(proposalId, current);
+            }
+        } else {
+            revert NotAllowedToCancel(proposalId, msg.sender);
+        }
+        p.canceled = true;
+        emit ProposalCanceled(proposalId, msg.sender);
+    }
+
+    /**
      * @notice Votes on proposal `proposalId` with weight `floor(sqrt(votes at its snapshot))`.
      * @dev The token and registry are read with static calls, so neither can re-enter.
      * @param proposalId The proposal.
@@ -563,6 +688,7 @@ contract ExperienceRegistry {
         if (p.voteStart == 0) {
             revert ProposalNotFound(proposalId);
         }
+        if (p.canceled) revert ProposalIsCanceled(proposalId);
         uint48 nowTs = Time.timestamp();
         if (nowTs < p.voteStart) {
             revert VotingNotStarted(proposalId, p.voteStart);
@@ -570,9 +696,7 @@ contract ExperienceRegistry {
         if (nowTs >= p.voteEnd) {
             revert VotingClosed(proposalId, p.voteEnd);
         }
-        if (_stale(p)) {
-            revert ProposalStale(proposalId, p.parentVersion, currentVersion);
-        }
+        _requireFresh(proposalId, p);
         if (_hasVoted[proposalId][msg.sender]) {
             revert AlreadyVoted(proposalId, msg.sender);
         }
@@ -608,9 +732,8 @@ contract ExperienceRegistry {
         if (p.executed) {
             revert ProposalAlreadyExecuted(proposalId);
         }
-        if (_stale(p)) {
-            revert ProposalStale(proposalId, p.parentVersion, currentVersion);
-        }
+        if (p.canceled) revert ProposalIsCanceled(proposalId);
+        _requireFresh(proposalId, p);
         uint256 executableAt = uint256(p.voteEnd) + executionDelay;
         if (block.timestamp < executableAt) {
             revert ExecutionTooEarly(proposalId, executableAt);
@@ -626,9 +749,10 @@ contract ExperienceRegistry {
         }
         p.executed = true;
         if (p.treeSize == 0) {
-            // A call proposal. Marked executed first, so the call cannot re-enter to run it twice; a revert
-            // undoes the mark with everything else.
+            // A call proposal. Marked executed and counted first, so the call cannot re-enter to run it, or an
+            // identical proposal, twice; a revert undoes both with everything else.
             ProposedCall storage c = _calls[proposalId];
+            ++callExecutions[c.callHash];
             Address.functionCall(c.target, c.data);
             emit CallExecuted(proposalId, c.target);
             return currentVersion;
@@ -657,9 +781,9 @@ contract ExperienceRegistry {
     /**
      * @notice The lifecycle state of proposal `proposalId`.
      * @param proposalId The proposal.
-     * @return The state; {execute} succeeds exactly in state Succeeded.
+     * @return The state; {execute} succeeds exactly in state Succeeded (when a call proposal's call returns).
      */
-    function state(uint256 proposalId) external view returns (ProposalState) {
+    function state(uint256 proposalId) public view returns (ProposalState) {
         Proposal storage p = _proposals[proposalId];
         if (p.voteStart == 0) {
             return ProposalState.Unknown;
@@ -667,7 +791,10 @@ contract ExperienceRegistry {
         if (p.executed) {
             return ProposalState.Executed;
         }
-        if (_stale(p)) {
+        if (p.canceled) {
+            return ProposalState.Canceled;
+        }
+        if (_stale(proposalId, p)) {
             return ProposalState.Stale;
         }
         if (block.timestamp < p.voteStart) {
@@ -858,9 +985,29 @@ contract ExperienceRegistry {
         p.voteEnd = nowTs + 1 + votingPeriod;
     }
 
-    /// @dev A library proposal whose parent is no longer current; call proposals (treeSize 0) are never stale.
-    function _stale(Proposal storage p) private view returns (bool) {
-        return p.treeSize != 0 && p.parentVersion != currentVersion;
+    /// @dev A library proposal whose parent is no longer current, or a call proposal (treeSize 0) whose call was
+    /// executed since it was proposed.
+    function _stale(uint256 proposalId, Proposal storage p) private view returns (bool) {
+        if (p.treeSize != 0) {
+            return p.parentVersion != currentVersion;
+        }
+        ProposedCall storage c = _calls[proposalId];
+        return c.executionsAtProposal != callExecutions[c.callHash];
+    }
+
+    /// @dev Reverts with the proposal's own kind of staleness error when it is stale.
+    function _requireFresh(uint256 proposalId, Proposal storage p) private view {
+        if (p.treeSize != 0) {
+            if (p.parentVersion != currentVersion) {
+                revert ProposalStale(proposalId, p.parentVersion, currentVersion);
+            }
+            return;
+        }
+        ProposedCall storage c = _calls[proposalId];
+        uint256 executionsNow = callExecutions[c.callHash];
+        if (c.executionsAtProposal != executionsNow) {
+            revert CallProposalStale(proposalId, c.callHash, c.executionsAtProposal, executionsNow);
+        }
     }
 
     function _supermajority(Proposal storage p) private view returns (bool) {

@@ -18,9 +18,16 @@ from zoo.registry.chain.deploy import (
     deploy_token,
 )
 from zoo.registry.chain.errors import ChainError, ContractRevert, describe_revert
-from zoo.registry.chain.ids import call_proposal_id, format_proposal_id, parse_proposal_id, proposal_id
+from zoo.registry.chain.ids import (
+    call_hash,
+    call_proposal_id,
+    format_proposal_id,
+    parse_proposal_id,
+    proposal_id,
+)
 from zoo.registry.chain.ledger import LedgerClient, UsageReport, record_leaf
 from zoo.registry.chain.records import (
+    CallBinding,
     LibraryUpdate,
     LibraryVersion,
     Proposal,
@@ -38,6 +45,7 @@ __all__ = [
     "DEFAULT_GRACE_PERIOD",
     "DEFAULT_QUORUM",
     "AllowlistClient",
+    "CallBinding",
     "ChainError",
     "ContractRevert",
     "LedgerClient",
@@ -55,6 +63,7 @@ __all__ = [
     "TransactionSigner",
     "TxResult",
     "UsageReport",
+    "call_hash",
     "call_proposal_id",
     "cid_problem",
     "deploy_allowlist",

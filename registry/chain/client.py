@@ -19,6 +19,7 @@ from zoo.registry.chain.abi_codec import _TOLERANT_CODEC
 from zoo.registry.chain.deploy import _artifacts_or_default
 from zoo.registry.chain.errors import _REVERT_SOURCES, _as_revert, _default_error_table, _error_table
 from zoo.registry.chain.ids import (
+    call_hash,
     call_proposal_id,
     format_proposal_id,
     parse_proposal_id,
@@ -26,6 +27,7 @@ from zoo.registry.chain.ids import (
     to_bytes32,
 )
 from zoo.registry.chain.records import (
+    CallBinding,
     LibraryUpdate,
     LibraryVersion,
     Proposal,
@@ -150,6 +152,23 @@ class RegistryClient(_ContractClient):
         pid = call_proposal_id(address, bytes(data), account.address, salt_bytes)
         return ProposalTx(**{f.name: getattr(result, f.name) for f in fields(TxResult)}, proposal_id=pid)
 
+    def propose_cancel(self, proposal: int | str, *, salt: bytes | str | None = None) -> ProposalTx:
+        """Propose that the DAO cancel `proposal`: a call proposal of the registry's own `cancel`, the only
+        call it may make on itself. Once passed and executed it cancels the proposal in any state before its
+        execution (a passed one included). `salt` as for `propose`."""
+        return self.propose_call(self.address, self.cancel_call(proposal), salt=salt)
+
+    def cancel_call(self, proposal: int | str) -> bytes:
+        """The calldata of `cancel(proposal)` on this registry (what `propose_cancel` proposes)."""
+        return bytes.fromhex(
+            self.contract.encode_abi("cancel", args=[parse_proposal_id(proposal)]).removeprefix("0x")
+        )
+
+    def cancel(self, proposal: int | str) -> TxResult:
+        """Cancel the signer's own proposal while it is pending or active (the DAO cancels others, and passed
+        ones, through `propose_cancel`)."""
+        return self._transact("cancel", parse_proposal_id(proposal))
+
     def vote(self, proposal: int | str, support: bool) -> TxResult:
         """Vote for (`support` True) or against the proposal."""
         return self._transact("vote", parse_proposal_id(proposal), bool(support))
@@ -231,10 +250,10 @@ class RegistryClient(_ContractClient):
     def proposal(self, proposal: int | str) -> Proposal | None:
         """The proposal with this id, or None when there is none."""
         pid = parse_proposal_id(proposal)
-        # Struct order: proposer, snapshot, voteStart, voteEnd, executed, parentVersion, treeSize, root,
-        # forWeight, againstWeight, cid.
-        proposer, snapshot, start, end, executed, parent, size, root, for_w, against_w, cid = self._call(
-            "proposal", pid
+        # Struct order: proposer, snapshot, voteStart, voteEnd, executed, canceled, parentVersion, treeSize,
+        # root, forWeight, againstWeight, cid.
+        proposer, snapshot, start, end, executed, canceled, parent, size, root, for_w, against_w, cid = (
+            self._call("proposal", pid)
         )
         if start == 0:
             return None
@@ -251,6 +270,7 @@ class RegistryClient(_ContractClient):
             executed=bool(executed),
             for_weight=int(for_w),
             against_weight=int(against_w),
+            canceled=bool(canceled),
         )
 
     def proposed_call(self, proposal: int | str) -> tuple[ChecksumAddress, bytes] | None:
@@ -259,6 +279,22 @@ class RegistryClient(_ContractClient):
         if int(target, 16) == 0:
             return None
         return Web3.to_checksum_address(target), bytes(data)
+
+    def call_binding(self, proposal: int | str) -> CallBinding | None:
+        """What a call proposal is bound to (its call's executions when proposed and now; `stale` once an
+        identical call was executed since); None for any other id."""
+        if self.proposed_call(proposal) is None:
+            return None
+        key, at_proposal, now = self._call("callBinding", parse_proposal_id(proposal))
+        return CallBinding(bytes(key), int(at_proposal), int(now))
+
+    def hash_call(self, target: str, data: bytes) -> bytes:
+        """The contract's hashCall (see `call_hash` for the local computation)."""
+        return bytes(self._call("hashCall", Web3.to_checksum_address(target), bytes(data)))
+
+    def call_executions(self, target: str, data: bytes) -> int:
+        """How many times the call `target.call(data)` was executed through call proposals."""
+        return int(self._call("callExecutions", call_hash(target, data)))
 
     def state(self, proposal: int | str) -> ProposalState:
         """Lifecycle state of the proposal."""

@@ -70,7 +70,24 @@ _ERROR_MESSAGES: dict[str, str] = {
         "majority"
     ),
     "UnknownVersion": "library version {version} does not exist (the current version is {currentVersion})",
-    "InvalidCallTarget": "a call proposal must call a contract other than the registry (got {target})",
+    "InvalidCallTarget": (
+        "a call proposal must call a contract, and on the registry itself only cancel(proposal) "
+        "(got {target})"
+    ),
+    "CallProposalStale": (
+        "call proposal {proposalId} is stale: an identical call was executed since it was proposed (its call "
+        "{callHash} had run {executionsAtProposal} times then, {executionsNow} now); propose it again if it "
+        "is still wanted"
+    ),
+    "ProposalIsCanceled": "proposal {proposalId} was canceled",
+    "ProposalNotCancelable": (
+        "proposal {proposalId} cannot be canceled: it is {state} (its proposer may cancel it only while it "
+        "is pending or active, the DAO only before it is executed)"
+    ),
+    "NotAllowedToCancel": (
+        "{caller} may not cancel proposal {proposalId}: only its proposer (while voting is open) or the DAO "
+        "(a passed call proposal of cancel) may"
+    ),
     "EmptyCall": "a call proposal's calldata must hold at least a function selector",
     "InvalidToken": "the token address {token} is not a contract",
     "InvalidTokenClock": "the token {token} does not use a timestamp clock (its clock reads {clock})",
@@ -181,6 +198,10 @@ def _default_error_table() -> dict[bytes, _ErrorAbi]:
 def _format_value(name: str, value: Any) -> str:
     if name == "proposalId" and isinstance(value, int):
         return format_proposal_id(value)
+    if name == "state" and isinstance(value, int):
+        from zoo.registry.chain.records import ProposalState  # records imports sender, which imports errors
+
+        return ProposalState(value).name.lower() if value in ProposalState._value2member_map_ else str(value)
     if isinstance(value, bytes):
         return "0x" + value.hex()
     if isinstance(value, int) and not isinstance(value, bool) and name in _TIME_FIELDS and 0 < value < 2**40:

@@ -1,5 +1,5 @@
-"""Proposal ids: ExperienceRegistry.hashProposal and hashCallProposal computed locally, and how ids are shown
-and read back."""
+"""Proposal ids: ExperienceRegistry.hashProposal, hashCallProposal and hashCall computed locally, and how ids
+are shown and read back."""
 
 from __future__ import annotations
 
@@ -47,6 +47,12 @@ def call_proposal_id(target: str, data: bytes, proposer: str, salt: bytes | str)
         ],
     )
     return int.from_bytes(Web3.keccak(encoded), "big")
+
+
+def call_hash(target: str, data: bytes) -> bytes:
+    """ExperienceRegistry.hashCall, computed locally: the key identical calls share in callExecutions."""
+    encoded = abi_encode(["address", "bytes32"], [Web3.to_checksum_address(target), Web3.keccak(bytes(data))])
+    return bytes(Web3.keccak(encoded))
 
 
 def format_proposal_id(value: int) -> str:

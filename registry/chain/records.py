@@ -22,6 +22,7 @@ class ProposalState(enum.IntEnum):
     EXECUTED = 6
     STALE = 7
     EXPIRED = 8
+    CANCELED = 9
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class Proposal:
     executed: bool
     for_weight: int
     against_weight: int
+    canceled: bool = False
 
     @property
     def is_call(self) -> bool:
@@ -64,6 +66,22 @@ class ProposedCall:
     proposer: ChecksumAddress
     vote_end: int
     block_number: int
+
+
+@dataclass(frozen=True)
+class CallBinding:
+    """What a call proposal is bound to: how often its call (`call_hash`, ExperienceRegistry.hashCall) had
+    been executed when it was proposed, and how often now. Once they differ an identical call was executed
+    since it was proposed, and the proposal is stale for good."""
+
+    call_hash: bytes
+    executions_at_proposal: int
+    executions_now: int
+
+    @property
+    def stale(self) -> bool:
+        """Whether an identical call was executed since the proposal was made."""
+        return self.executions_now != self.executions_at_proposal
 
 
 @dataclass(frozen=True)

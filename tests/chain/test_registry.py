@@ -915,6 +915,7 @@ def test_event_signatures_and_indexed_fields(artifacts_abi: dict[str, str]) -> N
             "bytes32 salt,uint48 snapshot,uint48 voteStart,uint48 voteEnd"
         ),
         "CallExecuted": "uint256 indexed proposalId,address indexed target",
+        "ProposalCanceled": "uint256 indexed proposalId,address indexed by",
     }
 
 

@@ -350,3 +350,74 @@ def test_the_dao_registers_a_node_on_the_ledger_through_a_call_proposal(chain: C
     with pytest.raises(ContractRevert) as refused:
         LedgerClient(chain.w3, chain.info.ledger_address, dev_account(0)).register_node(node)
     assert refused.value.error == "NotGovernor"
+
+
+def test_proposals_are_canceled_by_their_proposer_or_the_dao_and_stale_calls_say_why(chain: Chain) -> None:
+    from zoo.registry.chain import LedgerClient
+
+    ledger = LedgerClient(chain.w3, chain.info.ledger_address)
+    voters = [RegistryClient(chain.w3, chain.info.registry_address, dev_account(i)) for i in (0, 1)]
+    node, other = dev_account(8).address, dev_account(9).address
+    first = proposal_id_in(chain.dao("propose-node", node).stdout)
+    leftover = proposal_id_in(chain.dao("propose-node", node).stdout)  # the same call again
+    unwanted = proposal_id_in(chain.dao("propose-node", other).stdout)
+    mine = proposal_id_in(chain.dao("propose-node", other).stdout)
+    proposed = chain.dao("propose-cancel", unwanted[:12], "--key", "dev1")
+    assert proposed.returncode == 0, proposed.stderr
+    cancel = proposal_id_in(proposed.stdout)
+    assert f"proposed {cancel}: cancel({unwanted})" in proposed.stdout
+    warp(chain.w3, 1)
+
+    # Only the proposer cancels directly, while voting is open; the refusal points to the DAO's route.
+    stranger = chain.dao("cancel", mine, "--key", "dev1")
+    assert stranger.returncode == 1 and "did not make proposal" in stranger.stderr, stranger.stderr
+    assert "dao propose-cancel" in stranger.stderr
+    own = chain.dao("cancel", mine[:12])
+    assert own.returncode == 0, own.stderr
+    assert f"canceled {mine}" in own.stdout
+    assert chain.registry.state(mine) == ProposalState.CANCELED
+    again = chain.dao("cancel", mine)
+    assert again.returncode == 1 and "is canceled" in again.stderr, again.stderr
+    unknown = chain.dao("cancel", "0x" + "f" * 64)
+    assert unknown.returncode == 1 and "there is no proposal" in unknown.stderr, unknown.stderr
+
+    voted = chain.dao("vote", cancel, "--for", "--key", "dev0")
+    assert voted.returncode == 0, voted.stderr
+    assert f"it calls cancel({unwanted}) on the registry" in voted.stdout
+    voters[1].vote(cancel, True)
+    for pid in (first, leftover, unwanted):
+        for voter in voters:
+            voter.vote(pid, True)
+    settings = chain.info.settings
+    warp(chain.w3, settings["voting_period_s"] + settings["execution_delay_s"] + 1)
+    late = chain.dao("cancel", first)
+    assert late.returncode == 1 and "is succeeded" in late.stderr and "DAO still can" in late.stderr
+
+    # The DAO cancels a passed proposal; it can no longer be executed.
+    executed = chain.dao("execute", cancel)
+    assert executed.returncode == 0, executed.stderr
+    assert f"called cancel({unwanted}) on the registry" in executed.stdout
+    assert chain.registry.state(unwanted) == ProposalState.CANCELED
+    shown = chain.dao("show", unwanted)
+    assert re.search(r"state\s+canceled", shown.stdout) and re.search(r"canceled\s+True", shown.stdout)
+    refused = chain.dao("execute", unwanted)
+    assert refused.returncode == 1 and "was canceled" in refused.stderr, refused.stderr
+    assert not ledger.is_registered(other)
+    nothing = chain.dao("propose-cancel", unwanted)
+    assert nothing.returncode == 1 and "nothing left to cancel" in nothing.stderr, nothing.stderr
+
+    # Of two identical calls the first executed wins; the other says why it is stale and cannot run.
+    assert chain.dao("execute", first).returncode == 0
+    assert ledger.is_registered(node)
+    shown = chain.dao("show", leftover)
+    assert "stale: an identical call was executed since it was proposed (0 executions of it then, 1 now)" in (
+        shown.stdout
+    ), shown.stdout
+    listed = chain.dao("proposals", "--limit", "50").stdout
+    row = row_of(listed, leftover)
+    assert re.search(r"\bstale\b", row) and "(an identical call was executed since)" in row, row
+    rows = {line.split()[1]: line for line in listed.splitlines() if line.startswith("│ 0x")}
+    assert re.search(r"\bcanceled\b", rows[unwanted[:14] + "…"]), listed
+    assert f"call: cancel({unwanted[:18]}…)" in rows[cancel[:14] + "…"], listed
+    stale = chain.dao("execute", leftover)
+    assert stale.returncode == 1 and "an identical call was executed since it was proposed" in stale.stderr
