@@ -148,7 +148,7 @@ def main() -> None:
         balance = give_credits(devnet, HOLDER, 10**9)
         print(f"holder {HOLDER.address} holds {balance:,} credits")
         address = info["listen"]
-        with NodeClient(address, signer=HOLDER) as signed, NodeClient(address) as unsigned:
+        with NodeClient(address, signer=HOLDER, spend=10**9) as signed, NodeClient(address) as unsigned:
             timed_requests(signed, 2)  # warm-up (and the holder's balance is read once)
             idle = timed_requests(signed, args.requests)
             holder = during_flood(address, args.flood, lambda: timed_requests(signed, args.requests))

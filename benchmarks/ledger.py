@@ -20,6 +20,7 @@ from zoo.registry.chain import LedgerClient, TokenClient, deploy_ledger, deploy_
 from zoo.registry.chain.ledger import EARNED, SPENT
 from zoo.registry.keys import dev_account
 from zoo.registry.merkle import MerkleTree
+from zoo.registry.spend import sign_spend_authorization
 
 DAY = 24 * 3600
 CID = "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"
@@ -62,9 +63,10 @@ def main() -> None:
             ).gas_used
             w3.provider.make_request("evm_increaseTime", [DAY])  # type: ignore[arg-type]
             claim = as_author.claim(node.address, epoch, 700, 0, tree.prove(0).path).gas_used
-            spend = as_client.apply_spent(
-                node.address, epoch, client.address, 40, 1, tree.prove(1).path
-            ).gas_used
+            consent = sign_spend_authorization(
+                client, w3.eth.chain_id, ledger_address, node.address, epoch, 40
+            )
+            spend = as_client.apply_spent(node.address, epoch, 40, 1, tree.prove(1).path, consent).gas_used
             for name, gas in (("postReport", post), ("claim", claim), ("applySpent", spend)):
                 print(f"{size:>9,}  {name:<24}{gas:>9,}  {gas / transfer:>16.2f}×")
 

@@ -32,8 +32,10 @@ def give_credits(info: DevnetInfo, account: Any, units: int) -> int:
     params = ledger.params()
     now = int(w3.eth.get_block("latest")["timestamp"])
     epoch = now // params.epoch_length - 1
-    while LedgerClient(w3, info.ledger_address).report(reporter.address, epoch) is not None:
-        now = warp(w3, params.epoch_length)  # one report per epoch: move on to a fresh one
+    first = ledger.first_epoch(reporter.address)
+    # One report per epoch, none before the reporter's registration: move on to an epoch that takes one.
+    while epoch < first or ledger.report(reporter.address, epoch) is not None:
+        now = warp(w3, params.epoch_length)
         epoch = now // params.epoch_length - 1
     # Published like a node's report, so `zoo-node credits show` can check it against its root.
     report = build_report(

@@ -39,6 +39,7 @@ class InferParams:
     response_format: ResponseFormat | None = None
     adapter: str = ""  # a named LoRA adapter (inference.adapters); "" is the base model
     client: str = ""  # the account that signed the request (node.credits); "" when anonymous
+    spend: Any = None  # the client's consent to be charged credits here (node.credits; opaque to inference)
     priority: bool = False  # a credit holder's request: decoded ahead of the others (GenerationRequest)
 
 

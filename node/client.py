@@ -8,11 +8,17 @@ Signed requests (node.credits): NodeClient(address, signer=account) signs every 
 Ethereum account (an eth_account LocalAccount or a hex private key); for the OpenAI-compatible HTTP API,
 httpx.Client(auth=SignedAuth(account, node_address)) does the same (node_address: GetStatus.node_address),
 and so does openai.OpenAI(..., http_client=that client).
+
+Spending credits (served first, charged per token): NodeClient(address, signer=account, spend=units) also
+sends, with every call, the account's consent that this node may charge it up to `units` credits in the
+current epoch (a SpendAuthorization, signed once per epoch; zoo.registry.spend); SignedAuth(account,
+node_address, spend=authorization or a callable returning the current one) does the same over HTTP.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections import namedtuple
 from collections.abc import Callable, Generator
 from pathlib import Path
@@ -22,7 +28,8 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from zoo.node.credits.signing import HEADER, sign_request
+from zoo.node.credits.signing import HEADER, SPEND_HEADER, sign_request, spend_header
+from zoo.registry.spend import SpendAuthorization, sign_spend_authorization
 from zoo.v1 import inference_pb2_grpc, jobs_pb2, jobs_pb2_grpc, library_pb2_grpc, node_pb2, node_pb2_grpc
 
 
@@ -40,9 +47,13 @@ class NodeClient:
         timeout_s: float = 10.0,
         api_key: str | None = None,
         signer: Any = None,
+        spend: int | None = None,
     ) -> None:
         """api_key: the node's server.api_key, sent with every inference call when the node requires one.
-        signer: an account (LocalAccount or hex private key) that signs every inference call."""
+        signer: an account (LocalAccount or hex private key) that signs every inference call. spend: the
+        credits per epoch the signer lets this node charge it (None: it spends none, served as anyone)."""
+        if spend is not None and (signer is None or not 0 < spend < 2**256):
+            raise ValueError("spend needs a signer and a number of credits from 1 to 2**256 - 1")
         self.address = address
         self.timeout_s = timeout_s
         self._token = admin_token
@@ -55,9 +66,10 @@ class NodeClient:
         if api_key:
             self.channel = grpc.intercept_channel(self.channel, _ApiKey(api_key))
         self.node = node_pb2_grpc.NodeServiceStub(self.channel)
+        self._status_cached: node_pb2.NodeStatus | None = None
         if signer is not None:  # the node's address is asked for once, at the first signed call
-            self.channel = grpc.intercept_channel(self.channel, _Signed(signer, self._node_address))
-        self._node_address_cached = ""
+            consent = _Consent(signer, spend, self._cached_status) if spend is not None else None
+            self.channel = grpc.intercept_channel(self.channel, _Signed(signer, self._node_address, consent))
         self.inference = inference_pb2_grpc.InferenceServiceStub(self.channel)
         self.library = library_pb2_grpc.LibraryServiceStub(self.channel)
         self.jobs = jobs_pb2_grpc.JobServiceStub(self.channel)
@@ -80,10 +92,13 @@ class NodeClient:
     def admin_metadata(self) -> list[tuple[str, str]]:
         return [("authorization", f"Bearer {self._token}")] if self._token else []
 
+    def _cached_status(self) -> node_pb2.NodeStatus:
+        if self._status_cached is None:
+            self._status_cached = self.status()
+        return self._status_cached
+
     def _node_address(self) -> str:
-        if not self._node_address_cached:
-            self._node_address_cached = self.status().node_address
-        return self._node_address_cached
+        return self._cached_status().node_address
 
     def status(self) -> node_pb2.NodeStatus:
         return self.node.GetStatus(node_pb2.GetStatusRequest(), timeout=self.timeout_s)
@@ -150,19 +165,23 @@ class _ApiKey(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientIntercepto
 class _Signed(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
     """Adds a zoo-signature header to InferenceService calls, over the request's bytes as sent."""
 
-    def __init__(self, signer: Any, node_address: Callable[[], str]) -> None:
+    def __init__(self, signer: Any, node_address: Callable[[], str], consent: _Consent | None = None) -> None:
         self._signer = signer
         self._node_address = node_address
+        self._consent = consent
 
     def _signed(self, details: Any, request: Any) -> Any:
         if not details.method.startswith("/zoo.v1.InferenceService/"):
             return details
         # The stub serialises with SerializeToString too: the same bytes (no map fields in these messages).
         header = sign_request(self._signer, self._node_address(), details.method, request.SerializeToString())
+        extra = [(HEADER, header)]
+        if self._consent is not None:
+            extra.append((SPEND_HEADER, self._consent.header()))
         return _CallDetails(
             details.method,
             details.timeout,
-            [*(details.metadata or []), (HEADER, header)],
+            [*(details.metadata or []), *extra],
             details.credentials,
             details.wait_for_ready,
             details.compression,
@@ -175,16 +194,45 @@ class _Signed(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientIntercepto
         return continuation(self._signed(details, request), request)
 
 
+class _Consent:
+    """The signer's spend authorization for the node's current epoch, signed once per epoch."""
+
+    def __init__(self, signer: Any, units: int, status: Callable[[], node_pb2.NodeStatus]) -> None:
+        self._signer, self._units, self._status = signer, units, status
+        self._signed: SpendAuthorization | None = None
+
+    def header(self) -> str:
+        st = self._status()
+        if not st.ledger_address or not st.credit_epoch_seconds:
+            raise ValueError(f"the node at {st.listen_address} takes no credits (it names no UsageLedger)")
+        epoch = int(time.time()) // st.credit_epoch_seconds
+        if self._signed is None or self._signed.epoch != epoch:
+            self._signed = sign_spend_authorization(
+                self._signer, st.chain_id, st.ledger_address, st.node_address, epoch, self._units
+            )
+        return spend_header(epoch, self._units, self._signed.signature)
+
+
 class SignedAuth(httpx.Auth):
-    """httpx authentication that signs each request to a node's HTTP API (zoo-signature header)."""
+    """httpx authentication that signs each request to a node's HTTP API (zoo-signature header) and, with
+    `spend`, sends the signer's consent to be charged credits (zoo-spend header)."""
 
     requires_request_body = True
 
-    def __init__(self, signer: Any, node_address: str) -> None:
+    def __init__(
+        self,
+        signer: Any,
+        node_address: str,
+        spend: SpendAuthorization | Callable[[], SpendAuthorization] | None = None,
+    ) -> None:
         self._signer = signer
         self._node_address = node_address
+        self._spend = spend
 
     def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
         where = f"{request.method} {request.url.path}"
         request.headers[HEADER] = sign_request(self._signer, self._node_address, where, request.content)
+        if self._spend is not None:
+            consent = self._spend() if callable(self._spend) else self._spend
+            request.headers[SPEND_HEADER] = spend_header(consent.epoch, consent.units, consent.signature)
         yield request

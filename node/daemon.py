@@ -22,6 +22,7 @@ from zoo.node.api.server import HttpServer, start_http_api
 from zoo.node.components import Component, DisabledComponent, Supervisor
 from zoo.node.config import NodeConfig, parse_listen
 from zoo.node.credits.book import CreditBook
+from zoo.node.credits.consent import SpendCheck
 from zoo.node.credits.identity import Identify
 from zoo.node.credits.meter import Served, UsageMeter
 from zoo.node.credits.verifier import RequestVerifier
@@ -136,7 +137,31 @@ def wire(cfg: NodeConfig) -> Wiring:
         w.epoch_s = int(info.settings.get("epoch_s", cfg.credits.epoch_s))
         w.ipfs_api = cfg.ipfs.api_url or info.ipfs_api
         w.devnet = None if reused else devnet
+        if w.ledger_address and cfg.credits.settle:
+            register_on_devnet(devnet, DataDir(cfg.data_dir))
     return w
+
+
+def register_on_devnet(devnet: Any, data_dir: DataDir) -> bool:
+    """Have the node's own devnet register the node's account (DATA_DIR/node.key) on its UsageLedger, through
+    a DAO call proposal (Devnet.register_node), so that settlement serves from the first start. Nothing is
+    proposed when it is registered already; a new key gets its own registration. Never fails the start: on
+    any failure the node starts unregistered and settlement says so (DEGRADED), as on an external chain.
+    Returns whether the node is registered."""
+    address = ""
+    try:
+        address = data_dir.node_address()
+        proposed = devnet.register_node(address, progress=lambda msg: log.info("devnet", step=msg))
+    except Exception as e:  # the chain, the DAO or the key: the node serves anyway
+        log.warning(
+            "the devnet could not register this node on its UsageLedger; settlement stays degraded",
+            node=address,
+            error=f"{type(e).__name__}: {e}"[:500],
+        )
+        return False
+    if proposed:
+        log.info("node registered on the devnet's UsageLedger by a DAO call proposal", node=address)
+    return True
 
 
 def build_components(
@@ -279,8 +304,11 @@ def build_engine(
     async def on_answered(outcome: Any, params: Any) -> None:
         served = [Served(e.id, e.author, e.cited) for e in outcome.experiences]
         tokens = outcome.prompt_tokens + outcome.completion_tokens
-        spent = credits.charge(params.client, tokens) if credits is not None else 0
-        usage = meter.usage_of(tokens, served, params.client, spent)
+        epoch = meter.epoch_of()
+        # Charged only under the client's authorization for the epoch the answer is metered in.
+        spend = params.spend if params.spend is not None and params.spend.epoch == epoch else None
+        spent = credits.charge(params.client, tokens, spend) if credits is not None else 0
+        usage = meter.usage_of(tokens, served, params.client, spent, spend if spent else None, epoch)
         try:
             await meter.record(usage)  # on disk before the answer goes out
         except sqlite3.Error as e:  # a full disk, say: the node keeps answering; the log says what was lost
@@ -444,10 +472,13 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
         ),
         metrics,
         cfg.credits.allow_anonymous,
+        _spend_check(wiring, node_address, supervisor, meter) if credits is not None else None,
     )
     servicer.usage = meter
     servicer.node_address = node_address
     servicer.allows_anonymous = cfg.credits.allow_anonymous
+    if credits is not None:
+        servicer.ledger_address, servicer.credit_epoch_s = str(wiring.ledger_address), meter.epoch_s
     inf = cfg.inference
     reserved = min(cfg.credits.reserved_slots, inf.max_batch_size - 1) if credits is not None else 0
     admission = Admission(
@@ -605,8 +636,21 @@ def _credit_book(cfg: NodeConfig, wiring: Wiring, meter: UsageMeter) -> CreditBo
     return CreditBook(
         balance_of,
         spent_unsettled=meter.spent_unsettled,
+        spent_in=meter.spent_in,
         price_per_token=cfg.credits.price_per_token,
         ttl_s=cfg.credits.balance_ttl_s,
+    )
+
+
+def _spend_check(wiring: Wiring, node_address: str, supervisor: Supervisor, meter: UsageMeter) -> SpendCheck:
+    """Checks clients' spend authorizations against the ledger's domain: the chain's id is the chain
+    component's (0, so refused for now, until it has reached the chain)."""
+    chain = supervisor.components.get("chain")
+    return SpendCheck(
+        node_address,
+        str(wiring.ledger_address),
+        lambda: int(getattr(chain, "chain_id", 0) or 0),
+        meter.epoch_of,
     )
 
 

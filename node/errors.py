@@ -12,6 +12,7 @@ import grpc
 from zoo.inference.adapters import AdapterLoadError
 from zoo.inference.backend import BackendUnavailable
 from zoo.inference.engine import Unsupported
+from zoo.node.credits.consent import SpendUnavailable
 from zoo.node.credits.signing import SignatureError
 from zoo.node.credits.verifier import TooManyNonces
 from zoo.registry import errors as reg
@@ -34,6 +35,7 @@ _CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (reg.IpfsError, grpc.StatusCode.UNAVAILABLE),
     (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (TooManyNonces, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (SpendUnavailable, grpc.StatusCode.UNAVAILABLE),
     (SignatureError, grpc.StatusCode.UNAUTHENTICATED),
     (Unimplemented, grpc.StatusCode.UNIMPLEMENTED),
     (Unsupported, grpc.StatusCode.FAILED_PRECONDITION),

@@ -297,7 +297,10 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
 
         A `model` naming one of this node's adapters decodes with it (as the HTTP API's "model" does).
         """
-        params = dataclasses.replace(params_from_request(request, self.cfg), client=CLIENT.get().address)
+        client = CLIENT.get()
+        params = dataclasses.replace(
+            params_from_request(request, self.cfg), client=client.address, spend=client.spend
+        )
         model = request.model
         if not model or model == self.base_model:
             return params, False
@@ -319,7 +322,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
 
     async def _priority(self, params: InferParams) -> bool:
         """Whether the request is a credit holder's (admitted first, decoded ahead); marks `params`."""
-        params.priority = self.credits is not None and await self.credits.is_holder(params.client)
+        params.priority = self.credits is not None and await self.credits.is_holder(
+            params.client, params.spend
+        )
         return params.priority
 
     async def _peer_refused(self, context: Any, e: Exception) -> None:

@@ -17,7 +17,7 @@ import grpc
 from grpc.aio import AbortError
 
 from zoo.node.credits.identity import CLIENT, Identify
-from zoo.node.credits.signing import HEADER, SignatureError
+from zoo.node.credits.signing import HEADER, SPEND_HEADER, SignatureError
 from zoo.node.errors import status_for
 from zoo.node.logs import get_logger
 from zoo.node.metrics import NodeMetrics
@@ -83,17 +83,18 @@ class NodeInterceptor(grpc.aio.ServerInterceptor):
             return _replace(handler, _deny(grpc.StatusCode.UNAUTHENTICATED, message))
         if method.startswith(UNLIMITED_PREFIXES):
             return handler
-        signature = None
+        signature = spend = None
         if self._identify is not None and method.startswith(PUBLIC_PREFIXES):
             signature = _metadata(details.invocation_metadata, HEADER)
+            spend = _metadata(details.invocation_metadata, SPEND_HEADER)
             if signature is None and not self._identify.allow_anonymous:
                 try:
                     self._identify(None, method, b"")
                 except SignatureError as e:
                     self.metrics.rpc_rejected.labels(method, "unauthenticated").inc()
                     return _replace(handler, _deny(grpc.StatusCode.UNAUTHENTICATED, str(e)))
-        keep_raw = signature is not None
-        return _replace(handler, self._wrap(method, handler, signature), keep_raw=keep_raw)
+        keep_raw = signature is not None or spend is not None
+        return _replace(handler, self._wrap(method, handler, signature, spend), keep_raw=keep_raw)
 
     @contextlib.asynccontextmanager
     async def _accounted(self, method: str, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
@@ -123,13 +124,15 @@ class NodeInterceptor(grpc.aio.ServerInterceptor):
                 metrics.rpc_requests.labels(method, code).inc()
                 metrics.rpc_latency.labels(method).observe(time.perf_counter() - start)
 
-    def _wrap(self, method: str, handler: grpc.RpcMethodHandler, signature: str | None) -> Callable[..., Any]:
+    def _wrap(
+        self, method: str, handler: grpc.RpcMethodHandler, signature: str | None, spend: str | None
+    ) -> Callable[..., Any]:
         def admit(request: Any) -> Any:
             """The decoded request, once its signature (if any) checks out; CLIENT says who sent it."""
             if isinstance(request, _Received):
                 _check_decoded(request.message, method)
                 assert self._identify is not None
-                CLIENT.set(self._identify(signature, method, request.raw))
+                CLIENT.set(self._identify(signature, method, request.raw, spend))
                 return request.message
             _check_decoded(request, method)
             return request

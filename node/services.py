@@ -38,6 +38,8 @@ class NodeServicer(node_pb2_grpc.NodeServiceServicer):
         self.usage: Any = None  # the UsageMeter, set by the daemon
         self.node_address = ""  # the node's account, set by the daemon
         self.allows_anonymous = True
+        self.ledger_address = ""  # the UsageLedger whose credits the node takes, set by the daemon
+        self.credit_epoch_s = 0
         self.serving: Callable[[], node_pb2.ServingStats] | None = None  # set by the daemon
         self.http_address: Callable[[], str] = lambda: ""  # set by the daemon when the HTTP API is on
         self.p2p: Any = None  # the P2PComponent, set by the daemon when p2p is enabled
@@ -83,6 +85,8 @@ class NodeServicer(node_pb2_grpc.NodeServiceServicer):
             peers=self._peer_counts(),
             node_address=self.node_address,
             allows_anonymous=self.allows_anonymous,
+            ledger_address=self.ledger_address,
+            credit_epoch_seconds=self.credit_epoch_s,
         )
 
     def _peer_counts(self) -> node_pb2.PeerCounts:

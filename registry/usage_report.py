@@ -2,7 +2,10 @@
 and to IPFS (this content, canonical JSON), and how anyone checks the one against the other.
 
 Records are (kind, account, units): EARNED units for each author whose `provenance.author` is an Ethereum
-address, SPENT credits for each signed client that paid with them. Authors that are not addresses (a job's
+address, SPENT credits for each signed client that paid with them. A SPENT record carries, beside its leaf
+(not in it), the client's signed consent that lets the ledger apply it: `authorized` (the units its
+SpendAuthorization for this node and epoch allows, at least `units`) and `signature`; a spend without one
+is left out (it could never be applied). Authors that are not addresses (a job's
 "job:…" author, a name) cannot claim anything: their units are listed apart, outside the tree. When the
 earned units exceed the ledger's per-report cap, every author's units are scaled down by the same factor
 (floored) so the report stays postable; `earned_before_cap` says so. The leaves are in the order of
@@ -21,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from zoo.registry.chain.ledger import EARNED, SPENT, UsageReport, record_leaf
 from zoo.registry.ipfs import IpfsClient
 from zoo.registry.merkle import MerkleTree
+from zoo.registry.spend import SpendAuthorization
 
 FORMAT = "zoo.usage-report/1"
 KIND_NAMES = {EARNED: "earned", SPENT: "spent"}
@@ -37,10 +41,16 @@ class Record:
     kind: int
     account: str  # checksummed
     units: int
+    authorized: int = 0  # SPENT: what the client's spend authorization allows (not part of the leaf)
+    signature: bytes = b""  # SPENT: the client's signature of that authorization
 
     @property
     def leaf(self) -> bytes:
         return record_leaf(self.kind, self.account, self.units)
+
+    def authorization(self, node: str, epoch: int) -> SpendAuthorization:
+        """A SPENT record's consent, as the ledger's applySpent takes it."""
+        return SpendAuthorization(self.account, node, epoch, self.authorized, self.signature)
 
 
 class _RecordModel(BaseModel):
@@ -48,6 +58,8 @@ class _RecordModel(BaseModel):
     kind: str = Field(pattern="^(earned|spent)$")
     account: str = Field(pattern="^0x[0-9a-fA-F]{40}$")
     units: int = Field(gt=0, lt=2**256)
+    authorized: int | None = Field(default=None, gt=0, lt=2**256)
+    signature: str | None = Field(default=None, pattern="^0x[0-9a-fA-F]{130}$")
 
 
 class _ReportModel(BaseModel):
@@ -92,9 +104,7 @@ class Report:
             "node": self.node,
             "epoch": self.epoch,
             "epoch_length": self.epoch_length,
-            "records": [
-                {"kind": KIND_NAMES[r.kind], "account": r.account, "units": r.units} for r in self.records
-            ],
+            "records": [_record_json(r) for r in self.records],
             "unclaimable": dict(sorted(self.unclaimable.items())),
         }
         if self.earned_before_cap is not None:
@@ -110,9 +120,27 @@ class Report:
             first = e.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "content"
             raise ReportError(f"not a usage report: {where}: {first['msg']}") from None
+        for i, r in enumerate(model.records):
+            spent = r.kind == KIND_NAMES[SPENT]
+            if spent and (r.authorized is None or r.signature is None):
+                raise ReportError(
+                    f"not a usage report: records.{i}: a spent record carries authorized and signature"
+                )
+            if spent and r.authorized is not None and r.authorized < r.units:
+                raise ReportError(
+                    f"not a usage report: records.{i}: spends {r.units}, authorized only {r.authorized}"
+                )
+            if not spent and (r.authorized is not None or r.signature is not None):
+                raise ReportError(
+                    f"not a usage report: records.{i}: only a spent record carries an authorization"
+                )
         records = tuple(
-            Record(_KINDS[r.kind], to_checksum_address(r.account), r.units) for r in model.records
-        )
+            Record(
+                _KINDS[r.kind], to_checksum_address(r.account), r.units, r.authorized or 0,
+                bytes.fromhex(r.signature[2:]) if r.signature else b"",
+            )
+            for r in model.records
+        )  # fmt: skip
         if list(records) != sorted(records) or len(set((r.kind, r.account) for r in records)) != len(records):
             raise ReportError("not a usage report: records must be sorted by kind and account, one per pair")
         return cls(
@@ -144,6 +172,13 @@ class Report:
             )
 
 
+def _record_json(r: Record) -> dict[str, object]:
+    body: dict[str, object] = {"kind": KIND_NAMES[r.kind], "account": r.account, "units": r.units}
+    if r.kind == SPENT:
+        body |= {"authorized": r.authorized, "signature": "0x" + r.signature.hex()}
+    return body
+
+
 def fetch_report(ipfs: IpfsClient, posted: UsageReport, timeout: float | None = None) -> Report:
     """A posted report's content from IPFS (by its CID), decoded and checked against the ledger's record;
     ReportError when it does not match, IpfsError when it cannot be fetched."""
@@ -159,8 +194,11 @@ def build_report(
     earned_by_author: Mapping[str, int],
     spent_by_client: Mapping[str, int],
     cap: int,
+    authorizations: Mapping[str, SpendAuthorization] | None = None,
 ) -> Report:
-    """The report of one epoch's metered usage (see the module docstring for the rules)."""
+    """The report of one epoch's metered usage (see the module docstring for the rules); a client's spend
+    goes in with its authorization (by client), capped at what it allows, or not at all without one."""
+    authorizations = authorizations or {}
     earned: dict[str, int] = {}
     unclaimable: dict[str, int] = {}
     for author, units in earned_by_author.items():
@@ -177,7 +215,13 @@ def build_report(
         before_cap = total
         earned = {a: u * cap // total for a, u in earned.items()}
     records = [Record(EARNED, a, u) for a, u in earned.items() if u > 0]
-    records += [Record(SPENT, to_checksum_address(c), u) for c, u in spent_by_client.items() if u > 0]
+    for client, units in spent_by_client.items():
+        consent = authorizations.get(client)
+        if units > 0 and consent is not None:
+            units = min(units, consent.units)
+            records.append(
+                Record(SPENT, to_checksum_address(client), units, consent.units, consent.signature)
+            )
     return Report(
         to_checksum_address(node), epoch, epoch_length, tuple(sorted(records)), unclaimable, before_cap
     )

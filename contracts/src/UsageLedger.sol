@@ -3,6 +3,9 @@ pragma solidity ^0.8.24;
 
 import {IVotes} from "@openzeppelin/contracts/governance/utils/IVotes.sol";
 import {IERC6372} from "@openzeppelin/contracts/interfaces/IERC6372.sol";
+import {Address} from "@openzeppelin/contracts/utils/Address.sol";
+import {EIP712} from "@openzeppelin/contracts/utils/cryptography/EIP712.sol";
+import {SignatureChecker} from "@openzeppelin/contracts/utils/cryptography/SignatureChecker.sol";
 import {CIDs} from "./CIDs.sol";
 import {RFC9162} from "./RFC9162.sol";
 
@@ -15,27 +18,38 @@ import {RFC9162} from "./RFC9162.sol";
  * of the full report, which anyone can fetch and check against the root. A record is the leaf
  * `abi.encodePacked(uint8 kind, address account, uint256 units)`: kind 0 (EARNED) credits an author with
  * the units the node's answers gave their experiences, kind 1 (SPENT) debits a client with the credits it
- * spent at the node. For `challengeWindow` seconds after posting, a KEEPER holder (at least
- * `challengeThreshold` votes the second before the report was posted) may challenge a report; a challenged
- * report is frozen until the governor resolves it: upheld, it is void for good; dismissed, it is claimable.
- * Once the window has passed, each author claims their EARNED record with a Merkle proof, once per (node,
- * epoch), and anyone applies a SPENT record (the node does, so balances go down everywhere).
+ * spent at the node. A report is for an ended epoch at or after the node's registration, posted at most
+ * `reportWindow` seconds after that epoch ended. For `challengeWindow` seconds after posting, a KEEPER holder
+ * (at least `challengeThreshold` votes the second before the report was posted) may challenge a report,
+ * staking `challengeBond` wei; a challenged report is frozen until the governor resolves it: upheld, it is
+ * void for good and the bond goes back to the challenger; dismissed, it is claimable and the bond goes to
+ * the node it froze. Once the window has passed, each author claims their EARNED record with a Merkle proof,
+ * once per (node, epoch), and anyone applies a SPENT record that comes with the client's signed
+ * {SpendAuthorization} for that node and epoch (the node does, so balances go down everywhere).
  *
  * Credits are non-transferable: an account's balance is what it claimed minus what it spent (never below
  * zero). There is no transfer.
  *
  * What an honest operator can and cannot prevent: a registered node can invent usage (for its own
  * accounts, say). The contract bounds it: at most `maxUnitsPerReport` units are claimable from one report,
- * one report per node and epoch, only after the challenge window, and the DAO can deregister a node, which
- * makes its reports not yet claimed unclaimable. It cannot prove that usage happened.
+ * one report per node and epoch, only for epochs from the node's registration on and only within
+ * `reportWindow` of their end (so a node adds at most `maxUnitsPerReport` units per epoch it was registered,
+ * never a backlog of past epochs), only after the challenge window, and the DAO can deregister a node, which
+ * makes its reports not yet claimed unclaimable. It cannot prove that usage happened. A node cannot spend
+ * anyone's credits: a SPENT record applies only up to what the client signed that it allows that node to
+ * charge in that epoch (EIP-712, this contract's domain), so a node lowers only the balances of clients
+ * that chose to spend there, and by no more than they allowed.
  */
-contract UsageLedger {
+contract UsageLedger is EIP712 {
     /// @notice Leaf kind of an author's earned units.
     uint8 public constant EARNED = 0;
     /// @notice Leaf kind of a client's spent credits.
     uint8 public constant SPENT = 1;
     /// @notice Longest CID accepted, in bytes.
     uint256 public constant MAX_CID_LENGTH = 256;
+    /// @notice EIP-712 type of a client's consent to be charged by a node in an epoch, up to `units` credits.
+    bytes32 public constant SPEND_AUTHORIZATION_TYPEHASH =
+        keccak256("SpendAuthorization(address node,uint256 epoch,uint256 units)");
 
     /// @notice One usage report, keyed by node and epoch.
     struct Report {
@@ -55,6 +69,8 @@ contract UsageLedger {
         uint128 claimedUnits;
         // IPFS CID of the full report.
         string cid;
+        // Who challenged it (and staked the bond), while a challenge is pending or after it was resolved.
+        address challenger;
     }
 
     /// @notice The account that registers and deregisters nodes and resolves challenges (the DAO).
@@ -69,9 +85,17 @@ contract UsageLedger {
     uint256 public immutable maxUnitsPerReport;
     /// @notice KEEPER votes a challenger needs, read the second before the report was posted.
     uint256 public immutable challengeThreshold;
+    /// @notice Seconds after an epoch ends within which its report may be posted.
+    uint256 public immutable reportWindow;
+    /// @notice Wei a challenger stakes: returned when the challenge is upheld, paid to the node when dismissed.
+    uint256 public immutable challengeBond;
 
     /// @notice Whether a node may post reports and its reports may be claimed.
     mapping(address node => bool) public registered;
+    /// @notice The first epoch a node may report: the one it was (last) registered in.
+    mapping(address node => uint256) public firstEpoch;
+    /// @notice Wei an account can withdraw: bonds of challenges resolved in its favour.
+    mapping(address account => uint256) public withdrawable;
     /// @notice Credits claimed by an account, ever.
     mapping(address account => uint256) public earned;
     /// @notice Credits spent by an account, ever.
@@ -89,6 +113,10 @@ contract UsageLedger {
     event ChallengeResolved(address indexed node, uint256 indexed epoch, bool upheld);
     event CreditsClaimed(address indexed node, uint256 indexed epoch, address indexed author, uint256 units);
     event CreditsSpent(address indexed node, uint256 indexed epoch, address indexed client, uint256 units);
+    /// @notice A resolved challenge's bond went to `to` (withdrawable).
+    event BondAwarded(address indexed node, uint256 indexed epoch, address indexed to, uint256 amount);
+    /// @notice `account` withdrew `amount` wei of awarded bonds.
+    event Withdrawn(address indexed account, uint256 amount);
 
     /// @notice A constructor argument is out of range (its name says which).
     error InvalidParameter(string name);
@@ -100,6 +128,19 @@ contract UsageLedger {
     error NodeAlreadyRegistered(address node);
     /// @notice The epoch has not ended: a report for it can be posted from `endsAt` on.
     error EpochNotEnded(uint256 epoch, uint256 endsAt);
+    /// @notice The epoch lies before the node's registration: its first reportable epoch is `firstEpoch`.
+    error EpochBeforeRegistration(uint256 epoch, uint256 firstEpoch);
+    /// @notice The report for the epoch had to be posted before `deadline`.
+    error ReportTooLate(uint256 epoch, uint256 deadline);
+    /// @notice A challenge must stake exactly the bond.
+    error WrongChallengeBond(uint256 sent, uint256 bond);
+    /// @notice Nothing to withdraw.
+    error NothingToWithdraw(address account);
+    /// @notice The client did not sign a spend authorization for this node and epoch of at least the units
+    /// applied (`authorized` is what the presented authorization allows).
+    error InvalidSpendAuthorization(address node, uint256 epoch, address client, uint256 authorized);
+    /// @notice The SPENT record charges more than the client's authorization allows.
+    error SpendOverAuthorization(address client, uint256 units, uint256 authorized);
     /// @notice The node posted a report for this epoch already.
     error ReportExists(address node, uint256 epoch);
     /// @notice The node posted no report for this epoch.
@@ -142,8 +183,10 @@ contract UsageLedger {
         uint256 epochLength_,
         uint256 challengeWindow_,
         uint256 maxUnitsPerReport_,
-        uint256 challengeThreshold_
-    ) {
+        uint256 challengeThreshold_,
+        uint256 reportWindow_,
+        uint256 challengeBond_
+    ) EIP712("UsageLedger", "1") {
         if (governor_ == address(0)) {
             revert InvalidParameter("governor");
         }
@@ -170,12 +213,20 @@ contract UsageLedger {
         if (challengeThreshold_ == 0) {
             revert InvalidParameter("challengeThreshold");
         }
+        if (reportWindow_ == 0 || reportWindow_ > 365 days) {
+            revert InvalidParameter("reportWindow");
+        }
+        if (challengeBond_ == 0) {
+            revert InvalidParameter("challengeBond");
+        }
         governor = governor_;
         keeperToken = keeperToken_;
         epochLength = epochLength_;
         challengeWindow = challengeWindow_;
         maxUnitsPerReport = maxUnitsPerReport_;
         challengeThreshold = challengeThreshold_;
+        reportWindow = reportWindow_;
+        challengeBond = challengeBond_;
     }
 
     // ---- governance
@@ -186,6 +237,7 @@ contract UsageLedger {
             revert NodeAlreadyRegistered(node);
         }
         registered[node] = true;
+        firstEpoch[node] = block.timestamp / epochLength;
         emit NodeRegistered(node);
     }
 
@@ -198,7 +250,11 @@ contract UsageLedger {
         emit NodeDeregistered(node);
     }
 
-    /// @notice Resolve a challenge: `upheld` voids the report for good, otherwise it becomes claimable.
+    /**
+     * @notice Resolve a challenge: `upheld` voids the report for good and returns the bond to the challenger;
+     * dismissed, the report becomes claimable and the bond goes to the node (for the freeze it suffered).
+     * Bonds are withdrawn with {withdraw}.
+     */
     function resolveChallenge(address node, uint256 epoch, bool upheld) external onlyGovernor {
         Report storage r = _existing(node, epoch);
         if (!r.challenged) {
@@ -206,13 +262,28 @@ contract UsageLedger {
         }
         r.challenged = false;
         r.voided = upheld;
+        address to = upheld ? r.challenger : node;
+        withdrawable[to] += challengeBond;
         emit ChallengeResolved(node, epoch, upheld);
+        emit BondAwarded(node, epoch, to, challengeBond);
+    }
+
+    /// @notice Send the caller the bonds awarded to it. Emits a {Withdrawn} event.
+    function withdraw() external {
+        uint256 amount = withdrawable[msg.sender];
+        if (amount == 0) {
+            revert NothingToWithdraw(msg.sender);
+        }
+        withdrawable[msg.sender] = 0;
+        emit Withdrawn(msg.sender, amount);
+        Address.sendValue(payable(msg.sender), amount);
     }
 
     // ---- reports
 
     /**
-     * @notice Post the caller's usage report for an ended epoch.
+     * @notice Post the caller's usage report for an ended epoch: one from the node's registration on, posted
+     * within `reportWindow` seconds of the epoch's end.
      * @param epoch The epoch (`block.timestamp / epochLength` while it runs).
      * @param root RFC 9162 root over the records.
      * @param treeSize Number of records.
@@ -225,9 +296,16 @@ contract UsageLedger {
         if (!registered[msg.sender]) {
             revert NodeNotRegistered(msg.sender);
         }
+        if (epoch < firstEpoch[msg.sender]) {
+            revert EpochBeforeRegistration(epoch, firstEpoch[msg.sender]);
+        }
+        // An epoch so large that its end overflows reverts here with a panic (checked arithmetic).
         uint256 endsAt = (epoch + 1) * epochLength;
         if (block.timestamp < endsAt) {
             revert EpochNotEnded(epoch, endsAt);
+        }
+        if (block.timestamp >= endsAt + reportWindow) {
+            revert ReportTooLate(epoch, endsAt + reportWindow);
         }
         Report storage r = _reports[msg.sender][epoch];
         if (r.postedAt != 0) {
@@ -251,8 +329,19 @@ contract UsageLedger {
         emit ReportPosted(msg.sender, epoch, root, treeSize, earnedUnits, cid);
     }
 
-    /// @notice Challenge a report within its window (a KEEPER holder); `reason` is for the governor to read.
-    function challenge(address node, uint256 epoch, string calldata reason) external {
+    /**
+     * @notice Challenge a report within its window; `reason` is for the governor to read.
+     * @dev A challenge freezes every claim of the report until a DAO vote resolves it, so challenges must not
+     * be free: a challenger holds at least `challengeThreshold` KEEPER votes (read before the report was
+     * posted) and stakes `challengeBond` wei. An upheld challenge gets its bond back; a dismissed one loses it
+     * to the node it froze. Freezing n honest reports thus costs n bonds, while an honest challenger risks
+     * nothing it does not get back. (A per-challenger quota was the alternative; it would still let many
+     * KEEPER addresses freeze reports for free, and limit an honest challenger facing many bad reports.)
+     */
+    function challenge(address node, uint256 epoch, string calldata reason) external payable {
+        if (msg.value != challengeBond) {
+            revert WrongChallengeBond(msg.value, challengeBond);
+        }
         Report storage r = _existing(node, epoch);
         uint256 closedAt = uint256(r.postedAt) + challengeWindow;
         if (block.timestamp >= closedAt) {
@@ -270,6 +359,7 @@ contract UsageLedger {
             revert InsufficientKeeperVotes(msg.sender, votes, challengeThreshold);
         }
         r.challenged = true;
+        r.challenger = msg.sender;
         emit ReportChallenged(node, epoch, msg.sender, reason);
     }
 
@@ -291,15 +381,29 @@ contract UsageLedger {
         emit CreditsClaimed(node, epoch, msg.sender, units);
     }
 
-    /// @notice Apply a SPENT record of a report to `client`'s balance (anyone may; the node does).
+    /**
+     * @notice Apply a SPENT record of a report to `client`'s balance (anyone may; the node does), with the
+     * client's consent: its EIP-712 signature of SpendAuthorization(node, epoch, authorized), `units` at most
+     * `authorized`. A contract account consents through ERC-1271.
+     * @param authorized The units the client's authorization allows (at least `units`).
+     * @param signature The client's signature of the authorization.
+     */
     function applySpent(
         address node,
         uint256 epoch,
         address client,
         uint256 units,
         uint256 index,
-        bytes32[] calldata proof
+        bytes32[] calldata proof,
+        uint256 authorized,
+        bytes calldata signature
     ) external {
+        if (units > authorized) {
+            revert SpendOverAuthorization(client, units, authorized);
+        }
+        if (!SignatureChecker.isValidSignatureNow(client, spendAuthorizationDigest(node, epoch, authorized), signature)) {
+            revert InvalidSpendAuthorization(node, epoch, client, authorized);
+        }
         _settle(node, epoch, SPENT, client, units, index, proof);
         spent[client] += units;
         emit CreditsSpent(node, epoch, client, units);
@@ -322,6 +426,11 @@ contract UsageLedger {
     /// @notice Whether a record of a report was claimed or applied.
     function settled(address node, uint256 epoch, uint8 kind, address account) external view returns (bool) {
         return _settled[_recordKey(node, epoch, kind, account)];
+    }
+
+    /// @notice The EIP-712 digest a client signs to let `node` charge it up to `units` credits in `epoch`.
+    function spendAuthorizationDigest(address node, uint256 epoch, uint256 units) public view returns (bytes32) {
+        return _hashTypedDataV4(keccak256(abi.encode(SPEND_AUTHORIZATION_TYPEHASH, node, epoch, units)));
     }
 
     /// @notice The leaf bytes of a record.

@@ -47,9 +47,10 @@ from zoo.node.api.schemas import (
 )
 from zoo.node.config import InferenceConfig
 from zoo.node.credits.book import CreditBook
+from zoo.node.credits.consent import SpendUnavailable
 from zoo.node.credits.identity import Identify
-from zoo.node.credits.signing import HEADER, SignatureError
-from zoo.node.credits.verifier import TooManyNonces
+from zoo.node.credits.signing import HEADER, SPEND_HEADER, SignatureError
+from zoo.node.credits.verifier import ANONYMOUS, Client, TooManyNonces
 from zoo.node.errors import Overloaded
 from zoo.node.inference_service import FieldNames, validate_params
 from zoo.node.metrics import NodeMetrics
@@ -98,17 +99,21 @@ class OpenAIApi:
 
     # -- generation
 
-    async def _signed_json(self, request: Request) -> tuple[dict[str, Any], str]:
-        """The JSON body and the client that sent it: its signer, or "" when anonymous (see node.credits).
-        A signature covers the body's bytes as sent, so they are checked before they are parsed."""
+    async def _signed_json(self, request: Request) -> tuple[dict[str, Any], Client]:
+        """The JSON body and the client that sent it: its signer (and consent to spend), or anonymous (see
+        node.credits). A signature covers the body's bytes as sent, so they are checked before parsing."""
         raw = await read_body(request, self.deps.max_body_bytes)
-        client = ""
+        client = ANONYMOUS
         if self.deps.identify is not None:
             where = f"{request.method} {request.url.path}"
             try:
-                client = self.deps.identify(request.headers.get(HEADER), where, raw).address
+                client = self.deps.identify(
+                    request.headers.get(HEADER), where, raw, request.headers.get(SPEND_HEADER)
+                )
             except TooManyNonces as e:
                 raise ApiError(429, str(e), type="rate_limit_error", code="rate_limit_exceeded") from None
+            except SpendUnavailable as e:
+                raise ApiError(503, str(e), type="server_error", code="spend_unavailable") from None
             except SignatureError as e:
                 raise ApiError(
                     401, str(e), type="authentication_error", code=f"signature_{e.reason}"
@@ -148,7 +153,9 @@ class OpenAIApi:
         answer = CompletionAnswer("cmpl-" + uuid.uuid4().hex, body.model, _include_usage(body))
         return await self._answer(request, params, answer, body.stream, completion_field, remote)
 
-    def _params(self, body: Generation, names: FieldNames, client: str = "", **fields: Any) -> InferParams:
+    def _params(
+        self, body: Generation, names: FieldNames, client: Client = ANONYMOUS, **fields: Any
+    ) -> InferParams:
         zoo = body.zoo or ZooOptions()
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         params = validate_params(
@@ -165,7 +172,7 @@ class OpenAIApi:
             names=names,
             **fields,
         )
-        return dataclasses.replace(params, client=client)
+        return dataclasses.replace(params, client=client.address, spend=client.spend)
 
     async def _answer(
         self,
@@ -215,7 +222,7 @@ class OpenAIApi:
             return
         engine = self._engine()
         credits = self.deps.credits
-        params.priority = credits is not None and await credits.is_holder(params.client)
+        params.priority = credits is not None and await credits.is_holder(params.client, params.spend)
         async with (
             self.deps.admission.slot(params.priority) as queue_ms,
             contextlib.aclosing(engine.stream(params)) as items,

@@ -5,6 +5,8 @@ experiences it credits: those its answer cited, or every experience it was serve
 Each share goes to the experience's author (provenance.author) in the request's epoch (epoch_s seconds
 of Unix time, one day by default); the remainder of the integer division goes to the first by id, so a
 request's shares always add up to its tokens. Experiences are counted too (served, cited), for GetStatus.
+A client's spend is kept with the largest spend authorization it signed for the epoch (what proves the
+spend on chain; zoo.registry.spend): the credit book never charges more than that in an epoch.
 
 Usage lives in DATA_DIR/usage.sqlite (WAL, synchronous=FULL). A request's usage is committed before its
 answer is sent, so what a client was answered is on disk: a `kill -9` at any moment loses no
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zoo.node.logs import get_logger
+from zoo.registry.spend import SpendAuthorization
 
 log = get_logger(__name__)
 
@@ -45,6 +48,9 @@ CREATE TABLE IF NOT EXISTS clients (
     epoch INTEGER NOT NULL, client TEXT NOT NULL, units INTEGER NOT NULL, requests INTEGER NOT NULL,
     spent INTEGER NOT NULL, PRIMARY KEY (epoch, client)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS settled (epoch INTEGER PRIMARY KEY, at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS authorizations (
+    epoch INTEGER NOT NULL, client TEXT NOT NULL, units TEXT NOT NULL, signature BLOB NOT NULL,
+    PRIMARY KEY (epoch, client)) WITHOUT ROWID;
 """
 
 
@@ -67,6 +73,7 @@ class Usage:
     served: tuple[Served, ...]
     client: str = ""  # the signer of the request; "" when anonymous
     spent: int = 0  # credits the answer cost the client (a credit holder; see book.py)
+    spend: SpendAuthorization | None = None  # the client's consent for `spent` (this node, this epoch)
 
 
 @dataclass(frozen=True)
@@ -161,8 +168,21 @@ class UsageMeter:
     def epoch_of(self, t: float | None = None) -> int:
         return int((self._clock() if t is None else t) // self.epoch_s)
 
-    def usage_of(self, units: int, served: Sequence[Served], client: str = "", spent: int = 0) -> Usage:
-        return Usage(self.epoch_of(), max(units, 0), shares_of(units, served), tuple(served), client, spent)
+    def usage_of(
+        self,
+        units: int,
+        served: Sequence[Served],
+        client: str = "",
+        spent: int = 0,
+        spend: SpendAuthorization | None = None,
+        epoch: int | None = None,
+    ) -> Usage:
+        """One answer's usage in `epoch` (now's by default); `spent` credits need the client's `spend`
+        authorization of that epoch (the credit book charges no more than it allows)."""
+        epoch = self.epoch_of() if epoch is None else epoch
+        if spent and (spend is None or spend.client != client or spend.epoch != epoch or spend.units < spent):
+            raise ValueError(f"a spend of {spent} credits needs the client's authorization for epoch {epoch}")
+        return Usage(epoch, max(units, 0), shares_of(units, served), tuple(served), client, spent, spend)
 
     def submit(self, usage: Usage) -> concurrent.futures.Future[None]:
         """Queue one request's usage; the future resolves once it is committed (or fails with the error)."""
@@ -213,6 +233,7 @@ class UsageMeter:
         client_units: Counter[tuple[int, str]] = Counter()
         client_requests: Counter[tuple[int, str]] = Counter()
         client_spent: Counter[tuple[int, str]] = Counter()
+        consents: dict[tuple[int, str], SpendAuthorization] = {}
         for u in batch:
             answered[u.epoch] += 1
             units[u.epoch] += u.units
@@ -220,6 +241,10 @@ class UsageMeter:
                 client_units[u.epoch, u.client] += u.units
                 client_requests[u.epoch, u.client] += 1
                 client_spent[u.epoch, u.client] += u.spent
+            if u.spent and u.spend is not None:
+                kept = consents.get((u.epoch, u.client))
+                if kept is None or u.spend.units > kept.units:
+                    consents[u.epoch, u.client] = u.spend
             for author, n in u.shares.items():
                 authors[u.epoch, author] += n
                 author_requests[u.epoch, author] += 1
@@ -250,6 +275,16 @@ class UsageMeter:
                 "spent = spent + excluded.spent",
                 [(e, c, n, client_requests[e, c], client_spent[e, c]) for (e, c), n in client_units.items()],
             )
+            # The largest authorization of each client and epoch (units as text: they may exceed int64).
+            for (e, c), a in consents.items():
+                row = db.execute(
+                    "SELECT units FROM authorizations WHERE epoch = ? AND client = ?", (e, c)
+                ).fetchone()
+                if row is None or int(row[0]) < a.units:
+                    db.execute(
+                        "INSERT OR REPLACE INTO authorizations VALUES (?, ?, ?, ?)",
+                        (e, c, str(a.units), a.signature),
+                    )
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -283,6 +318,22 @@ class UsageMeter:
                 "SELECT client, spent FROM clients WHERE epoch = ? AND spent > 0", (epoch,)
             ).fetchall()
         return dict(rows)
+
+    def spent_in(self, client: str, epoch: int) -> int:
+        """Credits `client` spent here in `epoch`, as committed."""
+        with self._db_lock:
+            row = self._db.execute(
+                "SELECT spent FROM clients WHERE epoch = ? AND client = ?", (epoch, client)
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    def authorizations(self, epoch: int, node: str) -> dict[str, SpendAuthorization]:
+        """The largest spend authorization each client that spent in `epoch` signed for this node."""
+        with self._db_lock:
+            rows = self._db.execute(
+                "SELECT client, units, signature FROM authorizations WHERE epoch = ?", (epoch,)
+            ).fetchall()
+        return {c: SpendAuthorization(c, node, epoch, int(u), bytes(sig)) for c, u, sig in rows}
 
     def spent_unsettled(self, client: str) -> int:
         """Credits `client` spent here in epochs whose report the ledger has not applied yet."""

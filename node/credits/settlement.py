@@ -9,6 +9,9 @@ counts by the one, the ledger accepts by the other) and is not settled yet:
    the ledger has not applied yet (so the clients' balances go down on chain), then mark the epoch settled
    in the meter (the credit book stops subtracting those spends itself).
 3. a voided report: settled as is (nothing of it will ever apply). A challenged one waits for the DAO.
+4. no report on chain and the ledger will take none: an epoch before the node's registration, or one whose
+   report window has closed (the node was down or unregistered too long): settled as dropped, logged with
+   what it held, so the meter stops carrying it (its clients' spends are then never charged).
 
 It signs with the node's own key (DATA_DIR/node.key). It never stops the node serving: a round that fails
 (chain or IPFS unreachable, the node not registered, no gas, content that does not match its root) leaves
@@ -42,6 +45,7 @@ class Round:
     applied: list[int]  # epochs whose spends were applied (and which are now settled)
     skipped: list[int]  # epochs with nothing to report, settled without a transaction
     waiting: list[int]  # epochs posted and in their challenge window (or challenged)
+    dropped: list[int]  # epochs the ledger takes no report for (before registration, window closed)
 
     def describe(self) -> str:
         parts = [f"{name} {values}" for name, values in vars(self).items() if values]
@@ -137,17 +141,32 @@ class Settlement(Component):
         chain_now = int(self.ledger.w3.eth.get_block("latest")["timestamp"])
         length = self.params.epoch_length
         ended = min(chain_now // length, int(self.clock()) // length)  # epochs below it are over for both
-        done = Round([], [], [], [])
+        done = Round([], [], [], [], [])
         settled = self.meter.settled_epochs()
+        first = self.ledger.first_epoch(self.node)
         for epoch in self.meter.epochs():
             if epoch < ended and epoch not in settled:
-                self._settle_epoch(epoch, chain_now, done)
+                self._settle_epoch(epoch, chain_now, first, done)
         return done
 
-    def _settle_epoch(self, epoch: int, chain_now: int, done: Round) -> None:
+    def _settle_epoch(self, epoch: int, chain_now: int, first: int, done: Round) -> None:
         from zoo.registry.usage_report import build_report
 
         posted = self.ledger.report(self.node, epoch)
+        deadline = (epoch + 1) * self.params.epoch_length + self.params.report_window
+        if posted is None and (epoch < first or chain_now >= deadline):
+            answered, units = self.meter.answered(epoch)
+            log.warning(
+                "usage of an epoch the ledger takes no report for: dropped",
+                epoch=epoch,
+                why=f"before the node's registration (epoch {first})" if epoch < first
+                else f"its report window closed at {deadline}",
+                answered=answered,
+                units=units,
+            )  # fmt: skip
+            self.meter.mark_settled(epoch)
+            done.dropped.append(epoch)
+            return
         if posted is None:
             report = build_report(
                 self.node,
@@ -156,6 +175,7 @@ class Settlement(Component):
                 {a.author: a.units for a in self.meter.by_author(epoch)},
                 self.meter.spent_by_client(epoch),
                 self.params.max_units_per_report,
+                self.meter.authorizations(epoch, self.node),
             )
             if not report.records:
                 self.meter.mark_settled(epoch)
@@ -207,7 +227,8 @@ class Settlement(Component):
         for index, record in enumerate(report.records):
             if record.kind == SPENT and not self.ledger.settled(self.node, epoch, SPENT, record.account):
                 proof = tree.prove(index).path
-                self.ledger.apply_spent(self.node, epoch, record.account, record.units, index, proof)
+                consent = record.authorization(self.node, epoch)
+                self.ledger.apply_spent(self.node, epoch, record.units, index, proof, consent)
                 log.info("spent credits applied", epoch=epoch, client=record.account, units=record.units)
 
     def _report_file(self, epoch: int) -> Path:

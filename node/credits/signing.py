@@ -14,6 +14,11 @@ of keccak's cost here); `timestamp` Unix seconds; `nonce` a random 64-bit number
 It travels as one header, gRPC metadata and HTTP alike:
 
     zoo-signature: signer=0x<40 hex>,timestamp=<int>,nonce=<int>,signature=0x<130 hex>
+
+A signed client that wants to spend credits here (and be served first) adds its consent to be charged,
+a SpendAuthorization for this node and the current epoch (zoo.registry.spend), as a second header:
+
+    zoo-spend: epoch=<int>,units=<int>,signature=0x<130 hex>
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ from eth_hash.auto import keccak
 from eth_utils import to_checksum_address
 
 HEADER = "zoo-signature"
+SPEND_HEADER = "zoo-spend"
+_SPEND_FIELDS = ("epoch", "units", "signature")
+_UINT256 = re.compile(r"[0-9]{1,78}")
 DOMAIN = {"name": "zoo-node", "version": "1"}
 REQUEST_TYPE = [
     {"name": "node", "type": "address"},
@@ -182,6 +190,40 @@ def parse_header(value: str) -> SignedHeader:
         numbers["nonce"],
         bytes.fromhex(fields["signature"][2:]),
     )
+
+
+def spend_header(epoch: int, units: int, signature: bytes) -> str:
+    """The zoo-spend header value of a spend authorization."""
+    return f"epoch={epoch},units={units},signature=0x{bytes(signature).hex()}"
+
+
+def parse_spend_header(value: str) -> tuple[int, int, bytes]:
+    """(epoch, units, signature) of a zoo-spend header; SignatureError("malformed", ...) says why not."""
+    if len(value) > 512:
+        raise SignatureError("malformed", f"{SPEND_HEADER} header is {len(value)} characters, more than 512")
+    fields: dict[str, str] = {}
+    for part in value.split(","):
+        name, sep, item = part.strip().partition("=")
+        if not sep or name not in _SPEND_FIELDS or name in fields:
+            raise SignatureError(
+                "malformed",
+                f"{SPEND_HEADER} header must be epoch=..,units=..,signature=0x.. once each "
+                f"(got a part {ascii(part.strip())[:60]})",
+            )
+        fields[name] = item.strip()
+    missing = [f for f in _SPEND_FIELDS if f not in fields]
+    if missing:
+        raise SignatureError("malformed", f"{SPEND_HEADER} header lacks {', '.join(missing)}")
+    numbers = {}
+    for name in ("epoch", "units"):
+        if not _UINT256.fullmatch(fields[name]) or int(fields[name]) >= 2**256:
+            raise SignatureError(
+                "malformed", f"{SPEND_HEADER} {name} must be an integer from 0 to 2**256 - 1"
+            )
+        numbers[name] = int(fields[name])
+    if not _SIGNATURE.fullmatch(fields["signature"]):
+        raise SignatureError("malformed", f"{SPEND_HEADER} signature must be 0x and 130 hex digits (r, s, v)")
+    return numbers["epoch"], numbers["units"], bytes.fromhex(fields["signature"][2:])
 
 
 def recover_signer(digest: bytes, signature: bytes) -> bytes:

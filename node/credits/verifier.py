@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from eth_utils import to_checksum_address
 
 from zoo.node.credits.signing import SignatureError, body_digest, parse_header, recover_signer, request_digest
+from zoo.registry.spend import SpendAuthorization
 
 
 class TooManyNonces(SignatureError):
@@ -25,9 +26,11 @@ class TooManyNonces(SignatureError):
 
 @dataclass(frozen=True)
 class Client:
-    """Who sent a request: the signer's checksum address, or anonymous ('' )."""
+    """Who sent a request: the signer's checksum address, or anonymous ('' ), and the signer's consent to
+    be charged credits here this epoch, if it sent one (consent.py)."""
 
     address: str = ""
+    spend: SpendAuthorization | None = None
 
     @property
     def anonymous(self) -> bool:

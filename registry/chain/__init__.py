@@ -40,6 +40,7 @@ from zoo.registry.chain.records import (
 )
 from zoo.registry.chain.sender import TransactionSigner, TxResult
 from zoo.registry.cids import cid_problem, shown_cid
+from zoo.registry.spend import SpendAuthorization, sign_spend_authorization, spend_authorization_digest
 
 __all__ = [
     "DEFAULT_GRACE_PERIOD",
@@ -58,6 +59,7 @@ __all__ = [
     "ProposedCall",
     "RegistryClient",
     "RegistryParams",
+    "SpendAuthorization",
     "Tallies",
     "TokenClient",
     "TransactionSigner",
@@ -77,4 +79,6 @@ __all__ = [
     "proposal_id",
     "record_leaf",
     "shown_cid",
+    "sign_spend_authorization",
+    "spend_authorization_digest",
 ]

@@ -66,8 +66,8 @@ class _ContractClient:
         )
         self._sender = _Sender(w3, account, errors)
 
-    def _transact(self, function: str, *args: Any) -> TxResult:
-        return self._sender.send(self.address, self.contract.encode_abi(function, args=list(args)))
+    def _transact(self, function: str, *args: Any, value: int = 0) -> TxResult:
+        return self._sender.send(self.address, self.contract.encode_abi(function, args=list(args)), value)
 
     def _call(self, function: str, *args: Any, block: BlockIdentifier = "latest") -> Any:
         try:

@@ -118,10 +118,14 @@ def deploy_ledger(
     challenge_window: int = 2 * 24 * 3600,
     max_units_per_report: int = 10**12,
     challenge_threshold: int = 10**18,
+    report_window: int = 7 * 24 * 3600,
+    challenge_bond: int = 10**17,
     artifacts: Artifacts | None = None,
 ) -> ChecksumAddress:
-    """Deploy a UsageLedger whose nodes `governor` registers and whose reports KEEPER holders of at least
-    `challenge_threshold` votes may challenge within `challenge_window` seconds; returns its address."""
+    """Deploy a UsageLedger whose nodes `governor` registers, which accepts an epoch's report up to
+    `report_window` seconds after the epoch ends, and whose reports KEEPER holders of at least
+    `challenge_threshold` votes may challenge within `challenge_window` seconds by staking
+    `challenge_bond` wei; returns its address."""
     return deploy_contract(
         w3,
         account,
@@ -132,5 +136,7 @@ def deploy_ledger(
         challenge_window,
         max_units_per_report,
         challenge_threshold,
+        report_window,
+        challenge_bond,
         artifacts=artifacts,
     )

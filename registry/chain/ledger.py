@@ -2,6 +2,7 @@
 
 A report's records are leaves `kind (1 byte) || account (20 bytes) || units (32 bytes, big-endian)`:
 kind 0 an author's earned units, kind 1 a client's spent credits (see contracts/src/UsageLedger.sol).
+A spent record applies only with the client's consent, a signed SpendAuthorization (zoo.registry.spend).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from web3.types import BlockIdentifier
 from zoo.registry.chain.client import _ContractClient
 from zoo.registry.chain.ids import to_bytes32
 from zoo.registry.chain.sender import TxResult
+from zoo.registry.spend import SpendAuthorization
 
 EARNED, SPENT = 0, 1
 
@@ -45,6 +47,7 @@ class UsageReport:
     earned_units: int
     claimed_units: int
     cid: str
+    challenger: ChecksumAddress | None = None  # who challenged it (pending or resolved); None if nobody
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,8 @@ class LedgerParams:
     challenge_window: int
     max_units_per_report: int
     challenge_threshold: int
+    report_window: int  # seconds after an epoch ends within which its report may be posted
+    challenge_bond: int  # wei a challenger stakes
 
 
 class LedgerClient(_ContractClient):
@@ -102,7 +107,13 @@ class LedgerClient(_ContractClient):
         )
 
     def challenge(self, node: str, epoch: int, reason: str) -> TxResult:
-        return self._transact("challenge", Web3.to_checksum_address(node), int(epoch), reason)
+        """Challenge a report, staking the ledger's challenge bond (from the signer's ether)."""
+        bond = int(self._call("challengeBond"))
+        return self._transact("challenge", Web3.to_checksum_address(node), int(epoch), reason, value=bond)
+
+    def withdraw(self) -> TxResult:
+        """Withdraw the bonds awarded to the signer."""
+        return self._transact("withdraw")
 
     def claim(self, node: str, epoch: int, units: int, index: int, proof: Sequence[bytes]) -> TxResult:
         return self._transact(
@@ -110,16 +121,25 @@ class LedgerClient(_ContractClient):
         )
 
     def apply_spent(
-        self, node: str, epoch: int, client: str, units: int, index: int, proof: Sequence[bytes]
+        self,
+        node: str,
+        epoch: int,
+        units: int,
+        index: int,
+        proof: Sequence[bytes],
+        authorization: SpendAuthorization,
     ) -> TxResult:
+        """Apply the SPENT record of `authorization.client` (`units`, at leaf `index`) with its consent."""
         return self._transact(
             "applySpent",
             Web3.to_checksum_address(node),
             int(epoch),
-            Web3.to_checksum_address(client),
+            authorization.client,
             int(units),
             int(index),
             list(proof),
+            int(authorization.units),
+            bytes(authorization.signature),
         )
 
     # ---- reads
@@ -132,6 +152,23 @@ class LedgerClient(_ContractClient):
             int(self._call("challengeWindow")),
             int(self._call("maxUnitsPerReport")),
             int(self._call("challengeThreshold")),
+            int(self._call("reportWindow")),
+            int(self._call("challengeBond")),
+        )
+
+    def first_epoch(self, node: str) -> int:
+        """The first epoch `node` may report (the one it was registered in)."""
+        return int(self._call("firstEpoch", Web3.to_checksum_address(node)))
+
+    def withdrawable(self, account: str) -> int:
+        """Wei of awarded challenge bonds `account` can withdraw."""
+        return int(self._call("withdrawable", Web3.to_checksum_address(account)))
+
+    def spend_digest(self, node: str, epoch: int, units: int) -> bytes:
+        """The contract's EIP-712 digest of a spend authorization (spend_authorization_digest computes it
+        off chain)."""
+        return bytes(
+            self._call("spendAuthorizationDigest", Web3.to_checksum_address(node), int(epoch), int(units))
         )
 
     def is_registered(self, node: str) -> bool:
@@ -150,12 +187,13 @@ class LedgerClient(_ContractClient):
     def report(self, node: str, epoch: int) -> UsageReport | None:
         """The report `node` posted for `epoch`, or None."""
         r = self._call("report", Web3.to_checksum_address(node), int(epoch))
-        root, tree_size, posted_at, challenged, voided, earned_units, claimed_units, cid = r
+        root, tree_size, posted_at, challenged, voided, earned_units, claimed_units, cid, challenger = r
         if posted_at == 0:
             return None
         return UsageReport(
             Web3.to_checksum_address(node), int(epoch), bytes(root), int(tree_size), int(posted_at),
             bool(challenged), bool(voided), int(earned_units), int(claimed_units), str(cid),
+            None if int(challenger, 16) == 0 else Web3.to_checksum_address(challenger),
         )  # fmt: skip
 
     def settled(self, node: str, epoch: int, kind: int, account: str) -> bool:

@@ -73,9 +73,10 @@ class _Sender:
             self._chain_id = self.w3.eth.chain_id
         return self._chain_id
 
-    def send(self, to: ChecksumAddress | None, data: str) -> TxResult:
+    def send(self, to: ChecksumAddress | None, data: str, value: int = 0) -> TxResult:
+        """Send `data` (and `value` wei) to `to` (None: deploy)."""
         account = self.require_account()
-        tx: TxParams = {"from": account.address, "data": HexBytes(data), "value": Wei(0)}
+        tx: TxParams = {"from": account.address, "data": HexBytes(data), "value": Wei(value)}
         if to is not None:
             tx["to"] = to
         try:
@@ -124,7 +125,7 @@ class _Sender:
         # Time or state moved between estimate and inclusion. Replaying in the block that included the
         # transaction (its timestamp, the state it left, which the reverted transaction did not touch)
         # usually hits the same error.
-        replay: TxParams = {"from": tx["from"], "data": tx["data"], "value": Wei(0), "gas": tx["gas"]}
+        replay: TxParams = {"from": tx["from"], "data": tx["data"], "value": tx["value"], "gas": tx["gas"]}
         if "to" in tx:
             replay["to"] = tx["to"]
         try:

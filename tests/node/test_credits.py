@@ -315,11 +315,16 @@ def test_a_node_serving_signed_requests_only_refuses_unsigned_ones(signed_only: 
     assert r.status_code != 401, r.text
 
 
-def test_the_credit_book_caches_balances_and_charges_at_most_what_is_held() -> None:
+def test_the_credit_book_charges_at_most_what_is_held_and_what_the_client_allowed() -> None:
     from zoo.node.credits.book import CreditBook
+    from zoo.registry.spend import SpendAuthorization
+
+    def allows(units: int, epoch: int = 1, client: str = CLIENT.address) -> SpendAuthorization:
+        return SpendAuthorization(client, NODE, epoch, units, b"")  # checked by Identify, not the book
 
     reads: list[str] = []
     balances = {CLIENT.address: 100}
+    spent_in = {(CLIENT.address, 2): 45}  # the meter's record of an epoch's spends
     now = [0.0]
 
     def balance_of(client: str) -> int:
@@ -327,30 +332,99 @@ def test_the_credit_book_caches_balances_and_charges_at_most_what_is_held() -> N
         return balances.get(client, 0)
 
     book = CreditBook(
-        balance_of, spent_unsettled=lambda c: 30, price_per_token=1.5, ttl_s=5, clock=lambda: now[0]
-    )
+        balance_of, spent_unsettled=lambda c: 30, spent_in=lambda c, e: spent_in.get((c, e), 0),
+        price_per_token=1.5, ttl_s=5, clock=lambda: now[0],
+    )  # fmt: skip
+    plenty = allows(1000)
 
     async def main() -> None:
-        assert await book.available(CLIENT.address) == 70  # 100 on chain, 30 spent here not yet settled
-        assert await book.is_holder(CLIENT.address) and not await book.is_holder("")
-        assert book.charge(CLIENT.address, 10) == 15 and book.charge(CLIENT.address, 100) == 55
-        assert book.charge(CLIENT.address, 5) == 0 and not await book.is_holder(CLIENT.address)
-        assert book.charge("", 10) == 0 and book.charge(NODE, 10) == 0  # unknown: holds nothing
+        # A signed client that sent no consent is never a holder and never charged, whatever it holds.
+        assert await book.available(CLIENT.address) == 0 and book.charge(CLIENT.address, 10) == 0
+        assert await book.available(CLIENT.address, allows(1000, client=NODE)) == 0  # another's consent
+        assert await book.available(CLIENT.address, plenty) == 70  # 100 on chain, 30 spent here unsettled
+        assert book.charge(CLIENT.address, 10) == 0  # it holds credits, but this answer came without consent
+        assert await book.is_holder(CLIENT.address, plenty) and not await book.is_holder("", plenty)
+        assert (
+            book.charge(CLIENT.address, 10, plenty) == 15 and book.charge(CLIENT.address, 100, plenty) == 55
+        )
+        assert book.charge(CLIENT.address, 5, plenty) == 0 and not await book.is_holder(
+            CLIENT.address, plenty
+        )
+        assert book.charge("", 10, plenty) == 0 and book.charge(NODE, 10, allows(9, client=NODE)) == 0
         assert reads == [CLIENT.address]  # cached
         now[0] += 6
         balances[CLIENT.address] = 500
-        assert await book.available(CLIENT.address) == 470 and len(reads) == 2
+        # The consent bounds charges too: 80 allowed this epoch, of which 70 were charged already.
+        small = allows(80)
+        assert await book.available(CLIENT.address, small) == 10 and len(reads) == 2
+        assert book.charge(CLIENT.address, 100, small) == 10 and book.charge(CLIENT.address, 1, small) == 0
+        # Another epoch's consent counts from what that epoch's spends were (the meter's, read once).
+        assert await book.available(CLIENT.address, allows(50, epoch=2)) == 5
 
         def broken(_client: str) -> int:
             raise ConnectionError("chain down")
 
         failing = CreditBook(broken)
-        assert await failing.available(CLIENT.address) == 0  # served, without priority
+        assert await failing.available(CLIENT.address, plenty) == 0  # served, without priority
 
         bounded = CreditBook(lambda c: 7, max_clients=2)
         for who in ("0x" + "1" * 40, "0x" + "2" * 40, "0x" + "3" * 40):
-            assert await bounded.available(who) == 7
-        assert bounded.charge("0x" + "1" * 40, 1) == 0  # the oldest was dropped: read again when next seen
-        assert bounded.charge("0x" + "3" * 40, 1) == 1
+            assert await bounded.available(who, allows(100, client=who)) == 7
+        # The oldest was dropped: read again when next seen.
+        assert bounded.charge("0x" + "1" * 40, 1, allows(100, client="0x" + "1" * 40)) == 0
+        assert bounded.charge("0x" + "3" * 40, 1, allows(100, client="0x" + "3" * 40)) == 1
 
     asyncio.run(main())
+
+
+def test_a_spend_header_is_the_signers_consent_for_this_node_and_epoch() -> None:
+    from zoo.node.credits.consent import SpendCheck, SpendUnavailable
+    from zoo.node.credits.identity import Identify
+    from zoo.node.credits.signing import parse_spend_header, spend_header
+    from zoo.node.metrics import NodeMetrics
+    from zoo.registry.spend import sign_spend_authorization
+
+    ledger, chain = "0x" + "ab" * 20, [31337]
+    check = SpendCheck(NODE, ledger, lambda: chain[0], lambda: 7)
+
+    def header(account: object = CLIENT, epoch: int = 7, node: str = NODE, units: int = 500) -> str:
+        a = sign_spend_authorization(account, 31337, ledger, node, epoch, units)
+        return spend_header(a.epoch, a.units, a.signature)
+
+    consent = check.check(header(), CLIENT.address)
+    assert (consent.client, consent.node, consent.epoch, consent.units) == (CLIENT.address, NODE, 7, 500)
+    with pytest.raises(SignatureError, match="authorizes epoch 6, but this node's epoch is 7") as stale:
+        check.check(header(epoch=6), CLIENT.address)
+    assert stale.value.reason == "stale"
+    for forged in (header(account=Account.create()), header(node=CLIENT.address)):
+        with pytest.raises(SignatureError, match="is not 0x") as caught:
+            check.check(forged, CLIENT.address)
+        assert caught.value.reason == "forged"
+    chain[0] = 0
+    with pytest.raises(SpendUnavailable, match="not reached its chain"):
+        check.check(header(), CLIENT.address)
+    chain[0] = 31337
+    for bad, match in [
+        ("epoch=7,units=5", "lacks signature"),
+        ("epoch=7,units=-5,signature=0x" + "00" * 65, "units must be an integer"),
+        ("epoch=7,epoch=7,units=5,signature=0x00", "once each"),
+        ("epoch=7,units=5,signature=0x1234", "130 hex digits"),
+        ("x" * 600, "more than 512"),
+    ]:
+        with pytest.raises(SignatureError, match=match):
+            parse_spend_header(bad)
+    # Through Identify: the consent rides on the signed request; alone, or at a node without a ledger,
+    # it is refused saying why.
+    clock = Clock()
+    metrics = NodeMetrics("test")
+    identify = Identify(verifier(clock), metrics, spends=check)
+    body = b"{}"
+    signature = sign_request(CLIENT, NODE, "POST /v1/x", body, timestamp=int(clock()), nonce=1)
+    client = identify(signature, "POST /v1/x", body, header())
+    assert client.address == CLIENT.address and client.spend == consent
+    with pytest.raises(SignatureError, match="needs a zoo-signature header"):
+        identify(None, "POST /v1/x", body, header())
+    without_ledger = Identify(verifier(clock), metrics)
+    again = sign_request(CLIENT, NODE, "POST /v1/x", body, timestamp=int(clock()), nonce=2)
+    with pytest.raises(SignatureError, match="takes no credits"):
+        without_ledger(again, "POST /v1/x", body, header())

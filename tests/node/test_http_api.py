@@ -4,6 +4,7 @@ model and embedder, spoken to with the official `openai` SDK and, for the wire d
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import json
 import socket
 import time
@@ -340,6 +341,45 @@ def test_signed_requests_through_the_sdk_and_replays_refused(node: NodeProcess) 
         timeout=60,
     )
     assert tampered.status_code == 401 and error_of(tampered)["code"] == "signature_forged"
+
+
+def test_a_spend_consent_over_http_is_checked_and_bad_ones_refused(node: NodeProcess) -> None:
+    """The zoo-spend header through the OpenAI SDK: the consent GetStatus describes is accepted; one for
+    another epoch, or signed by someone else, is a 401 naming why, before anything is generated."""
+    from eth_account import Account
+
+    from zoo.node.client import SignedAuth
+    from zoo.registry.spend import sign_spend_authorization
+
+    account = Account.from_key("0x" + "78" * 32)
+    with NodeClient(node.address) as c:
+        st = c.status()
+    assert st.ledger_address and st.credit_epoch_seconds > 0 and st.chain_id > 0
+    epoch = int(time.time()) // st.credit_epoch_seconds
+
+    def consent(epoch: int, signer: object = account) -> object:
+        signed = sign_spend_authorization(signer, st.chain_id, st.ledger_address, st.node_address, epoch, 50)
+        return dataclasses.replace(signed, client=account.address)
+
+    def ask(spend: object) -> httpx.Response:
+        with httpx.Client(auth=SignedAuth(account, st.node_address, spend), timeout=120) as http:
+            return http.post(
+                base_url(node) + "/completions", json={"model": MODEL, "prompt": "2+2=", "max_tokens": 2}
+            )
+
+    assert ask(consent(epoch)).status_code == 200
+    stale = ask(consent(epoch - 1))
+    assert stale.status_code == 401 and error_of(stale)["code"] == "signature_stale", stale.text
+    assert f"authorizes epoch {epoch - 1}" in error_of(stale)["message"]
+    forged = ask(consent(epoch, Account.create()))
+    assert forged.status_code == 401 and error_of(forged)["code"] == "signature_forged", forged.text
+    alone = httpx.post(
+        base_url(node) + "/completions",
+        json={"model": MODEL, "prompt": "2+2=", "max_tokens": 2},
+        headers={"zoo-spend": "epoch=1,units=2,signature=0x" + "00" * 65},
+        timeout=60,
+    )
+    assert alone.status_code == 401 and "needs a zoo-signature header" in error_of(alone)["message"]
 
 
 # ---------------------------------------------------------------------------------------------- other nodes

@@ -1,15 +1,18 @@
 """Settlement on a real devnet (anvil, IPFS, the deployed UsageLedger) with a real usage meter: an ended
 epoch's usage becomes a posted report whose IPFS content matches its root, authors claim from it, the
-clients' spends are applied after the challenge window, and every failure leaves the meter as it was."""
+clients' spends are applied after the challenge window with the consent they signed, and every failure
+leaves the meter as it was."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from eth_account import Account
@@ -26,6 +29,7 @@ from zoo.registry.chain import ContractRevert, LedgerClient
 from zoo.registry.chain.ledger import EARNED, SPENT, UsageReport
 from zoo.registry.ipfs import IpfsClient
 from zoo.registry.keys import dev_account
+from zoo.registry.spend import sign_spend_authorization
 from zoo.registry.usage_report import Report, ReportError, build_report, fetch_report
 
 EPOCH, WINDOW = 600, 60
@@ -82,9 +86,20 @@ class Node:
     def chain_now(self) -> int:
         return int(self.w3.eth.get_block("latest")["timestamp"])
 
-    def meter_usage(self, units: int, authors: list[str], client: str = "", spent: int = 0) -> int:
+    def meter_usage(
+        self, units: int, authors: list[str], client: Any = None, spent: int = 0, authorized: int = 0
+    ) -> int:
+        """Meter one answer; `client` (an account) spent `spent` credits, having let this node charge it
+        up to `authorized` this epoch."""
         served = [Served(f"e{i}-{secrets.token_hex(2)}", a, True) for i, a in enumerate(authors)]
-        usage = self.meter.usage_of(units, served, client, spent)
+        spend = None
+        if spent:
+            spend = sign_spend_authorization(
+                client, self.w3.eth.chain_id, self.info.ledger_address, self.key.address,
+                self.meter.epoch_of(), authorized,
+            )  # fmt: skip
+        address = client.address if client is not None else ""
+        usage = self.meter.usage_of(units, served, address, spent, spend)
         self.meter.submit(usage).result(timeout=10)
         return usage.epoch
 
@@ -96,9 +111,12 @@ class Node:
             warp(self.w3, end + 1 - self.chain_now())
 
     def register(self) -> None:
+        """Registered by the DAO's vote, which moves the chain on: the node's clock follows it (as a real
+        node's and the chain's agree), so what it meters next is after its registration."""
         DevDao.of(self.info).call(
             self.info.ledger_address, self.ledger.governor_call("registerNode", self.key.address)
         )
+        self.clock.t = max(self.clock.t, self.chain_now())
 
 
 @pytest.fixture
@@ -114,14 +132,24 @@ def test_an_ended_epoch_is_reported_claimed_and_its_spends_applied(node: Node, d
     node.clock.t = node.chain_now()  # give_credits moved the chain on
     node.settlement.connect()
     # Not registered: nothing is posted, the usage stays, the component says why.
-    epoch = node.meter_usage(90, [AUTHOR.address, "job:tfgrpo-1", AUTHOR.address], holder.address, spent=40)
+    authors = [AUTHOR.address, "job:tfgrpo-1", AUTHOR.address]
+    epoch = node.meter_usage(90, authors, holder, spent=40, authorized=100)
     node.meter_usage(10, [AUTHOR.address])
     node.end_epoch(epoch)
     assert node.settlement.settle_once() is None
     assert node.settlement._state is State.DEGRADED and "propose-node" in node.settlement._detail
     assert node.ledger.report(node.key.address, epoch) is None and epoch not in node.meter.settled_epochs()
 
+    # Registered now: the ledger takes no report for an epoch before the registration (nobody could
+    # backdate usage), so that epoch is dropped, logged, and its unsettled spend no longer counted.
     node.register()
+    done = node.settlement.settle_once()
+    assert done is not None and done.dropped == [epoch] and not done.posted, done
+    assert epoch in node.meter.settled_epochs() and node.meter.spent_unsettled(holder.address) == 0
+    assert node.ledger.report(node.key.address, epoch) is None
+
+    epoch = node.meter_usage(90, authors, holder, spent=40, authorized=100)
+    node.meter_usage(10, [AUTHOR.address])
     node.end_epoch(epoch)
     done = node.settlement.settle_once()
     assert done is not None and done.posted == [epoch], done
@@ -133,7 +161,8 @@ def test_an_ended_epoch_is_reported_claimed_and_its_spends_applied(node: Node, d
     assert report.node == node.key.address and report.epoch == epoch
     assert report.find(EARNED, AUTHOR.address)[1].units == 70  # type: ignore[index]
     assert report.unclaimable == {"job:tfgrpo-1": 30}
-    assert report.find(SPENT, holder.address)[1].units == 40  # type: ignore[index]
+    spend = report.find(SPENT, holder.address)[1]  # type: ignore[index]
+    assert spend.units == 40 and spend.authorized == 100 and len(spend.signature) == 65
     assert posted.earned_units == 70
     # A second round in the challenge window neither posts again nor applies anything.
     again = node.settlement.settle_once()
@@ -168,8 +197,9 @@ def test_an_epoch_with_nothing_claimable_is_settled_without_a_report(node: Node)
 
 def test_a_report_whose_kept_content_was_altered_is_not_applied(node: Node) -> None:
     node.register()
-    client = Account.create().address
-    epoch = node.meter_usage(20, [AUTHOR.address], client, spent=5)
+    account = Account.create()
+    client = account.address
+    epoch = node.meter_usage(20, [AUTHOR.address], account, spent=5, authorized=10)
     node.end_epoch(epoch)
     assert node.settlement.settle_once().posted == [epoch]  # type: ignore[union-attr]
     kept = node.settlement.reports_dir / f"epoch-{epoch}.json"
@@ -206,9 +236,27 @@ def test_a_failing_chain_degrades_settlement_and_loses_nothing(node: Node, devne
     assert epoch in node.meter.epochs() and epoch not in node.meter.settled_epochs()
 
 
+def test_a_spend_without_the_clients_consent_is_neither_metered_nor_reported(node: Node) -> None:
+    client = Account.create()
+    served = [Served("e", AUTHOR.address, True)]
+    with pytest.raises(ValueError, match="authorization"):
+        node.meter.usage_of(10, served, client.address, 5)  # no authorization at all
+    other = sign_spend_authorization(
+        Account.create(), node.w3.eth.chain_id, node.info.ledger_address, node.key.address,
+        node.meter.epoch_of(), 100,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="authorization"):
+        node.meter.usage_of(10, served, client.address, 5, other)  # someone else's
+    # A spend metered without an authorization (a meter written before consent existed) stays out.
+    report = build_report(node.key.address, 3, EPOCH, {AUTHOR.address: 10}, {client.address: 5}, cap=100)
+    assert [r.kind for r in report.records] == [EARNED]
+
+
 def test_reports_are_canonical_capped_and_refuse_bad_content() -> None:
     a, b, c = (Account.create().address for _ in range(3))
-    report = build_report(a, 7, EPOCH, {b: 600, c: 300, "job:x": 5, a.lower(): 100}, {b: 9}, cap=500)
+    consent = {b: sign_spend_authorization(Account.create(), 1, a, a, 7, 12)}
+    consent[b] = dataclasses.replace(consent[b], client=b)
+    report = build_report(a, 7, EPOCH, {b: 600, c: 300, "job:x": 5, a.lower(): 100}, {b: 9}, 500, consent)
     # Scaled to the cap by one factor; an address in any case is one author; a job author earns nothing.
     assert report.earned_before_cap == 1000 and report.unclaimable == {"job:x": 5}
     assert {r.account: r.units for r in report.records if r.kind == EARNED} == {b: 300, c: 150, a: 50}
@@ -222,6 +270,8 @@ def test_reports_are_canonical_capped_and_refuse_bad_content() -> None:
         (b"{}", "format"),
         (report.encode().replace(b'"epoch":7', b'"epoch":-1'), "epoch"),
         (report.encode().replace(b'"kind":"spent"', b'"kind":"stolen"'), "kind"),
+        (report.encode().replace(b'"authorized":12', b'"authorized":8'), "authorized only 8"),
+        (report.encode().replace(b'"authorized":12,', b""), "carries authorized and signature"),
         (report.encode().replace(b'"format"', b'"extra":1,"format"'), "extra"),
         (b"not json", "usage report"),
     ]:
@@ -271,7 +321,8 @@ def test_credits_show_and_claim_from_the_cli(
     try:
         liar.settlement.connect()
         liar.register()
-        lie_epoch = liar.chain_now() // EPOCH - 1
+        lie_epoch = liar.chain_now() // EPOCH  # its registration's epoch, once it has ended
+        liar.end_epoch(lie_epoch)
         honest = build_report(liar.key.address, lie_epoch, EPOCH, {author.address: 5}, {}, cap=10**6)
         with IpfsClient(devnet.ipfs_api) as ipfs:
             cid = ipfs.add(honest.encode())
