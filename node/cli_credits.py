@@ -187,3 +187,47 @@ def claim(
     out.print(f"{account}: claimed {claimed:,} now; balance {balance:,} credits")
     if failed:
         raise typer.Exit(1)
+
+
+@app.command()
+def challenge(
+    node: str = typer.Argument(..., help="The reporting node (address)."),
+    epoch: int = typer.Argument(..., min=0, help="The epoch of its report."),
+    reason: str = typer.Option(..., "--reason", help="Why (for the DAO to read when it resolves it)."),
+    key: str | None = KeyOpt,
+    config: Path | None = ConfigOpt,
+    data_dir: Path | None = DataDirOpt,
+) -> None:
+    """Challenge a node's usage report within its challenge window (a KEEPER holder), staking the ledger's
+    challenge bond: returned if the DAO upholds the challenge, paid to the node if it dismisses it."""
+    node_address = _address(node)
+    dao = connect(config, data_dir, key, need_key=True)
+    ledger = ledger_of(dao, dao.registry.account)
+    with reverts():
+        bond = ledger.params().challenge_bond
+        tx = ledger.challenge(node_address, epoch, reason)
+    out.print(
+        f"challenged the report of node {node_address}, epoch {epoch}, staking {bond / 10**18:g} ETH "
+        f"(tx {tx.tx_hash}, gas {tx.gas_used}); the DAO resolves it: "
+        f"`zoo-node dao propose-resolve {node_address} {epoch} --uphold|--dismiss`"
+    )
+
+
+@app.command()
+def withdraw(
+    key: str | None = KeyOpt,
+    config: Path | None = ConfigOpt,
+    data_dir: Path | None = DataDirOpt,
+) -> None:
+    """Withdraw the challenge bonds the ledger awarded the signing account (an upheld challenge's own bond,
+    or a dismissed challenger's bond paid to the node it froze). Exits 1 when there is nothing."""
+    dao = connect(config, data_dir, key, need_key=True)
+    ledger = ledger_of(dao, dao.registry.account)
+    account = dao.registry.account.address
+    with reverts():
+        owed = ledger.withdrawable(account)
+        if owed == 0:
+            err.print(f"[red]{account} has no awarded bonds to withdraw[/red]")
+            raise typer.Exit(1)
+        tx = ledger.withdraw()
+    out.print(f"withdrew {owed / 10**18:g} ETH to {account} (tx {tx.tx_hash}, gas {tx.gas_used})")

@@ -362,6 +362,48 @@ def propose_node(
         out.print(f"voting {_when(prop.vote_start)} → {_when(prop.vote_end)}; then `zoo-node dao execute`")
 
 
+@app.command("propose-resolve")
+def propose_resolve(
+    node: str = typer.Argument(..., help="The node whose report was challenged (address)."),
+    epoch: int = typer.Argument(..., min=0, help="The epoch of the challenged report."),
+    uphold: bool = typer.Option(
+        ...,
+        "--uphold/--dismiss",
+        help="Uphold: the report is void, the challenger's bond returned. "
+        "Dismiss: the report becomes claimable, the bond goes to the node.",
+    ),
+    salt: str | None = typer.Option(None, "--salt", help="32-byte hex salt (default: random)."),
+    key: str | None = KeyOpt,
+    config: Path | None = ConfigOpt,
+    data_dir: Path | None = DataDirOpt,
+) -> None:
+    """Propose that the DAO resolve the challenge of NODE's report for EPOCH (`credits challenge` made it).
+    Voted on and executed like any proposal: `dao vote`, `dao execute`."""
+    from web3 import Web3
+
+    from zoo.registry.chain import format_proposal_id
+
+    if not Web3.is_address(node):
+        err.print(f"[red]not an address: {node!r} (0x and 40 hex digits)[/red]")
+        raise typer.Exit(2)
+    salt_bytes = parse_root(salt, "salt") if salt is not None else None
+    dao = connect(config, data_dir, key, need_key=True)
+    ledger = ledger_of(dao)
+    with reverts():
+        report = ledger.report(node, epoch)
+        if report is None or not report.challenged:
+            what = "no report" if report is None else "a report that is not under challenge"
+            err.print(f"[red]refused: {Web3.to_checksum_address(node)} has {what} for epoch {epoch}[/red]")
+            raise typer.Exit(1)
+        data = ledger.governor_call("resolveChallenge", node, epoch, uphold)
+        tx = dao.registry.propose_call(dao.ledger_address, data, salt=salt_bytes)
+        prop = dao.registry.proposal(tx.proposal_id)
+    out.print(f"proposed {format_proposal_id(tx.proposal_id)}: {ledger.describe_call(data)} "
+              f"(tx {tx.tx_hash}, gas {tx.gas_used})")  # fmt: skip
+    if prop is not None:
+        out.print(f"voting {_when(prop.vote_start)} → {_when(prop.vote_end)}; then `zoo-node dao execute`")
+
+
 @app.command()
 def cancel(
     proposal: str = typer.Argument(..., help="Proposal id, or an unambiguous prefix of one (0x…)."),

@@ -421,3 +421,62 @@ def test_proposals_are_canceled_by_their_proposer_or_the_dao_and_stale_calls_say
     assert f"call: cancel({unwanted[:18]}…)" in rows[cancel[:14] + "…"], listed
     stale = chain.dao("execute", leftover)
     assert stale.returncode == 1 and "an identical call was executed since it was proposed" in stale.stderr
+
+
+def test_a_challenge_from_the_cli_stakes_a_bond_the_dao_awards_on_resolving(chain: Chain) -> None:
+    """`credits challenge` stakes the ledger's bond; `dao propose-resolve --dismiss`, voted and executed,
+    gives it to the node, which withdraws it with `credits withdraw`; bad input is refused in words."""
+    from zoo.devnet.dev_dao import DevDao
+    from zoo.registry.chain import LedgerClient
+    from zoo.registry.merkle import MerkleTree
+
+    node = dev_account(9)
+    ledger = LedgerClient(chain.w3, chain.info.ledger_address, node)
+    DevDao.of(chain.info).call(chain.info.ledger_address, ledger.governor_call("registerNode", node.address))
+    length = ledger.params().epoch_length
+    epoch = int(chain.w3.eth.get_block("latest")["timestamp"]) // length
+    warp(chain.w3, length)
+    tree = MerkleTree.from_leaves(
+        [b"\x00" + bytes.fromhex(dev_account(2).address[2:]) + (5).to_bytes(32, "big")]
+    )
+    ledger.post_report(
+        epoch,
+        tree.root,
+        tree_size=1,
+        earned_units=5,
+        cid="bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy",
+    )
+
+    def credits(*args: str) -> Run:
+        return zoo("credits", *args, "--data-dir", str(chain.data_dir))
+
+    early = chain.dao("propose-resolve", node.address, str(epoch), "--dismiss")
+    assert early.returncode == 1 and "not under challenge" in early.stderr, early.stderr
+    bond = ledger.params().challenge_bond
+    challenged = credits("challenge", node.address, str(epoch), "--reason", "invented", "--key", "dev1")
+    assert challenged.returncode == 0, challenged.stderr
+    assert f"staking {bond / 10**18:g} ETH" in challenged.stdout and "propose-resolve" in challenged.stdout
+    assert chain.w3.eth.get_balance(chain.info.ledger_address) == bond
+    again = credits("challenge", node.address, str(epoch), "--reason", "again", "--key", "dev1")
+    assert again.returncode != 0 and "ReportUnderChallenge" in again.stderr + again.stdout, again.stderr
+    proposed = chain.dao("propose-resolve", node.address, str(epoch), "--dismiss")
+    assert proposed.returncode == 0, proposed.stderr
+    pid = proposal_id_in(proposed.stdout)
+    assert f"resolveChallenge({node.address}, {epoch}, False)" in proposed.stdout
+    warp(chain.w3, 1)
+    for voter in ("dev0", "dev1"):
+        assert chain.dao("vote", pid, "--for", "--key", voter).returncode == 0
+    settings = chain.info.settings
+    warp(chain.w3, settings["voting_period_s"] + settings["execution_delay_s"] + 1)
+    assert chain.dao("execute", pid).returncode == 0
+    assert ledger.withdrawable(node.address) == bond and not ledger.report(node.address, epoch).challenged  # type: ignore[union-attr]
+    nothing = credits("withdraw", "--key", "dev1")  # the dismissed challenger lost its bond
+    assert nothing.returncode == 1 and "no awarded bonds" in nothing.stderr, nothing.stderr
+    before = chain.w3.eth.get_balance(node.address)
+    withdrawn = credits("withdraw", "--key", "dev9")
+    assert withdrawn.returncode == 0 and f"withdrew {bond / 10**18:g} ETH" in withdrawn.stdout, (
+        withdrawn.stderr
+    )
+    assert chain.w3.eth.get_balance(node.address) > before and ledger.withdrawable(node.address) == 0
+    bad = credits("challenge", "0x1234", "1", "--reason", "x", "--key", "dev1")
+    assert bad.returncode == 2 and "not an address" in bad.stderr, bad.stderr
