@@ -1,5 +1,6 @@
 """`zoo-node devnet up|down|status`: a local chain (anvil) and IPFS daemon with the contracts deployed,
-KEEPER minted to the dev accounts and a genesis library published and approved on chain.
+KEEPER minted to the dev accounts and a genesis library published and approved on chain. A node in
+devnet mode has its own account registered on the UsageLedger by the devnet's DAO (`register_node`).
 
 State lives in DATA_DIR/devnet/: devnet.json (endpoints, addresses, accounts, the processes it
 started), anvil.log, ipfs/ (the IPFS repository, kept across restarts) and devnet.lock (serialises
@@ -172,6 +173,35 @@ class Devnet:
                 path.unlink(missing_ok=True)
             shutil.rmtree(self.dir / "ipfs", ignore_errors=True)
             return stopped
+
+    def register_node(self, address: str, progress: Progress | None = None) -> bool:
+        """Make `address` (a node's own account) a reporting node on this devnet's UsageLedger the way any
+        node becomes one: a DAO call proposal of the ledger's `registerNode`, voted through by dev0-2 and
+        executed (DevDao), never a shortcut past the governor. Returns False, proposing nothing, when it is
+        registered already. DevnetError when the devnet is not running or the call did not register it."""
+        from web3 import Web3
+
+        from zoo.devnet.dev_dao import DevDao
+        from zoo.registry.chain import LedgerClient
+
+        say = progress or (lambda _msg: None)
+        with self._locked():
+            info = self.running()
+            if info is None:
+                raise DevnetError("the devnet is not running")
+            if not info.ledger_address:
+                raise DevnetError("the devnet has no UsageLedger")
+            w3 = Web3(Web3.HTTPProvider(info.rpc_url, request_kwargs={"timeout": 30}))
+            ledger = LedgerClient(w3, info.ledger_address)
+            if ledger.is_registered(address):
+                return False
+            say(f"registering node {address} on the UsageLedger (a DAO call proposal)")
+            DevDao(w3, info.registry_address, info.settings).call(
+                info.ledger_address, ledger.governor_call("registerNode", address)
+            )
+            if not ledger.is_registered(address):
+                raise DevnetError(f"the DAO's registerNode call was executed but {address} is not registered")
+            return True
 
     @property
     def chain_state_file(self) -> Path:

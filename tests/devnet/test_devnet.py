@@ -27,7 +27,7 @@ from zoo.devnet.manager import Devnet, DevnetError, DevnetInfo, warp
 from zoo.devnet.process import ProcessRecord
 from zoo.node.client import NodeClient
 from zoo.registry.canonical import decode_library
-from zoo.registry.chain import RegistryClient
+from zoo.registry.chain import LedgerClient, RegistryClient
 from zoo.registry.ipfs import IpfsClient
 from zoo.registry.keys import dev_account
 from zoo.registry.merkle import library_root
@@ -35,6 +35,8 @@ from zoo.v1 import node_pb2
 
 GENESIS_ROOT = library_root(genesis_library())
 DEVNET_MODE = {"chain": {"mode": "devnet"}}
+# No model to load (the node's chain side is what these tests look at): the model component degrades.
+NO_MODEL = {"model": {"backend": "openai", "base_url": "http://127.0.0.1:9/v1", "name": "none"}}
 Shared = tuple[Path, subprocess.CompletedProcess[str]]
 
 
@@ -330,6 +332,30 @@ def synced(st: node_pb2.NodeStatus) -> bool:
     return st.library.version == 1 and all(s.get(c) == "SERVING" for c in ("chain", "ipfs", "library"))
 
 
+def settling(st: node_pb2.NodeStatus) -> bool:
+    return states(st).get("settlement") == "SERVING"
+
+
+def detail(st: node_pb2.NodeStatus, name: str) -> str:
+    return next(c.detail for c in st.components if c.name == name)
+
+
+def node_registrations(state: dict, node: str) -> list[tuple[int, bool]]:
+    """(id, executed) of each DAO call proposal of the UsageLedger's registerNode(node), oldest first; and
+    the ledger must say registered exactly when one was executed."""
+    w3 = Web3(Web3.HTTPProvider(state["rpc_url"]))
+    ledger = LedgerClient(w3, state["ledger_address"])
+    registry = RegistryClient(w3, state["registry_address"])
+    call = ledger.governor_call("registerNode", node)
+    found = []
+    for e in registry.call_proposed_events():
+        if e.target == state["ledger_address"] and e.data == call:
+            proposal = registry.proposal(e.proposal_id)
+            found.append((e.proposal_id, proposal is not None and proposal.executed))
+    assert ledger.is_registered(node) == any(executed for _, executed in found), found
+    return found
+
+
 def test_node_starts_its_own_devnet_and_stops_it_on_sigterm(start_node, node_data) -> None:
     data_dir = node_data("node")
     node = start_node(extra=DEVNET_MODE)
@@ -338,6 +364,10 @@ def test_node_starts_its_own_devnet_and_stops_it_on_sigterm(start_node, node_dat
     assert st.library.root == "0x" + GENESIS_ROOT.hex()
     assert st.library.cid == read_state(data_dir)["genesis"]["cid"]
     assert st.library.experience_count == len(genesis_library().experiences)
+    # The devnet registered the node's own account on its UsageLedger (one passed DAO call proposal), so
+    # settlement serves from the first start instead of asking for `dao propose-node`.
+    st = wait_status(node.address, settling, timeout_s=60)
+    assert [executed for _, executed in node_registrations(read_state(data_dir), st.node_address)] == [True]
     recs = records(data_dir)
     assert {r.name for r in recs} == {"anvil", "ipfs", "chain-state"}
 
@@ -358,6 +388,8 @@ def test_node_killed_with_sigkill_takes_its_devnet_along_and_keeps_its_chain(sta
     before = read_state(data_dir)
     assert before["ready"] is True
     assert all(running(r.pid, r.start_ticks) for r in recs)
+    registered = node_registrations(before, wait_status(node.address, settling, timeout_s=60).node_address)
+    assert len(registered) == 1
     # A proposal with a vote, made while the node runs; the keeper saves it within a second.
     w3 = Web3(Web3.HTTPProvider(before["rpc_url"]))
     proposed = RegistryClient(w3, before["registry_address"], dev_account(0)).propose(
@@ -378,6 +410,9 @@ def test_node_killed_with_sigkill_takes_its_devnet_along_and_keeps_its_chain(sta
     again = start_node(extra=DEVNET_MODE)
     wait_status(again.address, synced)
     after = read_state(data_dir)
+    # The resumed chain kept the node's registration: settlement serves, and nothing was proposed again.
+    st = wait_status(again.address, settling, timeout_s=60)
+    assert node_registrations(after, st.node_address) == registered
     assert (after["registry_address"], after["genesis"]) == (before["registry_address"], before["genesis"])
     w3 = Web3(Web3.HTTPProvider(after["rpc_url"]))
     registry = RegistryClient(w3, after["registry_address"])
@@ -464,6 +499,62 @@ def test_node_leaves_a_devnet_it_did_not_start_running(start_node, node_data) ->
     still = Devnet(data_dir).running()
     assert still is not None and still.rpc_url == info.rpc_url
     assert chain_id(still.rpc_url) == 31337
+
+
+def test_node_is_registered_on_a_devnet_made_without_it_once_per_key(start_node, node_data) -> None:
+    data_dir = node_data("node")
+    # A devnet brought up on its own, as every devnet was before nodes were registered: no node on its
+    # ledger. The node that starts on it (its own data dir's devnet) gets registered by its DAO.
+    assert zoo("devnet", "up", "--data-dir", str(data_dir)).returncode == 0
+    state = read_state(data_dir)
+    node = start_node(extra={**DEVNET_MODE, **NO_MODEL})
+    first = wait_status(node.address, settling, timeout_s=90).node_address
+    assert [executed for _, executed in node_registrations(state, first)] == [True]
+    assert node.stop() == 0, node.log()
+
+    # Started again on the same data dir: registered already, so nothing is proposed.
+    again = start_node(extra={**DEVNET_MODE, **NO_MODEL})
+    assert wait_status(again.address, settling, timeout_s=90).node_address == first
+    assert len(node_registrations(state, first)) == 1
+    assert again.stop() == 0, again.log()
+
+    # A new key is a new node to the chain: it gets its own registration; the old one's stays.
+    (data_dir / "node.key").unlink()
+    renewed = start_node(extra={**DEVNET_MODE, **NO_MODEL})
+    second = wait_status(renewed.address, settling, timeout_s=90).node_address
+    assert second != first
+    assert [executed for _, executed in node_registrations(state, second)] == [True]
+    assert len(node_registrations(state, first)) == 1
+
+
+def test_a_node_on_a_chain_it_does_not_own_is_not_registered(shared: Shared, start_node) -> None:
+    data_dir, _ = shared
+    state = read_state(data_dir)
+    chain = {
+        "mode": "external",
+        "rpc_url": state["rpc_url"],
+        "registry_address": state["registry_address"],
+        "ledger_address": state["ledger_address"],
+        "from_block": state["deploy_block"],
+    }
+    node = start_node(extra={"chain": chain, "ipfs": {"api_url": state["ipfs_api"]}, **NO_MODEL})
+    st = wait_status(node.address, lambda st: "propose-node" in detail(st, "settlement"))
+    assert states(st)["settlement"] == "DEGRADED"
+    assert f"node {st.node_address} is not registered on the UsageLedger" in detail(st, "settlement")
+    assert f"`zoo-node dao propose-node {st.node_address}`" in detail(st, "settlement")
+    assert node_registrations(state, st.node_address) == []
+
+
+def test_a_failed_registration_does_not_stop_the_node(tmp_path: Path) -> None:
+    from zoo.node.daemon import register_on_devnet
+    from zoo.node.datadir import DataDir
+
+    devnet = Devnet(tmp_path / "data")  # its chain is down (never started)
+    with pytest.raises(DevnetError, match="not running"):
+        devnet.register_node(dev_account(9).address)
+    # The node starts unregistered (settlement says so) rather than not at all.
+    assert register_on_devnet(devnet, DataDir(tmp_path / "data")) is False
+    assert (tmp_path / "data" / "node.key").exists()
 
 
 @pytest.mark.parametrize("setting", ["anvil_port", "ipfs_api_port"])

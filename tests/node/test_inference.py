@@ -14,14 +14,17 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
+from web3 import Web3
 
 from tests.conftest import NodeProcess, devnet_serving_node
 from tests.lora import random_adapter
 from tests.node.approve import approve, next_version
 from zoo.devnet.genesis import genesis_library
 from zoo.node.client import NodeClient
+from zoo.registry.chain import LedgerClient
 from zoo.registry.merkle import library_root
 from zoo.v1 import inference_pb2 as pb
+from zoo.v1 import node_pb2
 
 GEOMETRY = "How do I find the area of a triangle with base 6 and height 4?"
 
@@ -448,20 +451,29 @@ def test_a_credit_holder_is_charged_for_its_answers(node: NodeProcess) -> None:
     info = Devnet(node.data_dir).info()
     assert info is not None and info.ledger_address
     assert give_credits(info, account, 10**6) == 10**6
+    # Signed, but without its consent to be charged here: served like anyone, charged nothing.
     with NodeClient(node.address, signer=account) as c:
+        infer(c, prompt=GEOMETRY, k=1, sampling={"max_tokens": 3})
+    clients = {c["client"]: c for c in usage_report(node)["clients"]}
+    assert clients[account.address]["spent"] == 0 and clients[account.address]["requests"] == 1
+    # With it (a SpendAuthorization for this node and epoch, signed by the client library).
+    with NodeClient(node.address, signer=account, spend=10**5) as c:
         r = infer(c, prompt=GEOMETRY, k=1, sampling={"max_tokens": 3})
     tokens = r.usage.prompt_tokens + r.usage.completion_tokens
     clients = {c["client"]: c for c in usage_report(node)["clients"]}
     # price_per_token 1.0: the answer cost the holder its tokens, metered for the node's next report.
     assert clients[account.address]["spent"] == tokens > 0
     with NodeClient(node.address) as c:
-        serving = c.status().serving
-        # Settlement runs beside serving; this node was never registered by the DAO, so it says how.
+        st = c.status()
+        # Settlement runs beside serving: the node's devnet registered it on the ledger (a DAO call
+        # proposal) when it started, so its rounds serve (no `dao propose-node` to run).
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             settlement = next(x for x in c.status().components if x.name == "settlement")
-            if "propose-node" in settlement.detail:
+            if settlement.state == node_pb2.COMPONENT_STATE_SERVING:
                 break
             time.sleep(0.5)
-    assert serving.credit_holders_admitted >= 1 and serving.reserved_slots == 1
-    assert "not registered on the UsageLedger" in settlement.detail, settlement
+    assert st.serving.credit_holders_admitted >= 1 and st.serving.reserved_slots == 1
+    assert settlement.state == node_pb2.COMPONENT_STATE_SERVING, settlement
+    w3 = Web3(Web3.HTTPProvider(info.rpc_url))
+    assert LedgerClient(w3, info.ledger_address).is_registered(st.node_address)
