@@ -9,7 +9,7 @@ from typing import Any
 import typer
 from typer.testing import CliRunner
 
-from zoo.node.cli_job import with_spec_options
+from zoo.node.cli.job import with_spec_options
 
 
 def capture(*args: str) -> dict[str, Any]:

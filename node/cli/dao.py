@@ -17,7 +17,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from zoo.node.console import err, out
+from zoo.node.cli.console import err, out
 
 app = typer.Typer(
     help="Governance: propose, vote on and execute library versions and the DAO's calls (node registration).",
@@ -45,7 +45,7 @@ class Dao:
 def connect(config: Path | None, data_dir: Path | None, key: str | None, need_key: bool) -> Dao:
     from web3 import Web3
 
-    from zoo.node.cli import load
+    from zoo.node.cli.main import load
     from zoo.node.endpoints import EndpointsUnavailable, resolve_endpoints
     from zoo.registry.chain import RegistryClient
     from zoo.registry.keys import KeyLoadError, load_signer

@@ -24,7 +24,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from zoo.node.console import err, out
+from zoo.node.cli.console import err, out
 
 app = typer.Typer(help="Learning jobs on a running node (admin).", no_args_is_help=True)
 submit_app = typer.Typer(help="Submit a job.", no_args_is_help=True)
@@ -256,7 +256,7 @@ def _fmt(value: Any) -> str:
 
 
 def _client(config: Path | None, data_dir: Path | None, timeout_s: float = 30.0) -> Any:
-    from zoo.node.cli import load
+    from zoo.node.cli.main import load
     from zoo.node.client import NodeClient, NodeNotRunning
 
     cfg = load(config, data_dir=data_dir and str(data_dir))
@@ -441,7 +441,7 @@ def _train_tf_grpo(
     """Run TF-GRPO in this process with the configured model (no daemon); Ctrl-C keeps the checkpoint."""
     import asyncio
 
-    from zoo.node.cli import load
+    from zoo.node.cli.main import load
     from zoo.node.training import TrainingError, run_foreground
 
     cfg = load(config, data_dir=data_dir and str(data_dir))
@@ -530,7 +530,7 @@ def _train_gspo(
     continue with --resume from its last checkpoint. --processes N shares each batch out over N workers
     (the same adapters as one process, within float tolerance); with --deepspeed their optimiser state and
     gradients are partitioned by DeepSpeed ZeRO."""
-    from zoo.node.cli import load
+    from zoo.node.cli.main import load
     from zoo.node.training import TrainingError, run_gspo_foreground
     from zoo.trainer.gspo.spec import GspoSpec  # noqa: F401  (documents where the options come from)
 

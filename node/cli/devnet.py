@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from zoo.node.console import err, out
+from zoo.node.cli.console import err, out
 
 app = typer.Typer(
     help="Local devnet: anvil chain, IPFS daemon, deployed contracts, dev accounts. Its chain and IPFS "
@@ -22,7 +22,7 @@ DataDirOpt = typer.Option(None, "--data-dir", help="Data directory (the devnet l
 
 def _devnet(config: Path | None, data_dir: Path | None):
     from zoo.devnet.manager import Devnet
-    from zoo.node.cli import load
+    from zoo.node.cli.main import load
     from zoo.node.daemon import devnet_settings
 
     cfg = load(config, data_dir=data_dir and str(data_dir))

@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from zoo.node.console import err, out
+from zoo.node.cli.console import err, out
 
 app = typer.Typer(help="Usage this node has metered for experience authors.", no_args_is_help=True)
 
@@ -29,7 +29,7 @@ def report(
     data_dir: Path | None = DataDirOpt,
 ) -> None:
     """Usage units (answer tokens) this node credited to each author in one epoch."""
-    from zoo.node.cli import load
+    from zoo.node.cli.main import load
     from zoo.node.credits.meter import UsageMeter
 
     cfg = load(config, data_dir=data_dir and str(data_dir))

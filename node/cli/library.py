@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from zoo.node.console import err, out
+from zoo.node.cli.console import err, out
 
 app = typer.Typer(
     help="The experience library: versions, draft, publish, verify, sync.", no_args_is_help=True
@@ -29,7 +29,7 @@ DEFAULT_BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def _cfg(config: Path | None, data_dir: Path | None) -> Any:
-    from zoo.node.cli import load
+    from zoo.node.cli.main import load
 
     return load(config, data_dir=data_dir and str(data_dir))
 
@@ -341,7 +341,7 @@ def diff(
         la, lb = _select(store, a), _select(store, b)
     except _domain_errors() as e:
         raise _fail(str(e)) from None
-    from zoo.node.cli_dao import print_diff
+    from zoo.node.cli.dao import print_diff
     from zoo.registry.review import LibraryDiff
 
     changes = LibraryDiff.between(la, lb)
@@ -416,7 +416,7 @@ def propose(
     data_dir: Path | None = DataDirOpt,
 ) -> None:
     """Publish the draft (or a job's learned library) and propose it on chain in one step."""
-    from zoo.node.cli_dao import connect, reverts
+    from zoo.node.cli.dao import connect, reverts
     from zoo.registry.chain import format_proposal_id
 
     cfg = _cfg(config, data_dir)
@@ -448,7 +448,7 @@ def verify(
     data_dir: Path | None = DataDirOpt,
 ) -> None:
     """Print an experience's inclusion proof and check it on chain with the registry contract."""
-    from zoo.node.cli_dao import connect, reverts
+    from zoo.node.cli.dao import connect, reverts
     from zoo.registry.merkle import leaf_hash, prove_experience, verify_inclusion
 
     cfg = _cfg(config, data_dir)

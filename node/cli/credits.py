@@ -18,8 +18,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from zoo.node.cli_dao import ConfigOpt, Dao, DataDirOpt, KeyOpt, connect, ledger_of, reverts
-from zoo.node.console import err, out
+from zoo.node.cli.console import err, out
+from zoo.node.cli.dao import ConfigOpt, Dao, DataDirOpt, KeyOpt, connect, ledger_of, reverts
 
 app = typer.Typer(help="Inference credits: balances, claimable usage, claims.", no_args_is_help=True)
 

@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 
 from zoo.node import __version__
-from zoo.node.console import err, out
+from zoo.node.cli.console import err, out
 
 app = typer.Typer(
     name="zoo-node",
@@ -32,15 +32,15 @@ app.add_typer(contracts_app, name="contracts")
 
 def _add_groups() -> None:
     # Imported here so that `zoo-node --help` stays fast and each group lives in its own module.
-    from zoo.node import cli_credits, cli_dao, cli_devnet, cli_job, cli_library, cli_usage
+    from zoo.node.cli import credits, dao, devnet, job, library, usage
 
-    app.add_typer(cli_devnet.app, name="devnet")
-    app.add_typer(cli_dao.app, name="dao")
-    app.add_typer(cli_library.app, name="library")
-    app.add_typer(cli_job.app, name="job")
-    app.add_typer(cli_job.train_app, name="train")
-    app.add_typer(cli_usage.app, name="usage")
-    app.add_typer(cli_credits.app, name="credits")
+    app.add_typer(devnet.app, name="devnet")
+    app.add_typer(dao.app, name="dao")
+    app.add_typer(library.app, name="library")
+    app.add_typer(job.app, name="job")
+    app.add_typer(job.train_app, name="train")
+    app.add_typer(usage.app, name="usage")
+    app.add_typer(credits.app, name="credits")
 
 
 _add_groups()
