@@ -16,9 +16,14 @@ from typing import Any
 
 from zoo.inference.adapters import AdapterDirectory
 from zoo.node import __version__
-from zoo.node.admission import Admission
-from zoo.node.api.endpoints import ApiDeps, embedder_model_id
-from zoo.node.api.server import HttpServer, start_http_api
+from zoo.node.api.admission import Admission
+from zoo.node.api.http.routes import ApiDeps, embedder_model_id
+from zoo.node.api.http.server import HttpServer, start_http_api
+from zoo.node.api.inference import InferenceServicer, serving_stats
+from zoo.node.api.jobs import JobServicer
+from zoo.node.api.library import LibraryServicer
+from zoo.node.api.node import NodeServicer
+from zoo.node.api.server import BindError, HealthBridge, build_server
 from zoo.node.components import Component, DisabledComponent, Supervisor
 from zoo.node.config import NodeConfig, parse_listen
 from zoo.node.credits.book import CreditBook
@@ -27,17 +32,12 @@ from zoo.node.credits.identity import Identify
 from zoo.node.credits.meter import Served, UsageMeter
 from zoo.node.credits.verifier import RequestVerifier
 from zoo.node.datadir import DataDir, DataDirLocked
-from zoo.node.inference_service import InferenceServicer, serving_stats
 from zoo.node.inference_wiring import NodeLibraryView, RetrievalComponent
 from zoo.node.job_runner import JobRunner, Resources
-from zoo.node.job_service import JobServicer
 from zoo.node.library import LibraryComponent
-from zoo.node.library_service import LibraryServicer
 from zoo.node.logs import configure_logging, get_logger
 from zoo.node.metrics import NodeMetrics
 from zoo.node.probes import ChainComponent, IpfsComponent, ModelComponent
-from zoo.node.server import BindError, HealthBridge, build_server
-from zoo.node.services import NodeServicer
 from zoo.registry.store import LibraryStore
 from zoo.v1 import inference_pb2_grpc, jobs_pb2_grpc, library_pb2_grpc, node_pb2_grpc
 

@@ -1,12 +1,6 @@
-"""Client-facing APIs served beside gRPC: the OpenAI-compatible HTTP API.
-
-/v1/chat/completions, /v1/completions, /v1/embeddings and /v1/models run in the daemon's own process and
-event loop (uvicorn on a socket the daemon binds) and share what gRPC uses: the inference engine, the
-admission queue (node/admission.py), the validation rules (`validate_params`), the domain-error mapping
-(`status_for`) and the metrics. What is zoo-specific travels in a `zoo` object: retrieval options in
-requests, the experiences used and the timings in responses. Errors always have OpenAI's shape:
-{"error": {"message", "type", "param", "code"}}.
-
-errors.py maps failures to that shape, schemas.py parses request bodies, responses.py shapes answers,
-endpoints.py implements the routes and server.py serves them.
+"""zoo.node.api: the node's front doors. gRPC (server.py assembles it; interceptor.py authenticates, admits
+and maps errors with errors.py; the servicers node.py, inference.py, library.py, jobs.py translate proto to
+domain calls), admission.py (the queue both doors share) and http/ (the OpenAI-compatible API). On top with
+the CLI: it may import zoo.node's components, jobs, credits and p2p, and every layer below; they never
+import it.
 """

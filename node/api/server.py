@@ -1,222 +1,109 @@
-"""Serving the HTTP API: the ASGI app (FastAPI routes behind a gate that checks the API key and counts
-every request) and uvicorn in the daemon's own event loop, on a socket the daemon binds.
-"""
+"""Assemble the gRPC server: services, health (per component), reflection, interceptor, TLS."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import dataclasses
-import hmac
-import logging
-import re
-import socket
-import time
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
+from typing import Any
 
-import uvicorn
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response
-from starlette.exceptions import HTTPException
-from starlette.routing import Match
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
 
-from zoo.node.api.endpoints import ApiDeps, OpenAIApi
-from zoo.node.api.errors import ApiError, api_error_for, invalid, loc
-from zoo.node.config import HttpConfig, parse_listen
-from zoo.node.logs import get_logger
+from zoo.node.api.interceptor import NodeInterceptor
+from zoo.node.api.node import PLANNED, unimplemented_handler
+from zoo.node.components import Status, Supervisor
+from zoo.node.config import NodeConfig
+from zoo.node.credits.identity import Identify
 from zoo.node.metrics import NodeMetrics
+from zoo.v1 import node_pb2
 
-log = get_logger(__name__)
+# The component that must be usable for the node as a whole to report SERVING: without a model the
+# node cannot answer queries; without chain or IPFS it still serves its last verified library.
+ESSENTIAL = ("model",)
 
-
-# ---------------------------------------------------------------------------------------------- the app
-
-
-def build_app(deps: ApiDeps) -> ASGIApp:
-    """The ASGI app: FastAPI routes behind a gate that authenticates and counts every request."""
-    api = OpenAIApi(deps)
-    app = FastAPI(title="zoo-node OpenAI-compatible API", docs_url=None, redoc_url=None, openapi_url=None)
-    routes: list[tuple[str, str, Callable[[Request], Awaitable[Response]]]] = [
-        ("POST", "/v1/chat/completions", api.chat_completions),
-        ("POST", "/v1/completions", api.completions),
-        ("POST", "/v1/embeddings", api.embeddings),
-        ("GET", "/v1/models", api.list_models),
-        ("GET", "/v1/models/{model:path}", api.get_model),
-    ]
-    for method, path, handler in routes:
-        app.add_api_route(path, _guarded(handler), methods=[method], response_model=None)
-    app.add_exception_handler(HTTPException, _http_exception)  # type: ignore[arg-type]
-    app.add_exception_handler(RequestValidationError, _validation_exception)  # type: ignore[arg-type]
-    return Gate(app, deps.metrics, deps.api_key)
+SERVICE_NAMES = (
+    node_pb2.DESCRIPTOR.services_by_name["NodeService"].full_name,
+    *PLANNED,
+)
 
 
-def _guarded(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
-    async def endpoint(request: Request) -> Response:
-        try:
-            return await handler(request)
-        except Exception as e:
-            error = api_error_for(e)
-            if error.status != 499:
-                log.info(
-                    "http request refused", path=request.url.path, status=error.status, reason=error.message
-                )
-            return error.response()
-
-    return endpoint
+class BindError(Exception):
+    """The listen address cannot be bound."""
 
 
-async def _http_exception(request: Request, exc: HTTPException) -> Response:
-    if exc.status_code == 404:
-        message = f"{request.method} {request.url.path} is not a route of this API (see GET /v1/models)"
-        return ApiError(404, message, code="not_found").response()
-    headers = dict(exc.headers or {})
-    message = str(exc.detail)
-    if exc.status_code == 405:
-        message = (
-            f"{request.method} is not allowed on {request.url.path} (use {headers.get('Allow', 'POST')})"
+class HealthBridge:
+    """Mirrors component states into the standard grpc.health.v1 service.
+
+    Service names: "" (the node as a whole), each component by name ("chain", "ipfs", "model",
+    "library"), and each zoo.v1 service (serving when the node is).
+    """
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self.servicer = HealthServicer()
+        self.supervisor = supervisor
+
+    async def update(self, status: Status | None = None) -> None:
+        serving = health_pb2.HealthCheckResponse.SERVING
+        not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+        for s in self.supervisor.statuses.values():
+            await self.servicer.set(s.name, serving if s.state.usable else not_serving)
+        overall = all(
+            self.supervisor.statuses[n].state.usable for n in ESSENTIAL if n in self.supervisor.statuses
         )
-    return ApiError(exc.status_code, message, code="method_not_allowed", headers=headers).response()
+        for name in ("", *SERVICE_NAMES):
+            await self.servicer.set(name, serving if overall else not_serving)
+
+    async def shutdown(self) -> None:
+        await self.servicer.enter_graceful_shutdown()
 
 
-async def _validation_exception(request: Request, exc: RequestValidationError) -> Response:
-    first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-    return invalid(loc(tuple(first["loc"])[1:]) or "body", str(first["msg"])).response()
-
-
-class Gate:
-    """Outermost layer: API-key check for /v1/*, and per-route request counts and latency (to the last
-    byte of a stream). Routes are labelled by their template; anything else is "other"."""
-
-    def __init__(self, app: FastAPI, metrics: NodeMetrics, api_key: str | None) -> None:
-        self.app = app
-        self.metrics = metrics
-        self._key = api_key.encode() if api_key else None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        route = self._route(scope)
-        status = 500
-        start = time.perf_counter()
-
-        async def counted(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            if scope["path"].startswith("/v1/") and not self._authorized(scope):
-                await _unauthorized().response()(scope, receive, counted)
-            else:
-                await self.app(scope, receive, counted)
-        finally:
-            self.metrics.http_requests.labels(route, str(status)).inc()
-            self.metrics.http_latency.labels(route).observe(time.perf_counter() - start)
-
-    def _route(self, scope: Scope) -> str:
-        for r in self.app.router.routes:
-            match, _ = r.matches(scope)
-            if match is not Match.NONE:
-                return re.sub(r":\w+}", "}", getattr(r, "path", "other"))
-        return "other"
-
-    def _authorized(self, scope: Scope) -> bool:
-        if self._key is None:
-            return True
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                scheme, _, token = value.partition(b" ")
-                return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key)
-        return False
-
-
-def _unauthorized() -> ApiError:
-    return ApiError(
-        401,
-        "missing or wrong API key: send 'Authorization: Bearer <key>' (the key is server.api_key)",
-        type="authentication_error",
-        code="invalid_api_key",
-        headers={"WWW-Authenticate": "Bearer"},
+def build_server(
+    cfg: NodeConfig,
+    metrics: NodeMetrics,
+    admin_token: str,
+    health: HealthBridge,
+    servicers: list[tuple[Callable[[Any, grpc.aio.Server], None], Any]],
+    identify: Identify | None = None,
+) -> tuple[grpc.aio.Server, int]:
+    """Create and bind the server; returns it with the bound port (not started yet)."""
+    api_key = cfg.server.api_key.get_secret_value() if cfg.server.api_key else None
+    interceptor = NodeInterceptor(
+        metrics, admin_token, cfg.server.max_concurrent_rpcs, api_key=api_key, identify=identify
     )
-
-
-# ---------------------------------------------------------------------------------------------- serving
-
-
-class _Server(uvicorn.Server):
-    """uvicorn without its signal handlers: the daemon owns SIGINT/SIGTERM and stops the server itself."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-@dataclass
-class HttpServer:
-    """The running HTTP API: its base address (http://HOST:PORT) and how to stop it."""
-
-    address: str
-    server: uvicorn.Server
-    task: asyncio.Task[None]
-
-    async def stop(self, grace_s: float) -> None:
-        """Stop accepting connections; requests in flight get `grace_s` to finish, then are cancelled."""
-        self.server.should_exit = True
-        try:
-            await asyncio.wait_for(asyncio.shield(self.task), grace_s + 5)
-        except TimeoutError:
-            self.server.force_exit = True
-            self.task.cancel()
-            await asyncio.wait({self.task})
-        except Exception as e:  # the server failed while stopping: the node stops all the same
-            log.error("the HTTP API server failed", exc_info=e)
-
-
-def bind(listen: str) -> socket.socket:
-    """A listening TCP socket on HOST:PORT (port 0: any free port); OSError when it cannot be bound."""
-    host, port = parse_listen(listen)
-    family, kind, proto, _, addr = socket.getaddrinfo(
-        host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )[0]
-    sock = socket.socket(family, kind, proto)
+    server = grpc.aio.server(
+        interceptors=[interceptor],
+        options=[
+            ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+            ("grpc.max_send_message_length", 64 * 1024 * 1024),
+            ("grpc.so_reuseport", 0),  # a second node on the same port must fail, not share it
+        ],
+    )
+    implemented = set()
+    for add, servicer in servicers:
+        add(servicer, server)
+        implemented.add(add.__name__.removeprefix("add_").removesuffix("Servicer_to_server"))
+    for full_name, (module, what) in PLANNED.items():
+        if full_name.rsplit(".", 1)[1] not in implemented:
+            server.add_generic_rpc_handlers((unimplemented_handler(full_name, module, what),))
+    health_pb2_grpc.add_HealthServicer_to_server(health.servicer, server)
+    reflection.enable_server_reflection(
+        (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+        server,
+    )
+    address = cfg.server.listen
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(addr)
-        sock.listen(128)
-        sock.setblocking(False)
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
-async def start_http_api(cfg: HttpConfig, deps: ApiDeps, grace_s: float) -> HttpServer:
-    """Bind cfg.listen and serve the API in this event loop; OSError when the address cannot be bound."""
-    sock = bind(cfg.listen)
-    host, _ = parse_listen(cfg.listen)
-    port = sock.getsockname()[1]
-    deps = dataclasses.replace(deps, max_body_bytes=cfg.max_body_bytes)
-    logging.getLogger("uvicorn").setLevel(max(logging.WARNING, logging.getLogger().level))
-    config = uvicorn.Config(
-        build_app(deps),
-        log_config=None,
-        access_log=False,
-        lifespan="off",
-        http="h11",
-        ws="none",
-        server_header=False,
-        timeout_graceful_shutdown=max(1, round(grace_s)),
-    )
-    server = _Server(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]), name="http-api")
-    while not server.started and not task.done():
-        await asyncio.sleep(0.01)
-    if task.done():
-        task.result()  # raises what made it fail
-        raise OSError("the HTTP server stopped during start-up")
-    return HttpServer(f"http://{host}:{port}", server, task)
+        if cfg.server.tls_cert and cfg.server.tls_key:
+            creds = grpc.ssl_server_credentials(
+                [(cfg.server.tls_key.read_bytes(), cfg.server.tls_cert.read_bytes())]
+            )
+            port = server.add_secure_port(address, creds)
+        else:
+            port = server.add_insecure_port(address)
+    except OSError as e:
+        raise BindError(f"cannot read TLS files: {e}") from None
+    except RuntimeError as e:
+        raise BindError(f"cannot listen on {address}: {e}") from None
+    if port == 0:
+        raise BindError(f"cannot listen on {address} (address in use or not local)")
+    return server, port

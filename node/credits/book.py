@@ -3,7 +3,7 @@ they spent at this node that the ledger does not show yet.
 
 A client is a credit holder here while that amount is above zero and it sent its consent to be charged
 (a spend authorization for this node and epoch, consent.py) that its spends this epoch have not used up:
-its requests wait in the admission queue ahead of everyone else's (node/admission.py), and each answer is
+its requests wait in the admission queue ahead of everyone else's (node/api/admission.py), and each answer is
 charged `price_per_token` credits per token (prompt and completion), up to what it holds and what its
 authorization still allows. Charges are metered with the answer and its authorization (meter.py) and go
 into this node's next usage report as the client's spent record, so its balance goes down on chain. A

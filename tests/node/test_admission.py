@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from zoo.node.admission import Admission
-from zoo.node.errors import Overloaded
+from zoo.node.api.admission import Admission
+from zoo.node.api.errors import Overloaded
 
 
 async def hold(

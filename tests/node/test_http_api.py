@@ -542,9 +542,9 @@ def call_app(engine, method: str, path: str, body: dict | None = None, embedder=
     """One request to the API app in this process, with a fake engine behind it."""
     import asyncio
 
-    from zoo.node.admission import Admission
-    from zoo.node.api.endpoints import ApiDeps
-    from zoo.node.api.server import build_app
+    from zoo.node.api.admission import Admission
+    from zoo.node.api.http.routes import ApiDeps
+    from zoo.node.api.http.server import build_app
     from zoo.node.config import InferenceConfig
     from zoo.node.metrics import NodeMetrics
 

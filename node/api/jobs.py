@@ -1,6 +1,6 @@
 """JobService: submit, inspect, watch and cancel learning jobs (admin-only; the interceptor checks the token).
 
-Errors map to status codes through node/errors.py: a bad spec or id is INVALID_ARGUMENT, an unknown job
+Errors map to status codes through node/api/errors.py: a bad spec or id is INVALID_ARGUMENT, an unknown job
 NOT_FOUND, cancelling a finished job FAILED_PRECONDITION, a full queue RESOURCE_EXHAUSTED and a GSPO job
 on a node whose model is remote (no local weights to train) FAILED_PRECONDITION.
 """
@@ -15,7 +15,7 @@ from google.protobuf import json_format
 from google.protobuf.struct_pb2 import Struct
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from zoo.node.errors import register
+from zoo.node.api.errors import register
 from zoo.node.job_runner import JobRunner
 from zoo.node.job_store import TERMINAL, JobEvent, JobRecord, JobState, JobStateError
 from zoo.registry.errors import ValidationError

@@ -20,7 +20,7 @@ from zoo.inference.adapters import check_adapter_name
 from zoo.inference.backend import BackendUnavailable, ResponseFormat
 from zoo.inference.engine import InferenceEngine, InferOutcome, InferParams, UsedExperience
 from zoo.inference.structured import parse_response_format
-from zoo.node.admission import Admission
+from zoo.node.api.admission import Admission
 from zoo.node.config import InferenceConfig
 from zoo.node.credits.book import CreditBook
 from zoo.node.credits.identity import CLIENT

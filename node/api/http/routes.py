@@ -23,10 +23,11 @@ from starlette.types import Receive, Scope, Send
 from zoo.inference.adapters import AdapterDirectory
 from zoo.inference.backend import BackendError, BackendUnavailable, Chunk
 from zoo.inference.engine import InferenceEngine, InferOutcome, InferParams
-from zoo.node.admission import Admission
-from zoo.node.api.errors import ApiError, api_error_for, unsupported
-from zoo.node.api.responses import SSE_DONE, Answer, ChatAnswer, CompletionAnswer, encode_vector, sse
-from zoo.node.api.schemas import (
+from zoo.node.api.admission import Admission
+from zoo.node.api.errors import Overloaded
+from zoo.node.api.http.errors import ApiError, api_error_for, unsupported
+from zoo.node.api.http.responses import SSE_DONE, Answer, ChatAnswer, CompletionAnswer, encode_vector, sse
+from zoo.node.api.http.schemas import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
     ChatRequest,
@@ -45,14 +46,13 @@ from zoo.node.api.schemas import (
     read_body,
     response_format,
 )
+from zoo.node.api.inference import FieldNames, validate_params
 from zoo.node.config import InferenceConfig
 from zoo.node.credits.book import CreditBook
 from zoo.node.credits.consent import SpendUnavailable
 from zoo.node.credits.identity import Identify
 from zoo.node.credits.signing import HEADER, SPEND_HEADER, SignatureError
 from zoo.node.credits.verifier import ANONYMOUS, Client, TooManyNonces
-from zoo.node.errors import Overloaded
-from zoo.node.inference_service import FieldNames, validate_params
 from zoo.node.metrics import NodeMetrics
 from zoo.registry.errors import ValidationError
 
@@ -212,7 +212,7 @@ class OpenAIApi:
         Closing this generator closes the engine's stream, which stops generation.
         """
         if remote:
-            from zoo.node.inference_service import outcome_from_proto, params_to_request
+            from zoo.node.api.inference import outcome_from_proto, params_to_request
 
             async for chunk in self.deps.router.infer_stream(params_to_request(params, remote)):
                 if chunk.HasField("final"):

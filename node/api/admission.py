@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from zoo.node.errors import Overloaded
+from zoo.node.api.errors import Overloaded
 
 
 @dataclass

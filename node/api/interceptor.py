@@ -16,9 +16,9 @@ from typing import Any
 import grpc
 from grpc.aio import AbortError
 
+from zoo.node.api.errors import status_for
 from zoo.node.credits.identity import CLIENT, Identify
 from zoo.node.credits.signing import HEADER, SPEND_HEADER, SignatureError
-from zoo.node.errors import status_for
 from zoo.node.logs import get_logger
 from zoo.node.metrics import NodeMetrics
 from zoo.registry.errors import ValidationError
@@ -29,7 +29,7 @@ log = get_logger(__name__)
 ADMIN_PREFIXES = ("/zoo.v1.JobService/",)
 # Health and reflection must answer load balancers and grpcurl even when the node is busy.
 UNLIMITED_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
-# Generation RPCs pass the generic RPC limit: they queue in their own admission (node/admission.py),
+# Generation RPCs pass the generic RPC limit: they queue in their own admission (node/api/admission.py),
 # which waits for a slot instead of refusing at once.
 SELF_ADMITTED = ("/zoo.v1.InferenceService/Infer", "/zoo.v1.InferenceService/InferStream")
 # Public inference: open, or guarded by server.api_key when one is set (the HTTP API checks the same key).
