@@ -24,7 +24,10 @@ from zoo.node.api.jobs import JobServicer
 from zoo.node.api.library import LibraryServicer
 from zoo.node.api.node import NodeServicer
 from zoo.node.api.server import BindError, HealthBridge, build_server
-from zoo.node.components import Component, DisabledComponent, Supervisor
+from zoo.node.components.inference import NodeLibraryView, RetrievalComponent
+from zoo.node.components.library import LibraryComponent
+from zoo.node.components.probes import ChainComponent, IpfsComponent, ModelComponent
+from zoo.node.components.supervisor import Component, DisabledComponent, Supervisor
 from zoo.node.config import NodeConfig, parse_listen
 from zoo.node.credits.book import CreditBook
 from zoo.node.credits.consent import SpendCheck
@@ -32,12 +35,9 @@ from zoo.node.credits.identity import Identify
 from zoo.node.credits.meter import Served, UsageMeter
 from zoo.node.credits.verifier import RequestVerifier
 from zoo.node.datadir import DataDir, DataDirLocked
-from zoo.node.inference_wiring import NodeLibraryView, RetrievalComponent
-from zoo.node.job_runner import JobRunner, Resources
-from zoo.node.library import LibraryComponent
+from zoo.node.jobs.runner import JobRunner, Resources
 from zoo.node.logs import configure_logging, get_logger
 from zoo.node.metrics import NodeMetrics
-from zoo.node.probes import ChainComponent, IpfsComponent, ModelComponent
 from zoo.registry.store import LibraryStore
 from zoo.v1 import inference_pb2_grpc, jobs_pb2_grpc, library_pb2_grpc, node_pb2_grpc
 
@@ -249,7 +249,7 @@ def _job_runner(
     retrieval: RetrievalComponent,
     metrics: NodeMetrics,
 ) -> JobRunner:
-    from zoo.node.job_store import JobStore
+    from zoo.node.jobs.store import JobStore
 
     def resources() -> Resources | None:
         # A job waits (queued) until the model and the embedder have loaded.
@@ -387,7 +387,7 @@ def _follower_factory(
     def make() -> Any:
         from web3 import Web3
 
-        from zoo.node.library import ChainEvents
+        from zoo.node.components.library import ChainEvents
         from zoo.registry.chain import RegistryClient
         from zoo.registry.ipfs import IpfsClient
         from zoo.registry.sync import LibraryFollower, LibrarySyncer

@@ -16,8 +16,8 @@ from google.protobuf.struct_pb2 import Struct
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from zoo.node.api.errors import register
-from zoo.node.job_runner import JobRunner
-from zoo.node.job_store import TERMINAL, JobEvent, JobRecord, JobState, JobStateError
+from zoo.node.jobs.runner import JobRunner
+from zoo.node.jobs.store import TERMINAL, JobEvent, JobRecord, JobState, JobStateError
 from zoo.registry.errors import ValidationError
 from zoo.v1 import jobs_pb2, jobs_pb2_grpc
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 
-from zoo.node.library import LibraryComponent
+from zoo.node.components.library import LibraryComponent
 from zoo.registry.canonical import encode_experience
 from zoo.registry.errors import NotFound, ValidationError
 from zoo.registry.experience import ID_RE, Experience

@@ -442,7 +442,7 @@ def _train_tf_grpo(
     import asyncio
 
     from zoo.node.cli.main import load
-    from zoo.node.training import TrainingError, run_foreground
+    from zoo.node.jobs.foreground import TrainingError, run_foreground
 
     cfg = load(config, data_dir=data_dir and str(data_dir))
     try:
@@ -531,7 +531,7 @@ def _train_gspo(
     (the same adapters as one process, within float tolerance); with --deepspeed their optimiser state and
     gradients are partitioned by DeepSpeed ZeRO."""
     from zoo.node.cli.main import load
-    from zoo.node.training import TrainingError, run_gspo_foreground
+    from zoo.node.jobs.foreground import TrainingError, run_gspo_foreground
     from zoo.trainer.gspo.spec import GspoSpec  # noqa: F401  (documents where the options come from)
 
     cfg = load(config, data_dir=data_dir and str(data_dir))

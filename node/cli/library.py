@@ -351,7 +351,7 @@ def diff(
 
 def _job_library(cfg: Any, store: Any, job_id: str) -> Any:
     """The library draft a succeeded job left, checked to extend the current version."""
-    from zoo.node.job_store import JobState, JobStore
+    from zoo.node.jobs.store import JobState, JobStore
     from zoo.registry.canonical import decode_library
 
     path = Path(cfg.data_dir) / "jobs.sqlite"

@@ -1,4 +1,4 @@
-"""Tests of the persistent job store (node/job_store.py) on real SQLite files, including SIGKILL crashes."""
+"""Tests of the persistent job store (node/jobs/store.py) on real SQLite files, including SIGKILL crashes."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from zoo.node import job_store as js
-from zoo.node.job_store import (
+from zoo.node.jobs import store as js
+from zoo.node.jobs.store import (
     TERMINAL,
     JobEvent,
     JobRecord,
@@ -505,7 +505,7 @@ def test_in_data_dir(tmp_path: Path) -> None:
 _WORKER = """
 import sys
 from pathlib import Path
-from zoo.node.job_store import JobStore
+from zoo.node.jobs.store import JobStore
 
 store = JobStore(Path(sys.argv[1]))
 job_id = sys.argv[2]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from zoo.node.components import Component, DisabledComponent, State, Supervisor
+from zoo.node.components.supervisor import Component, DisabledComponent, State, Supervisor
 
 
 class Flaky(Component):

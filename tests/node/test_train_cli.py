@@ -29,7 +29,7 @@ from tests.trainer.test_tfgrpo import GOOD, tasks_file
 from zoo.devnet.genesis import genesis_library
 from zoo.devnet.manager import Devnet
 from zoo.inference.embedder import SentenceTransformerEmbedder
-from zoo.node.job_store import JobState, JobStore
+from zoo.node.jobs.store import JobState, JobStore
 from zoo.registry.canonical import decode_library
 from zoo.registry.store import LibraryStore, StoredVersion
 from zoo.trainer.job import run_tf_grpo

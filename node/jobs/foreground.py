@@ -46,9 +46,9 @@ async def run_foreground(
     cfg: NodeConfig, spec_fields: dict[str, Any], out_dir: Path, resume: bool, view: Any
 ) -> int:
     """Run TF-GRPO; returns the exit code (0 when it completed)."""
+    from zoo.node.components.probes import load_backend
     from zoo.node.daemon import StartupError, model_id, resolve_model_path
-    from zoo.node.job_runner import parse_spec
-    from zoo.node.probes import load_backend
+    from zoo.node.jobs.runner import parse_spec
     from zoo.registry.store import LibraryStore
     from zoo.trainer.job import run_tf_grpo
     from zoo.trainer.llm import LLM

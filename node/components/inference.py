@@ -7,8 +7,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from zoo.node.components import Component, State, in_background_thread
-from zoo.node.library import LibraryComponent
+from zoo.node.components.library import LibraryComponent
+from zoo.node.components.supervisor import Component, State, in_background_thread
 from zoo.node.logs import get_logger
 from zoo.registry.store import StoredVersion
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from zoo.node.components import Component, State, in_background_thread
+from zoo.node.components.supervisor import Component, State, in_background_thread
 from zoo.node.config import ModelConfig
 from zoo.node.logs import get_logger
 
