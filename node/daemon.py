@@ -26,6 +26,7 @@ from zoo.node.api.node import NodeServicer
 from zoo.node.api.server import BindError, HealthBridge, build_server
 from zoo.node.components.inference import NodeLibraryView, RetrievalComponent
 from zoo.node.components.library import LibraryComponent
+from zoo.node.components.models import model_id, resolve_model_path
 from zoo.node.components.probes import ChainComponent, IpfsComponent, ModelComponent
 from zoo.node.components.supervisor import Component, DisabledComponent, Supervisor
 from zoo.node.config import NodeConfig, parse_listen
@@ -55,22 +56,6 @@ class StartupError(Exception):
     def __init__(self, message: str, exit_code: int = EXIT_FAILURE) -> None:
         super().__init__(message)
         self.exit_code = exit_code
-
-
-def resolve_model_path(cfg: NodeConfig) -> Path | None:
-    from zoo.inference.models import ModelUnavailable, prepare_bundled_chat_model
-
-    if cfg.model.backend == "openai":
-        return None
-    if cfg.model.path is not None:
-        return cfg.model.path
-    try:
-        prepared = prepare_bundled_chat_model(cfg.cache_dir)
-    except ModelUnavailable as e:
-        raise StartupError(str(e)) from None
-    if prepared.converted:
-        log.info("bundled model converted", path=str(prepared.path), seconds=round(prepared.seconds, 1))
-    return prepared.path
 
 
 @dataclass
@@ -276,14 +261,6 @@ def _job_runner(
     )
 
 
-def model_id(cfg: NodeConfig, path: Path | None) -> str:
-    from zoo.inference.models import model_id_for
-
-    if cfg.model.name:
-        return cfg.model.name
-    return model_id_for(path) if path is not None else "unknown"
-
-
 def build_engine(
     cfg: NodeConfig,
     supervisor: Supervisor,
@@ -439,7 +416,12 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
     admin_token = (
         cfg.server.admin_token.get_secret_value() if cfg.server.admin_token else data_dir.admin_token()
     )
-    model_path = await asyncio.to_thread(resolve_model_path, cfg)
+    from zoo.inference.models import ModelUnavailable
+
+    try:
+        model_path = await asyncio.to_thread(resolve_model_path, cfg)
+    except ModelUnavailable as e:
+        raise StartupError(str(e)) from None
 
     metrics = NodeMetrics(__version__)
     metrics_url = ""

@@ -24,6 +24,10 @@ class NotFound(ZooError, LookupError):
     """A requested item (experience id, library version, ...) does not exist."""
 
 
+class Overloaded(ZooError):
+    """A node (its inference queue, its job queue) is at capacity; the client should retry later."""
+
+
 class IntegrityError(ZooError):
     """Content does not match the Merkle root or CID that should commit to it."""
 

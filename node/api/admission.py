@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from zoo.node.api.errors import Overloaded
+from zoo.registry.errors import Overloaded
 
 
 @dataclass

@@ -18,10 +18,6 @@ from zoo.node.credits.verifier import TooManyNonces
 from zoo.registry import errors as reg
 
 
-class Overloaded(reg.ZooError):
-    """The node is at its concurrency limit; the client should retry later."""
-
-
 class Unimplemented(reg.ZooError):
     """The RPC exists in the API but this node does not implement it yet."""
 
@@ -33,7 +29,7 @@ _CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (reg.IpfsUnavailable, grpc.StatusCode.UNAVAILABLE),
     (reg.IpfsTimeout, grpc.StatusCode.DEADLINE_EXCEEDED),
     (reg.IpfsError, grpc.StatusCode.UNAVAILABLE),
-    (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (reg.Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (TooManyNonces, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (SpendUnavailable, grpc.StatusCode.UNAVAILABLE),
     (SignatureError, grpc.StatusCode.UNAUTHENTICATED),

@@ -46,8 +46,9 @@ async def run_foreground(
     cfg: NodeConfig, spec_fields: dict[str, Any], out_dir: Path, resume: bool, view: Any
 ) -> int:
     """Run TF-GRPO; returns the exit code (0 when it completed)."""
+    from zoo.inference.models import ModelUnavailable
+    from zoo.node.components.models import model_id, resolve_model_path
     from zoo.node.components.probes import load_backend
-    from zoo.node.daemon import StartupError, model_id, resolve_model_path
     from zoo.node.jobs.runner import parse_spec
     from zoo.registry.store import LibraryStore
     from zoo.trainer.job import run_tf_grpo
@@ -71,7 +72,7 @@ async def run_foreground(
         raise TrainingError(str(e)) from None
     try:
         path = await asyncio.to_thread(resolve_model_path, cfg)
-    except StartupError as e:
+    except ModelUnavailable as e:
         raise TrainingError(str(e)) from None
     view.console.print(f"loading the model ({cfg.model.backend}) and the embedder…")
     backend = await asyncio.to_thread(load_backend, cfg.model, path, model_id(cfg, path))
@@ -146,7 +147,8 @@ def run_gspo_foreground(
     """Run GSPO on the configured local model, in this process or in `processes` accelerate workers (with
     `deepspeed`, a DeepSpeed config, always in workers: under ZeRO); returns the exit code (0 when it
     completed)."""
-    from zoo.node.daemon import StartupError, resolve_model_path
+    from zoo.inference.models import ModelUnavailable
+    from zoo.node.components.models import resolve_model_path
     from zoo.trainer.gspo.job import run_gspo
 
     out_dir = out_dir.expanduser().resolve()
@@ -158,7 +160,7 @@ def run_gspo_foreground(
         )
     try:
         path = resolve_model_path(cfg)
-    except StartupError as e:
+    except ModelUnavailable as e:
         raise TrainingError(str(e)) from None
     assert path is not None  # only the openai backend has no local path
     if deepspeed is not None:

@@ -109,7 +109,7 @@ class JobRunner(Component):
             parsed = parsed.with_serving_defaults(self.serving)
         queued = self.store.list(limit=1000, states=[JobState.QUEUED])
         if len(queued) >= self.max_queued:
-            from zoo.node.api.errors import Overloaded
+            from zoo.registry.errors import Overloaded
 
             raise Overloaded(f"{len(queued)} jobs are already queued (jobs.max_queued = {self.max_queued})")
         record = self.store.create(kind, parsed.to_json())

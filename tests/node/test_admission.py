@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from zoo.node.api.admission import Admission
-from zoo.node.api.errors import Overloaded
+from zoo.registry.errors import Overloaded
 
 
 async def hold(

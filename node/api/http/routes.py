@@ -24,7 +24,6 @@ from zoo.inference.adapters import AdapterDirectory
 from zoo.inference.backend import BackendError, BackendUnavailable, Chunk
 from zoo.inference.engine import InferenceEngine, InferOutcome, InferParams
 from zoo.node.api.admission import Admission
-from zoo.node.api.errors import Overloaded
 from zoo.node.api.http.errors import ApiError, api_error_for, unsupported
 from zoo.node.api.http.responses import SSE_DONE, Answer, ChatAnswer, CompletionAnswer, encode_vector, sse
 from zoo.node.api.http.schemas import (
@@ -54,7 +53,7 @@ from zoo.node.credits.identity import Identify
 from zoo.node.credits.signing import HEADER, SPEND_HEADER, SignatureError
 from zoo.node.credits.verifier import ANONYMOUS, Client, TooManyNonces
 from zoo.node.metrics import NodeMetrics
-from zoo.registry.errors import ValidationError
+from zoo.registry.errors import Overloaded, ValidationError
 
 T = TypeVar("T")
 
