@@ -18,6 +18,7 @@ import typer
 from rich.table import Table
 
 from zoo.node.cli.console import err, out
+from zoo.node.cli.options import ConfigOpt, DataDirOpt, KeyOpt
 
 app = typer.Typer(
     help="Governance: propose, vote on and execute library versions and the DAO's calls (node registration).",
@@ -25,11 +26,6 @@ app = typer.Typer(
 )
 
 TOKEN = 10**18
-ConfigOpt = typer.Option(None, "--config", "-c", help="TOML config file.")
-DataDirOpt = typer.Option(None, "--data-dir", help="Data directory (for the devnet's endpoints).")
-KeyOpt = typer.Option(
-    None, "--key", help="Signing key: devN, env:VAR or keystore:PATH (default on the devnet: dev0)."
-)
 
 
 @dataclass

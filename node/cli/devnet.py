@@ -9,15 +9,13 @@ import typer
 from rich.table import Table
 
 from zoo.node.cli.console import err, out
+from zoo.node.cli.options import ConfigOpt, DataDirOpt
 
 app = typer.Typer(
     help="Local devnet: anvil chain, IPFS daemon, deployed contracts, dev accounts. Its chain and IPFS "
     "repository are kept across stops and crashes; `reset` deletes them.",
     no_args_is_help=True,
 )
-
-ConfigOpt = typer.Option(None, "--config", "-c", help="TOML config file.")
-DataDirOpt = typer.Option(None, "--data-dir", help="Data directory (the devnet lives in DATA_DIR/devnet).")
 
 
 def _devnet(config: Path | None, data_dir: Path | None):

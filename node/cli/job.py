@@ -25,14 +25,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from zoo.node.cli.console import err, out
+from zoo.node.cli.options import ConfigOpt, DataDirOpt
 
 app = typer.Typer(help="Learning jobs on a running node (admin).", no_args_is_help=True)
 submit_app = typer.Typer(help="Submit a job.", no_args_is_help=True)
 app.add_typer(submit_app, name="submit")
 train_app = typer.Typer(help="Run a learning job in the foreground, without a daemon.", no_args_is_help=True)
 
-ConfigOpt = typer.Option(None, "--config", "-c", help="TOML config file.")
-DataDirOpt = typer.Option(None, "--data-dir", help="Data directory of the node.")
 TERMINAL_EVENTS = {"completed": 0, "failed": 1, "cancelled": 1}
 
 

@@ -15,16 +15,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from zoo.node.cli.console import err, out
+from zoo.node.cli.options import ConfigOpt, DataDirOpt, KeyOpt
 
 app = typer.Typer(
     help="The experience library: versions, draft, publish, verify, sync.", no_args_is_help=True
 )
 
-ConfigOpt = typer.Option(None, "--config", "-c", help="TOML config file.")
-DataDirOpt = typer.Option(None, "--data-dir", help="Data directory holding the library store.")
-KeyOpt = typer.Option(
-    None, "--key", help="Signing key: devN, env:VAR or keystore:PATH (devnet default: dev0)."
-)
 DEFAULT_BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from zoo.node import __version__
 from zoo.node.cli.console import err, out
+from zoo.node.cli.options import ConfigOpt, DataDirOpt
 
 app = typer.Typer(
     name="zoo-node",
@@ -44,10 +45,6 @@ def _add_groups() -> None:
 
 
 _add_groups()
-
-
-ConfigOpt = typer.Option(None, "--config", "-c", help="TOML config file (env ZOO_NODE_* overrides it).")
-DataDirOpt = typer.Option(None, "--data-dir", help="Data directory (default ~/.local/share/zoo-node).")
 
 
 def _version(value: bool) -> None:

@@ -14,11 +14,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from zoo.node.cli.console import err, out
+from zoo.node.cli.options import ConfigOpt, DataDirOpt
 
 app = typer.Typer(help="Usage this node has metered for experience authors.", no_args_is_help=True)
-
-ConfigOpt = typer.Option(None, "--config", "-c", help="TOML config file.")
-DataDirOpt = typer.Option(None, "--data-dir", help="Data directory of the node.")
 
 
 @app.command()

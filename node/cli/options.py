@@ -1,0 +1,11 @@
+"""The options every command group shares, defined once (typer reads them as parameter defaults)."""
+
+from __future__ import annotations
+
+import typer
+
+ConfigOpt = typer.Option(None, "--config", "-c", help="TOML config file (env ZOO_NODE_* overrides it).")
+DataDirOpt = typer.Option(None, "--data-dir", help="Data directory (default ~/.local/share/zoo-node).")
+KeyOpt = typer.Option(
+    None, "--key", help="Signing key: devN, env:VAR or keystore:PATH (default on the devnet: dev0)."
+)
