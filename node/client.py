@@ -115,10 +115,30 @@ class NodeClient:
         """Block until the channel connects (not until SERVING: see health for that)."""
         grpc.channel_ready_future(self.channel).result(timeout=timeout_s)
 
+    # -- learning jobs (admin: each call carries the admin token)
+
+    def _admin(self, method: str, request: Any) -> Any:
+        return getattr(self.jobs, method)(request, metadata=self.admin_metadata(), timeout=self.timeout_s)
+
     def list_jobs(self, limit: int = 50) -> jobs_pb2.ListJobsResponse:
-        return self.jobs.ListJobs(
-            jobs_pb2.ListJobsRequest(limit=limit), metadata=self.admin_metadata(), timeout=self.timeout_s
-        )
+        return self._admin("ListJobs", jobs_pb2.ListJobsRequest(limit=limit))
+
+    def submit_job(self, kind: str, spec: dict[str, Any]) -> jobs_pb2.Job:
+        from google.protobuf.struct_pb2 import Struct
+
+        struct = Struct()
+        struct.update(spec)
+        return self._admin("SubmitJob", jobs_pb2.SubmitJobRequest(kind=kind, spec=struct))
+
+    def get_job(self, job_id: str) -> jobs_pb2.Job:
+        return self._admin("GetJob", jobs_pb2.GetJobRequest(id=job_id))
+
+    def cancel_job(self, job_id: str) -> jobs_pb2.Job:
+        return self._admin("CancelJob", jobs_pb2.CancelJobRequest(id=job_id))
+
+    def watch_job(self, job_id: str) -> Any:
+        """The job's events as they happen (a stream: no deadline)."""
+        return self.jobs.WatchJob(jobs_pb2.WatchJobRequest(id=job_id), metadata=self.admin_metadata())
 
     def close(self) -> None:
         self.channel.close()

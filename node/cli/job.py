@@ -277,10 +277,8 @@ def _rpc(call: Callable[[], Any]) -> Any:
 def _watch(client: Any, job_id: str) -> int:
     from google.protobuf import json_format
 
-    from zoo.v1 import jobs_pb2
-
     with ProgressView(err) as view:
-        stream = client.jobs.WatchJob(jobs_pb2.WatchJobRequest(id=job_id), metadata=client.admin_metadata())
+        stream = client.watch_job(job_id)
         for event in _events(stream):
             view.handle(event.type, json_format.MessageToDict(event.data))
     return TERMINAL_EVENTS.get(view.outcome or "", 1)
@@ -296,20 +294,8 @@ def _events(stream: Iterable[Any]) -> Iterable[Any]:
 
 
 def _submit(kind: str, spec: dict[str, Any], watch: bool, config: Path | None, data_dir: Path | None) -> None:
-    from google.protobuf.struct_pb2 import Struct
-
-    from zoo.v1 import jobs_pb2
-
     client = _client(config, data_dir)
-    struct = Struct()
-    struct.update(spec)
-    job = _rpc(
-        lambda: client.jobs.SubmitJob(
-            jobs_pb2.SubmitJobRequest(kind=kind, spec=struct),
-            metadata=client.admin_metadata(),
-            timeout=client.timeout_s,
-        )
-    )
+    job = _rpc(lambda: client.submit_job(kind, spec))
     out.print(job.id)
     if watch:
         raise typer.Exit(_watch(client, job.id))
@@ -395,14 +381,8 @@ def get(
     """One job as JSON (spec, state, step, result)."""
     from google.protobuf import json_format
 
-    from zoo.v1 import jobs_pb2
-
     client = _client(config, data_dir)
-    job = _rpc(
-        lambda: client.jobs.GetJob(
-            jobs_pb2.GetJobRequest(id=job_id), metadata=client.admin_metadata(), timeout=client.timeout_s
-        )
-    )
+    job = _rpc(lambda: client.get_job(job_id))
     out.print_json(json_format.MessageToJson(job))
 
 
@@ -413,14 +393,8 @@ def cancel(
     data_dir: Path | None = DataDirOpt,
 ) -> None:
     """Cancel a queued or running job (a running one stops at its next step boundary or LLM call)."""
-    from zoo.v1 import jobs_pb2
-
     client = _client(config, data_dir)
-    job = _rpc(
-        lambda: client.jobs.CancelJob(
-            jobs_pb2.CancelJobRequest(id=job_id), metadata=client.admin_metadata(), timeout=client.timeout_s
-        )
-    )
+    job = _rpc(lambda: client.cancel_job(job_id))
     out.print(
         f"{job.id}: {_state(job)}{' (stopping)' if job.cancel_requested and _state(job) == 'RUNNING' else ''}"
     )
