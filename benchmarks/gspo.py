@@ -65,7 +65,7 @@ from typing import Any, ClassVar
 import torch
 
 from zoo.trainer.rewards import REWARDS, ExactMatch, RewardResult, register
-from zoo.trainer.tasks import Task
+from zoo.trainer.tasks.schema import Task
 
 ROOT = Path(__file__).resolve().parents[1]
 TIE = 1e-3
@@ -573,8 +573,8 @@ def main() -> None:
 
     from zoo.inference.models import prepare_bundled_chat_model
     from zoo.node.config import default_cache_dir
-    from zoo.trainer import families
-    from zoo.trainer.tasks import load_jsonl, write_jsonl
+    from zoo.trainer.tasks import families
+    from zoo.trainer.tasks.schema import load_jsonl, write_jsonl
 
     model_path = prepare_bundled_chat_model(default_cache_dir()).path
     rows = round_tasks(load_jsonl(families.path("lengths", "train")), args.prompts, args.steps + 1)

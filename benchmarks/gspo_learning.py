@@ -7,7 +7,7 @@ Two families (--family):
   What is left to learn is mostly the format: sampled at temperature 1 the model answers with the bare
   number about one time in seven (otherwise it starts to explain and runs out of tokens), so a group of
   G = 4 holds a reward signal about half the time.
-- `habitats`, the shipped convention family (trainer/data/families/): "Under which label is the otter
+- `habitats`, the shipped convention family (trainer/tasks/data/families/): "Under which label is the otter
   filed?", answer WET or DRY, under an instruction that states the convention. Sampled at temperature 1
   the bundled model practically never replies with a bare label (0 of 192 samples in a run of this
   benchmark), so every group's rewards are equal and GSPO has nothing to learn from: it shows what a
@@ -50,7 +50,7 @@ def sums_files(out: Path) -> tuple[Path, Path]:
     """The sums family: every single-digit pair once, shuffled (fixed seed), 24 train and 16 test tasks."""
     import random
 
-    from zoo.trainer.tasks import Task, write_jsonl
+    from zoo.trainer.tasks.schema import Task, write_jsonl
 
     pairs = [(a, b) for a in range(1, 10) for b in range(1, 10)]
     random.Random(13).shuffle(pairs)
@@ -87,9 +87,9 @@ def main() -> None:
 
     from zoo.inference.models import prepare_bundled_chat_model
     from zoo.node.config import default_cache_dir
-    from zoo.trainer import families
     from zoo.trainer.gspo.job import run_gspo
     from zoo.trainer.gspo.spec import GspoSpec
+    from zoo.trainer.tasks import families
 
     model = prepare_bundled_chat_model(default_cache_dir()).path
     out = args.out or Path(tempfile.mkdtemp(prefix="zoo-bench-gspo-learning-"))

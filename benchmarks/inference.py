@@ -260,8 +260,8 @@ def flood(node: NodeProcess, client: NodeClient, n: int) -> None:
 
 
 def structured(backend: TransformersBackend, samples: int) -> None:
-    from zoo.trainer.critic import OperationsReply, compare_messages, operations_schema
-    from zoo.trainer.tasks import load_shipped
+    from zoo.trainer.tasks.schema import load_shipped
+    from zoo.trainer.tfgrpo.critic import OperationsReply, compare_messages, operations_schema
 
     tasks = load_shipped("train")[:samples]
     convos = []

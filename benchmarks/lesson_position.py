@@ -21,10 +21,10 @@ from tfgrpo import held_out_score, load_backend  # benchmarks/tfgrpo.py
 
 from zoo.inference.embedder import SentenceTransformerEmbedder
 from zoo.registry.experience import Experience, Library
-from zoo.trainer import families
-from zoo.trainer.llm import LLM
-from zoo.trainer.spec import TfGrpoSpec
-from zoo.trainer.tasks import Task, load_jsonl
+from zoo.trainer.tasks import families
+from zoo.trainer.tasks.schema import Task, load_jsonl
+from zoo.trainer.tfgrpo.llm import LLM
+from zoo.trainer.tfgrpo.spec import TfGrpoSpec
 
 
 def examples_for(train: list[Task], n: int) -> list[Task]:

@@ -1,7 +1,7 @@
 """Efficacy of TF-GRPO: does a learned library lift a frozen model on held-out tasks, by how much beyond
 the seed-to-seed spread, and what does learning cost?
 
-Per task family (the shipped convention families of trainer/families.py by default, or any JSONL a user
+Per task family (the shipped convention families of trainer/tasks/families.py by default, or any JSONL a user
 brings with --dataset/--validation/--test) and in one process with one loaded model:
 
 1. zero-shot: the held-out test score with an empty library (greedy, one completion a task);
@@ -47,12 +47,12 @@ from typing import Any
 from zoo.inference.embedder import SentenceTransformerEmbedder
 from zoo.registry.canonical import decode_library
 from zoo.registry.experience import Library
-from zoo.trainer import families
-from zoo.trainer.job import run_tf_grpo
-from zoo.trainer.llm import LLM
-from zoo.trainer.spec import TfGrpoSpec
-from zoo.trainer.tasks import Task, load_jsonl
-from zoo.trainer.tfgrpo import Context, TfGrpoRun
+from zoo.trainer.tasks import families
+from zoo.trainer.tasks.schema import Task, load_jsonl
+from zoo.trainer.tfgrpo.job import run_tf_grpo
+from zoo.trainer.tfgrpo.llm import LLM
+from zoo.trainer.tfgrpo.loop import Context, TfGrpoRun
+from zoo.trainer.tfgrpo.spec import TfGrpoSpec
 
 ABLATIONS = {
     "both": {"experience_kinds": "both"},

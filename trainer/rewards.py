@@ -89,7 +89,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from zoo.registry.errors import ValidationError
-from zoo.trainer.tasks import Task
+from zoo.trainer.tasks.schema import Task
 
 MAX_REASON_CHARS = 300
 

@@ -51,8 +51,8 @@ async def run_foreground(
     from zoo.node.components.probes import load_backend
     from zoo.node.jobs.runner import parse_spec
     from zoo.registry.store import LibraryStore
-    from zoo.trainer.job import run_tf_grpo
-    from zoo.trainer.llm import LLM
+    from zoo.trainer.tfgrpo.job import run_tf_grpo
+    from zoo.trainer.tfgrpo.llm import LLM
 
     out_dir = out_dir.expanduser().resolve()
     checkpoint = _load_checkpoint(out_dir) if resume else None

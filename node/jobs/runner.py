@@ -51,10 +51,10 @@ class StopRequested(Exception):
 
 def parse_spec(kind: str, spec: dict[str, Any]) -> Any:
     """The typed spec of a job kind; ValidationError for an unknown kind or a bad spec."""
-    from zoo.trainer.spec import load_tasks
+    from zoo.trainer.tfgrpo.spec import load_tasks
 
     if kind == "tf-grpo":
-        from zoo.trainer.spec import TfGrpoSpec
+        from zoo.trainer.tfgrpo.spec import TfGrpoSpec
 
         parsed: Any = TfGrpoSpec.parse(spec)
     elif kind == "gspo":
@@ -226,9 +226,9 @@ class JobRunner(Component):
         )
 
     async def _run_tf_grpo(self, record: JobRecord, resources: Resources, out_dir: Path) -> dict[str, Any]:
-        from zoo.trainer.job import run_tf_grpo
-        from zoo.trainer.llm import LLM
-        from zoo.trainer.spec import TfGrpoSpec
+        from zoo.trainer.tfgrpo.job import run_tf_grpo
+        from zoo.trainer.tfgrpo.llm import LLM
+        from zoo.trainer.tfgrpo.spec import TfGrpoSpec
 
         spec = TfGrpoSpec.parse(record.spec)
         stored = resources.current()

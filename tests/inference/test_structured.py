@@ -17,7 +17,7 @@ from zoo.inference.transformers_backend import TransformersBackend
 from zoo.node.config import default_cache_dir
 from zoo.registry.errors import ValidationError
 from zoo.registry.experience import Experience
-from zoo.trainer.critic import OperationsReply, operations_schema
+from zoo.trainer.tfgrpo.critic import OperationsReply, operations_schema
 
 IDS = ["exp-0123456789abcdef", "exp-fedcba9876543210"]
 LESSON_IDS = IDS[:1]  # the other one is a worked example: it may be deleted, never rewritten

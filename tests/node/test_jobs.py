@@ -28,7 +28,7 @@ from tests.trainer.scripted import ScriptedServer, arithmetic_policy, one_wrong_
 from zoo.inference.defaults import DEFAULT_LESSON_POSITION
 from zoo.node.client import NodeClient
 from zoo.registry.canonical import decode_library
-from zoo.trainer.tasks import Task, write_jsonl
+from zoo.trainer.tasks.schema import Task, write_jsonl
 from zoo.v1 import inference_pb2 as pb
 from zoo.v1 import jobs_pb2
 

@@ -32,9 +32,9 @@ from zoo.inference.embedder import SentenceTransformerEmbedder
 from zoo.node.jobs.store import JobState, JobStore
 from zoo.registry.canonical import decode_library
 from zoo.registry.store import LibraryStore, StoredVersion
-from zoo.trainer.job import run_tf_grpo
-from zoo.trainer.llm import LLM
-from zoo.trainer.spec import TfGrpoSpec
+from zoo.trainer.tfgrpo.job import run_tf_grpo
+from zoo.trainer.tfgrpo.llm import LLM
+from zoo.trainer.tfgrpo.spec import TfGrpoSpec
 
 CID = "bafkreif7mj3riqa7oiyf4da5lvx5epsszua32bcnfzccykznwxn75gnaaa"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tests.conftest import base_config, write_config
 from tests.devnet import cli_env, zoo
-from zoo.trainer import families
+from zoo.trainer.tasks import families
 
 
 def args(config: Path, out: Path, *extra: str) -> list[str]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from zoo.trainer.rewards import REWARDS, BaseReward, RewardResult, register
-from zoo.trainer.tasks import Task
+from zoo.trainer.tasks.schema import Task
 
 if "test_parity" not in REWARDS:
 

@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from zoo.inference.backend import Chunk, GenerationRequest, GenerationResult
-from zoo.trainer import critic
+from zoo.trainer.tfgrpo import critic
 
 Policy = Callable[["Call"], str]
 

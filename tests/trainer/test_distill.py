@@ -10,7 +10,7 @@ import pytest
 
 from zoo.inference.factors import decompress, tokenizer_tag
 from zoo.registry.experience import Experience
-from zoo.trainer.distill import distill_factors
+from zoo.trainer.tfgrpo.distill import distill_factors
 
 HIGH = [
     "Check units carefully, then the answer is 42.",

@@ -19,7 +19,7 @@ from zoo.trainer.gspo.policy import LoraPolicy
 from zoo.trainer.gspo.rollouts import RowStreams, completion_mask_of, generate
 from zoo.trainer.gspo.run import CHECKPOINTS, GspoRun
 from zoo.trainer.gspo.spec import GspoSpec
-from zoo.trainer.tasks import Task, write_jsonl
+from zoo.trainer.tasks.schema import Task, write_jsonl
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pytest
 
 from zoo.inference.embedder import SentenceTransformerEmbedder
 from zoo.registry.experience import Experience
-from zoo.trainer.operations import Proposal, consolidate, screen_lesson
+from zoo.trainer.tfgrpo.operations import Proposal, consolidate, screen_lesson
 
 BASE = "scripted"
 
@@ -71,7 +71,7 @@ def test_a_worked_example_is_kept_or_deleted_whole(embedder: SentenceTransformer
 
 
 def test_prune_drops_experiences_whose_rollouts_did_worse_than_their_groups() -> None:
-    from zoo.trainer.operations import prune
+    from zoo.trainer.tfgrpo.operations import prune
 
     a, b, c, d = (lesson(f"When pruning case {x}, keep the library small and sharp.") for x in "abcd")
     # a: cited only by failing rollouts; b: as bad but tried 3 times only; c: offered to every rollout of
@@ -85,7 +85,7 @@ def test_prune_drops_experiences_whose_rollouts_did_worse_than_their_groups() ->
 
 
 def test_prune_keeps_the_best_under_the_cap_and_spares_new_ones() -> None:
-    from zoo.trainer.operations import prune
+    from zoo.trainer.tfgrpo.operations import prune
 
     low, mid, high, new = (lesson(f"When capping case {x}, drop the least useful lesson.") for x in "wxyz")
     credit = {low.id: [-0.4, 2], mid.id: [0.0, 2], high.id: [3.0, 5]}
@@ -99,7 +99,7 @@ def test_prune_keeps_the_best_under_the_cap_and_spares_new_ones() -> None:
 
 
 def test_a_rewritten_lesson_keeps_the_record_of_the_one_it_replaces() -> None:
-    from zoo.trainer.operations import prune
+    from zoo.trainer.tfgrpo.operations import prune
 
     old = lesson("When adding, always add one more to the total at the end.")
     reworded = lesson("When adding numbers, add one extra to the total at the end.")

@@ -31,7 +31,7 @@ from zoo.trainer.rewards import (
     parse_number,
     score_group,
 )
-from zoo.trainer.tasks import Task
+from zoo.trainer.tasks.schema import Task
 
 
 def math_task(answer: str | None) -> Task:

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from zoo.registry.errors import ValidationError
-from zoo.trainer import gen_tasks, rewards
+from zoo.trainer import rewards
 from zoo.trainer.rewards import get_reward
-from zoo.trainer.tasks import (
+from zoo.trainer.tasks import generate as gen_tasks
+from zoo.trainer.tasks.schema import (
     DATA_DIR,
     GENERAL_INSTRUCTION,
     MATH_INSTRUCTION,
@@ -251,7 +252,7 @@ def test_generator_reproduces_the_shipped_files(tmp_path: Path) -> None:
 
 
 def test_convention_families_are_reproducible_balanced_and_disjoint(tmp_path: Path) -> None:
-    from zoo.trainer import families
+    from zoo.trainer.tasks import families
 
     sizes = families.write(tmp_path)
     assert sizes == {name: {"train": 24, "validation": 12, "test": 16} for name in families.FAMILIES}
@@ -278,7 +279,7 @@ def test_convention_families_are_reproducible_balanced_and_disjoint(tmp_path: Pa
 
 def test_unset_prompt_settings_come_from_the_serving_side() -> None:
     from zoo.inference.defaults import ServingDefaults
-    from zoo.trainer.spec import TfGrpoSpec
+    from zoo.trainer.tfgrpo.spec import TfGrpoSpec
 
     served = ServingDefaults(k=3, experience_budget_tokens=256, lesson_position="user", factor_eta=0.5,
                              factor_cap=2.0)  # fmt: skip

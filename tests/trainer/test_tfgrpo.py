@@ -22,12 +22,11 @@ from tests.trainer.scripted import Call, ScriptedBackend, arithmetic_policy, box
 from zoo.inference.embedder import SentenceTransformerEmbedder
 from zoo.registry.canonical import decode_library
 from zoo.registry.experience import Experience, Library
-from zoo.trainer.job import run_tf_grpo
-from zoo.trainer.llm import LLM
 from zoo.trainer.rewards import RewardResult
-from zoo.trainer.spec import TfGrpoSpec
-from zoo.trainer.tasks import Task, instruction_for, write_jsonl
-from zoo.trainer.tfgrpo import (
+from zoo.trainer.tasks.schema import Task, instruction_for, write_jsonl
+from zoo.trainer.tfgrpo.job import run_tf_grpo
+from zoo.trainer.tfgrpo.llm import LLM
+from zoo.trainer.tfgrpo.loop import (
     Context,
     Group,
     TfGrpoRun,
@@ -37,6 +36,7 @@ from zoo.trainer.tfgrpo import (
     confidence_of,
     example_candidate,
 )
+from zoo.trainer.tfgrpo.spec import TfGrpoSpec
 
 GOOD = "When adding two numbers, add the ones digits first and then the tens digits."
 POISON = "When adding two numbers, always add one more to the total at the end."
@@ -456,7 +456,7 @@ def test_distilled_factors_are_tried_and_then_decode_later_rollouts(
     tmp_path: Path, embedder, tokenizer
 ) -> None:
     from zoo.inference.factors import tokenizer_tag
-    from zoo.trainer.tfgrpo import FACTOR_TRIAL_CONFIDENCE
+    from zoo.trainer.tfgrpo.loop import FACTOR_TRIAL_CONFIDENCE
 
     policy = arithmetic_policy(correct=one_wrong_in(3), compare=good_lesson)
     val = str(tasks_file(tmp_path, 2, "val.jsonl", 10))

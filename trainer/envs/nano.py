@@ -80,7 +80,7 @@ from zoo.trainer.envs.tool_calls import (
     tools_prompt,
 )
 from zoo.trainer.rewards import RewardResult, get_reward, parse_patch
-from zoo.trainer.tasks import ID_RE, Task
+from zoo.trainer.tasks.schema import ID_RE, Task
 
 log = logging.getLogger(__name__)
 

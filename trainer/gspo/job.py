@@ -27,8 +27,8 @@ from zoo.trainer.gspo.processes import Processes
 from zoo.trainer.gspo.run import GspoRun, OnStep
 from zoo.trainer.gspo.spec import GspoSpec
 from zoo.trainer.report import write_report
-from zoo.trainer.spec import SHIPPED, load_tasks
-from zoo.trainer.tasks import split
+from zoo.trainer.tasks.schema import split
+from zoo.trainer.tfgrpo.spec import SHIPPED, load_tasks
 
 ADAPTER_DIR = "adapter"
 

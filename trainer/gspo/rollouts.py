@@ -23,7 +23,7 @@ from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogits
 
 from zoo.trainer.gspo.policy import LoraPolicy
 from zoo.trainer.schedule import seed_of
-from zoo.trainer.tasks import Task, instruction_for
+from zoo.trainer.tasks.schema import Task, instruction_for
 
 
 @dataclass

@@ -40,7 +40,7 @@ from zoo.trainer.gspo.rollouts import Rollouts, generate, stack
 from zoo.trainer.gspo.spec import GspoSpec
 from zoo.trainer.rewards import BaseReward, get_reward, score_group
 from zoo.trainer.schedule import batches, seed_of, total_steps
-from zoo.trainer.tasks import Task
+from zoo.trainer.tasks.schema import Task
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.pt"

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from zoo.inference.defaults import LessonPosition, ServingDefaults
 from zoo.registry.errors import ValidationError
-from zoo.trainer.tasks import Task, load_jsonl, load_shipped, split
+from zoo.trainer.tasks.schema import Task, load_jsonl, load_shipped, split
 
 SHIPPED = "shipped"
 

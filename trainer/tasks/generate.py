@@ -1,6 +1,6 @@
-"""Generates the task set shipped in trainer/data/: small, exactly checkable problems for CPU-sized runs.
+"""Generates the task set shipped in trainer/tasks/data/: small, exactly checkable problems for CPU runs.
 
-    python -m zoo.trainer.gen_tasks [--seed 0] [--out trainer/data] [--validation-fraction 0.2]
+    python -m zoo.trainer.tasks.generate [--seed 0] [--out trainer/tasks/data] [--validation-fraction 0.2]
 
 Three domains, chosen so that the bundled 135M model has a chance on some of them and every answer can
 be verified without a judge:
@@ -23,7 +23,7 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
-from zoo.trainer.tasks import DATA_DIR, Task, split, write_jsonl
+from zoo.trainer.tasks.schema import DATA_DIR, Task, split, write_jsonl
 
 N_ARITHMETIC = 60
 N_UNITS = 40

@@ -1,7 +1,7 @@
-"""Generates the convention task families shipped in trainer/data/families/: tasks whose correct answer
+"""Generates the convention task families shipped in trainer/tasks/data/families/: tasks whose correct answer
 depends on a convention no model can guess, but one experience (a rule or a worked example) can carry.
 
-    python -m zoo.trainer.families [--seed 0] [--out trainer/data/families]
+    python -m zoo.trainer.tasks.families [--seed 0] [--out trainer/tasks/data/families]
 
 They exist to show learning. Arithmetic a model already half knows moves little with experience; on
 these, zero-shot scores are near 0 (or chance for labels) on any model, and what a learned library holds
@@ -27,7 +27,7 @@ import argparse
 import random
 from pathlib import Path
 
-from zoo.trainer.tasks import DATA_DIR, Task, write_jsonl
+from zoo.trainer.tasks.schema import DATA_DIR, Task, write_jsonl
 
 FAMILIES_DIR = DATA_DIR / "families"
 SPLITS = (("train", 24), ("validation", 12), ("test", 16))
@@ -106,7 +106,7 @@ def generate(name: str, seed: int = 0) -> dict[str, list[Task]]:
 
 
 def path(name: str, split_name: str, root: Path = FAMILIES_DIR) -> Path:
-    """Where a family's split is shipped, e.g. trainer/data/families/lengths-test.jsonl."""
+    """Where a family's split is shipped, e.g. trainer/tasks/data/families/lengths-test.jsonl."""
     return root / f"{name}-{split_name}.jsonl"
 
 

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from zoo.inference.backend import ResponseFormat
 from zoo.registry.experience import MAX_TEXT_CHARS, MAX_WORDS, MIN_WORDS, TRIGGER_WORDS, Experience
-from zoo.trainer.llm import LLM
+from zoo.trainer.tfgrpo.llm import LLM
 
 M = TypeVar("M", bound=BaseModel)
 STRICT_MARK = "Your previous reply could not be used"

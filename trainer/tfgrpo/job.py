@@ -23,10 +23,10 @@ from zoo.registry.canonical import encode_library
 from zoo.registry.experience import Library
 from zoo.registry.fsutil import write_atomic
 from zoo.registry.merkle import library_root
-from zoo.trainer.llm import LLM
 from zoo.trainer.report import write_report
-from zoo.trainer.spec import TfGrpoSpec, load_tasks
-from zoo.trainer.tfgrpo import Context, TfGrpoRun, TrainState, report
+from zoo.trainer.tfgrpo.llm import LLM
+from zoo.trainer.tfgrpo.loop import Context, TfGrpoRun, TrainState, report
+from zoo.trainer.tfgrpo.spec import TfGrpoSpec, load_tasks
 
 Emit = Callable[[str, dict[str, Any]], Awaitable[None]]
 Save = Callable[[int, dict[str, Any], tuple[str, dict[str, Any]]], Awaitable[None]]

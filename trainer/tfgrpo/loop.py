@@ -56,13 +56,13 @@ from zoo.inference.prompt import assemble, parse_citations
 from zoo.inference.retrieval import Hit, RetrievalIndex
 from zoo.registry.canonical import decode_library, encode_library
 from zoo.registry.experience import MAX_ANSWER_CHARS, MAX_QUESTION_CHARS, Experience, ExpertFactors, Library
-from zoo.trainer import critic
-from zoo.trainer.llm import LLM, Ledger
-from zoo.trainer.operations import Outcome, Proposal, add_examples, consolidate, prune, screen_lesson
 from zoo.trainer.rewards import BaseReward, RewardResult, ascore_group, get_reward
 from zoo.trainer.schedule import batches, seed_of, total_steps
-from zoo.trainer.spec import TfGrpoSpec
-from zoo.trainer.tasks import Task, instruction_for
+from zoo.trainer.tasks.schema import Task, instruction_for
+from zoo.trainer.tfgrpo import critic
+from zoo.trainer.tfgrpo.llm import LLM, Ledger
+from zoo.trainer.tfgrpo.operations import Outcome, Proposal, add_examples, consolidate, prune, screen_lesson
+from zoo.trainer.tfgrpo.spec import TfGrpoSpec
 
 STATE_VERSION = 2  # 2: confidence moves from a recorded prior by mean advantage (not by counts)
 ADVANTAGE_EPS = 1e-4
@@ -773,7 +773,7 @@ class TfGrpoRun:
             if note not in state.notes:
                 state.notes.append(note)
             return None
-        from zoo.trainer.distill import distill_factors
+        from zoo.trainer.tfgrpo.distill import distill_factors
 
         def factors(p: Proposal) -> ExpertFactors | None:
             if not 0 <= p.group < len(groups):

@@ -1,0 +1,3 @@
+"""zoo.trainer.tasks: what learning jobs learn from: the Task schema and its JSONL files (schema.py), the
+shipped task set and convention families and their generators (generate.py, families.py, data/). Imports
+zoo.trainer's rewards and schedule, inference and registry; never a learning loop."""
