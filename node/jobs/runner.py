@@ -51,7 +51,7 @@ class StopRequested(Exception):
 
 def parse_spec(kind: str, spec: dict[str, Any]) -> Any:
     """The typed spec of a job kind; ValidationError for an unknown kind or a bad spec."""
-    from zoo.trainer.tfgrpo.spec import load_tasks
+    from zoo.trainer.tasks.source import load_tasks
 
     if kind == "tf-grpo":
         from zoo.trainer.tfgrpo.spec import TfGrpoSpec

@@ -28,7 +28,7 @@ from zoo.trainer.gspo.run import GspoRun, OnStep
 from zoo.trainer.gspo.spec import GspoSpec
 from zoo.trainer.report import write_report
 from zoo.trainer.tasks.schema import split
-from zoo.trainer.tfgrpo.spec import SHIPPED, load_tasks
+from zoo.trainer.tasks.source import SHIPPED, load_tasks
 
 ADAPTER_DIR = "adapter"
 

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from zoo.trainer.tfgrpo.spec import TaskSource
+from zoo.trainer.tasks.source import TaskSource
 
 # Attention and MLP projections of Llama-family models (SmolLM2, Qwen, Llama, Mistral).
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

@@ -24,9 +24,10 @@ from zoo.registry.experience import Library
 from zoo.registry.fsutil import write_atomic
 from zoo.registry.merkle import library_root
 from zoo.trainer.report import write_report
+from zoo.trainer.tasks.source import load_tasks
 from zoo.trainer.tfgrpo.llm import LLM
 from zoo.trainer.tfgrpo.loop import Context, TfGrpoRun, TrainState, report
-from zoo.trainer.tfgrpo.spec import TfGrpoSpec, load_tasks
+from zoo.trainer.tfgrpo.spec import TfGrpoSpec
 
 Emit = Callable[[str, dict[str, Any]], Awaitable[None]]
 Save = Callable[[int, dict[str, Any], tuple[str, dict[str, Any]]], Awaitable[None]]
