@@ -24,13 +24,13 @@ from zoo.trainer.rewards import (
     RewardResult,
     UnitTests,
     ascore_group,
-    extract_answer,
     get_reward,
-    newly_passing_rate,
-    parse_judge_score,
-    parse_number,
     score_group,
 )
+from zoo.trainer.rewards.answers import Extracted, extract_answer, parse_number
+from zoo.trainer.rewards.judge import parse_judge_score
+from zoo.trainer.rewards.patch import parse_unified_diff, similarity
+from zoo.trainer.rewards.unit_tests import newly_passing_rate
 from zoo.trainer.tasks.schema import Task
 
 
@@ -96,9 +96,9 @@ def test_exact_match(completion: str, expected: str, score: float) -> None:
 
 
 def test_extraction_methods() -> None:
-    assert extract_answer("\\boxed{\\boxed{3}/4}") == rewards.Extracted("\\boxed{3}/4", "boxed")
-    assert extract_answer("answer:\n 7 km") == rewards.Extracted("7 km", "marker")
-    assert extract_answer("we get 4, then 9.5") == rewards.Extracted("9.5", "last_number")
+    assert extract_answer("\\boxed{\\boxed{3}/4}") == Extracted("\\boxed{3}/4", "boxed")
+    assert extract_answer("answer:\n 7 km") == Extracted("7 km", "marker")
+    assert extract_answer("we get 4, then 9.5") == Extracted("9.5", "last_number")
     assert extract_answer("\\boxed{} nothing") is None  # an empty box is no answer
     assert extract_answer("no digits here") is None
 
@@ -371,7 +371,7 @@ def test_missing_and_extra_files_average_over_the_larger_set() -> None:
     extra = DIFF_A + DIFF_B.replace("util.py", "other.py")
     assert reward.score(patch_task(DIFF_A), extra).score == 0.5
     # Three files against one, the shared one half-similar.
-    half = rewards.similarity('+    return f"Hello, {name}!"', '+    return f"Hi, {name}"')
+    half = similarity('+    return f"Hello, {name}!"', '+    return f"Hi, {name}"')
     three = DIFF_B + DIFF_B.replace("util.py", "b.py") + '--- a/x\n+++ b/app.py\n+    return f"Hi, {name}"\n'
     ref = '--- a/app.py\n+++ b/app.py\n+    return f"Hello, {name}!"\n'
     assert reward.score(patch_task(ref), three).score == pytest.approx(half / 3)
@@ -386,7 +386,7 @@ def test_file_maps_and_mixed_forms() -> None:
     # A diff is compared with a file map through its added lines.
     diff = "--- /dev/null\n+++ b/app.py\n@@ -0,0 +1,2 @@\n+def f():\n+    return 1\n"
     assert reward.score(patch_task(reference), diff).score == pytest.approx(
-        rewards.similarity("def f():\n    return 1", "def f():\n    return 1\n") / 2
+        similarity("def f():\n    return 1", "def f():\n    return 1\n") / 2
     )
 
 
@@ -399,7 +399,7 @@ def test_diff_parsing_survives_wrong_hunk_counts_and_dash_lines() -> None:
     diff = (
         "--- a/m.md\n+++ b/m.md\n@@ -1,1 +1,1 @@\n---- old rule\n+++++ new rule\n--- a/n.md\n+++ b/n.md\n+x\n"
     )
-    files = rewards.parse_unified_diff(diff)
+    files = parse_unified_diff(diff)
     assert files["m.md"].changes == ["---- old rule", "+++++ new rule"]
     assert files["n.md"].changes == ["+x"]
 

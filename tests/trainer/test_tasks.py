@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from zoo.registry.errors import ValidationError
-from zoo.trainer import rewards
 from zoo.trainer.rewards import get_reward
+from zoo.trainer.rewards.unit_tests import unit_test_names
 from zoo.trainer.tasks import generate as gen_tasks
 from zoo.trainer.tasks.schema import (
     DATA_DIR,
@@ -227,7 +227,7 @@ def test_shipped_data_sizes_and_domains() -> None:
             assert 0 <= int(task.answer) <= 12000  # whole numbers, small enough for a 135M model
         else:
             assert task.verifier == "unit_tests"
-            assert 3 <= len(rewards.unit_test_names(task.verifier_args["tests"])) <= 5
+            assert 3 <= len(unit_test_names(task.verifier_args["tests"])) <= 5
 
 
 def test_every_shipped_task_accepts_its_reference_answer() -> None:

@@ -79,7 +79,8 @@ from zoo.trainer.envs.tool_calls import (
     tool_results_message,
     tools_prompt,
 )
-from zoo.trainer.rewards import RewardResult, get_reward, parse_patch
+from zoo.trainer.rewards import RewardResult, get_reward
+from zoo.trainer.rewards.patch import parse_patch
 from zoo.trainer.tasks.schema import ID_RE, Task
 
 log = logging.getLogger(__name__)
