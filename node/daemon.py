@@ -24,6 +24,7 @@ from zoo.node.api.jobs import JobServicer
 from zoo.node.api.library import LibraryServicer
 from zoo.node.api.node import NodeServicer
 from zoo.node.api.server import BindError, HealthBridge, build_server
+from zoo.node.api.serving import ServingRules
 from zoo.node.components.inference import NodeLibraryView, RetrievalComponent
 from zoo.node.components.library import LibraryComponent
 from zoo.node.components.models import model_id, resolve_model_path
@@ -471,7 +472,14 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
     servicer.serving = lambda: serving_stats(admission, lambda: model.backend)
     metrics.watch_serving(servicer.serving)
     engine = build_engine(cfg, supervisor, meter, metrics, credits)
-    router = _router(cfg, supervisor)
+    # Placement, readiness and priority: one set of rules for gRPC and the HTTP API.
+    rules = ServingRules(
+        engine,
+        model_id(cfg, model_path),
+        adapters=AdapterDirectory(cfg.adapters_dir).names,
+        router=_router(cfg, supervisor),
+        credits=credits,
+    )
     servicers: list[Any] = [
         (node_pb2_grpc.add_NodeServiceServicer_to_server, servicer),
         (
@@ -481,14 +489,10 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
         (
             inference_pb2_grpc.add_InferenceServiceServicer_to_server,
             InferenceServicer(
-                engine,
+                rules,
                 cfg.inference,
                 admission,
-                base_model=model_id(cfg, model_path),
-                adapters=AdapterDirectory(cfg.adapters_dir).names,
-                router=router,
                 peer_id=lambda: getattr(supervisor.components["p2p"], "peer_id", ""),
-                credits=credits,
             ),
         ),
     ]
@@ -502,7 +506,7 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
         raise StartupError(str(e)) from None
 
     deps = ApiDeps(
-        engine,
+        rules,
         admission,
         cfg.inference,
         metrics,
@@ -510,10 +514,7 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
         _embedder(supervisor),
         embedder_model_id(cfg.embedder.path),
         api_key=cfg.server.api_key.get_secret_value() if cfg.server.api_key else None,
-        adapters=AdapterDirectory(cfg.adapters_dir),
-        router=router,
         identify=identify,
-        credits=credits,
     )
     http = await _start_http(cfg, metrics, deps)
     http_url = http.address if http is not None else ""
@@ -570,8 +571,8 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
     # New RPCs and HTTP requests are refused at once; in-flight ones get the grace period to finish.
     grace = cfg.server.grace_period_s
     await asyncio.gather(server.stop(grace), *([http.stop(grace)] if http is not None else []))
-    if router is not None:
-        await router.close()
+    if rules.router is not None:
+        await rules.router.close()
     await supervisor.stop()
     meter.close()
     metrics.shutdown()

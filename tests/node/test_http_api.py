@@ -545,11 +545,12 @@ def call_app(engine, method: str, path: str, body: dict | None = None, embedder=
     from zoo.node.api.admission import Admission
     from zoo.node.api.http.routes import ApiDeps
     from zoo.node.api.http.server import build_app
+    from zoo.node.api.serving import ServingRules
     from zoo.node.config import InferenceConfig
     from zoo.node.metrics import NodeMetrics
 
     deps = ApiDeps(
-        lambda: engine,
+        ServingRules(lambda: engine, MODEL),
         Admission(1, 0, 1.0),
         InferenceConfig(),
         NodeMetrics("test"),

@@ -195,9 +195,10 @@ def test_a_request_for_a_model_only_b_serves_is_answered_by_b_through_a(net: Net
             client.inference.Infer(pinned, timeout=30)
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE
         assert BUNDLED in e.value.details() and "0x" + "cd" * 32 in e.value.details()
-        with pytest.raises(grpc.RpcError) as e:
+        with pytest.raises(grpc.RpcError) as e:  # no peer advertises it: not found (as over HTTP)
             client.inference.Infer(inference_pb2.InferRequest(prompt="hi", model="no-such/model"), timeout=30)
-        assert e.value.code() == grpc.StatusCode.UNAVAILABLE and "no-such/model" in e.value.details()
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND and "no-such/model" in e.value.details()
+        assert "no peer advertises it" in e.value.details()
         with pytest.raises(grpc.RpcError) as e:  # bad input is refused before anything is forwarded
             client.inference.Infer(inference_pb2.InferRequest(model=BUNDLED), timeout=30)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -225,6 +226,43 @@ def test_openai_clients_reach_b_s_model_through_a(net: Net) -> None:
         assert text == answer["choices"][0]["message"]["content"]
         missing = http.post("/chat/completions", json={**body, "model": "no-such/model"})
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
+def test_the_same_request_is_placed_alike_through_grpc_and_http(net: Net) -> None:
+    """One placement rule (node/api/serving.py) behind both front doors of A: a model only B serves is
+    answered by B, a model nobody serves is not found, a bad request is refused, whichever door it takes."""
+    a, b = net.nodes["a"], net.nodes["b"]
+    b_id = peers(b).peer_id
+    wait_until("B capable at A", lambda: capable_at(a, b_id), 20, a)
+
+    def through_grpc(model: str, content: str) -> tuple[str, str]:
+        request = inference_pb2.InferRequest(
+            messages=[inference_pb2.ChatMessage(role="user", content=content)], model=model,
+            sampling=inference_pb2.SamplingParams(max_tokens=8),
+        )  # fmt: skip
+        with NodeClient(a.address) as client:
+            try:
+                return "ok", client.inference.Infer(request, timeout=120).text
+            except grpc.RpcError as e:
+                return e.code().name, e.details() or ""
+
+    def through_http(model: str, content: str) -> tuple[str, str]:
+        body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 8}
+        r = httpx.post(a.info["http"] + "/v1/chat/completions", json=body, timeout=120)
+        if r.status_code == 200:
+            return "ok", r.json()["choices"][0]["message"]["content"]
+        return {404: "NOT_FOUND", 400: "INVALID_ARGUMENT"}.get(r.status_code, str(r.status_code)), r.text
+
+    for model, content, expected in [
+        (BUNDLED, "What is 2 + 3?", "ok"),
+        ("no-such/model", "What is 2 + 3?", "NOT_FOUND"),
+        (BUNDLED, "", "INVALID_ARGUMENT"),
+        ("bad\nname", "hi", "INVALID_ARGUMENT"),
+    ]:
+        by_grpc, by_http = through_grpc(model, content), through_http(model, content)
+        assert by_grpc[0] == by_http[0] == expected, (model, content, by_grpc, by_http)
+        if expected == "ok":  # answered by B both times: greedy, same model, same library
+            assert by_grpc[1] == by_http[1] and by_grpc[1]
 
 
 def test_routing_tries_one_other_peer_after_a_transport_failure(net: Net, tmp_path: Path) -> None:

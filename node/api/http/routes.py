@@ -20,9 +20,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from zoo.inference.adapters import AdapterDirectory
-from zoo.inference.backend import BackendError, BackendUnavailable, Chunk
-from zoo.inference.engine import InferenceEngine, InferOutcome, InferParams
+from zoo.inference.backend import BackendError, Chunk
+from zoo.inference.engine import InferOutcome, InferParams
 from zoo.node.api.admission import Admission
 from zoo.node.api.http.errors import ApiError, api_error_for, unsupported
 from zoo.node.api.http.responses import SSE_DONE, Answer, ChatAnswer, CompletionAnswer, encode_vector, sse
@@ -45,9 +44,15 @@ from zoo.node.api.http.schemas import (
     read_body,
     response_format,
 )
-from zoo.node.api.inference import FieldNames, validate_params
+from zoo.node.api.serving import (
+    FieldNames,
+    ModelNotServed,
+    ServingRules,
+    outcome_from_proto,
+    params_to_request,
+    validate_params,
+)
 from zoo.node.config import InferenceConfig
-from zoo.node.credits.book import CreditBook
 from zoo.node.credits.consent import SpendUnavailable
 from zoo.node.credits.identity import Identify
 from zoo.node.credits.signing import HEADER, SPEND_HEADER, SignatureError
@@ -73,7 +78,7 @@ def embedder_model_id(path: Path | None) -> str:
 class ApiDeps:
     """What the HTTP API shares with the rest of the daemon."""
 
-    engine: Callable[[], InferenceEngine | None]
+    rules: ServingRules  # placement, readiness and priority, as gRPC applies them (node/api/serving.py)
     admission: Admission
     inference: InferenceConfig
     metrics: NodeMetrics
@@ -82,10 +87,7 @@ class ApiDeps:
     embedder_id: str
     api_key: str | None = None
     max_body_bytes: int = 4 * 1024 * 1024
-    adapters: AdapterDirectory | None = None  # named LoRA adapters, served as models of their own
-    router: Any = None  # a p2p Router: models this node does not serve are answered by a peer
     identify: Identify | None = None  # signed requests (node.credits); None: every client is anonymous
-    credits: CreditBook | None = None  # credit holders wait ahead of everyone; None: no ledger
 
 
 class OpenAIApi:
@@ -196,12 +198,6 @@ class OpenAIApi:
             raise ApiError(_HTTP_STATUS_OF_GRPC.get(e.code, 502), str(e), type="peer_error") from None
         return JSONResponse(answer.whole(outcome, queue_ms))
 
-    def _engine(self) -> InferenceEngine:
-        engine = self.deps.engine()
-        if engine is None:
-            raise BackendUnavailable("the model is still loading; retry shortly (see health of 'model')")
-        return engine
-
     async def _generate(
         self, params: InferParams, remote: str = ""
     ) -> AsyncGenerator[tuple[float, Chunk | InferOutcome], None]:
@@ -211,19 +207,15 @@ class OpenAIApi:
         Closing this generator closes the engine's stream, which stops generation.
         """
         if remote:
-            from zoo.node.api.inference import outcome_from_proto, params_to_request
-
-            async for chunk in self.deps.router.infer_stream(params_to_request(params, remote)):
+            async for chunk in self.deps.rules.router.infer_stream(params_to_request(params, remote)):
                 if chunk.HasField("final"):
                     yield 0.0, outcome_from_proto(chunk.final)
                 else:
                     yield 0.0, Chunk(delta=chunk.delta)
             return
-        engine = self._engine()
-        credits = self.deps.credits
-        params.priority = credits is not None and await credits.is_holder(params.client, params.spend)
+        engine = self.deps.rules.engine()
         async with (
-            self.deps.admission.slot(params.priority) as queue_ms,
+            self.deps.admission.slot(await self.deps.rules.prioritise(params)) as queue_ms,
             contextlib.aclosing(engine.stream(params)) as items,
         ):
             async for item in items:
@@ -301,7 +293,7 @@ class OpenAIApi:
             self._embedding_requests -= 1
 
     def _adapter_names(self) -> list[str]:
-        return self.deps.adapters.names() if self.deps.adapters is not None else []
+        return self.deps.rules.adapters()
 
     def _cards(self) -> list[dict[str, Any]]:
         card = {"object": "model", "created": self.started, "owned_by": "zoo-node"}
@@ -322,22 +314,13 @@ class OpenAIApi:
         raise _model_not_found(wanted, [c["id"] for c in self._cards()])
 
     def _placement(self, model: str) -> tuple[str, str]:
-        """(adapter, remote model): the adapter `model` names here ("" for the base model), or, when this
-        node serves neither and a peer advertises it (routing on), `model` itself (else 404)."""
-        served = model == self.deps.model_id or model in self._adapter_names()
-        # A model no peer advertises either stays a 404 (model_not_found), as OpenAI clients expect.
-        if not served and self.deps.router is not None and self.deps.router.candidates(model):
-            return "", model
-        return self._adapter_for(model), ""
-
-    def _adapter_for(self, model: str) -> str:
-        """The adapter a generation request's `model` names: "" for the base model (404 if neither)."""
-        if model == self.deps.model_id:
-            return ""
-        adapters = self._adapter_names()
-        if model in adapters:
-            return model
-        raise _model_not_found(model, [self.deps.model_id, *adapters], "chat ")
+        """(adapter, remote model) by serving.py's placement rule; a model nobody serves is OpenAI's 404
+        model_not_found, as its clients expect."""
+        try:
+            placement = self.deps.rules.place(model)
+        except ModelNotServed as e:
+            raise _model_not_found(model, e.served, "chat ") from None
+        return placement.adapter, placement.remote
 
 
 # A peer's refusal, passed on: the gRPC status it answered, as an HTTP status.

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict
 from zoo.inference.backend import ResponseFormat
 from zoo.inference.structured import parse_response_format
 from zoo.node.api.http.errors import ApiError, api_error_for, invalid, unsupported
-from zoo.node.api.inference import FieldNames
+from zoo.node.api.serving import FieldNames
 from zoo.registry.errors import ValidationError
 
 MAX_EMBED_INPUTS = 256
