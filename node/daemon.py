@@ -7,12 +7,11 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sqlite3
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zoo.inference.adapters import AdapterDirectory
 from zoo.node import __version__
@@ -25,7 +24,7 @@ from zoo.node.api.library import LibraryServicer
 from zoo.node.api.node import NodeServicer
 from zoo.node.api.server import BindError, HealthBridge, build_server
 from zoo.node.api.serving import ServingRules
-from zoo.node.components.inference import NodeLibraryView, RetrievalComponent
+from zoo.node.components.inference import RetrievalComponent, answer_metering, engine_provider
 from zoo.node.components.library import LibraryComponent
 from zoo.node.components.models import model_id, resolve_model_path
 from zoo.node.components.probes import ChainComponent, IpfsComponent, ModelComponent
@@ -34,7 +33,7 @@ from zoo.node.config import NodeConfig, parse_listen
 from zoo.node.credits.book import CreditBook
 from zoo.node.credits.consent import SpendCheck
 from zoo.node.credits.identity import Identify
-from zoo.node.credits.meter import Served, UsageMeter
+from zoo.node.credits.meter import UsageMeter
 from zoo.node.credits.verifier import RequestVerifier
 from zoo.node.datadir import DataDir, DataDirLocked
 from zoo.node.jobs.runner import JobRunner, Resources
@@ -42,6 +41,9 @@ from zoo.node.logs import configure_logging, get_logger
 from zoo.node.metrics import NodeMetrics
 from zoo.registry.store import LibraryStore
 from zoo.v1 import inference_pb2_grpc, jobs_pb2_grpc, library_pb2_grpc, node_pb2_grpc
+
+if TYPE_CHECKING:  # imported where p2p is enabled: py-libp2p is heavy at start-up
+    from zoo.node.p2p.component import P2PComponent
 
 log = get_logger("zoo.node.daemon")
 
@@ -150,6 +152,33 @@ def register_on_devnet(devnet: Any, data_dir: DataDir) -> bool:
     return True
 
 
+@dataclass
+class Parts:
+    """The daemon's components, typed; `all()` is what the supervisor runs, in start order."""
+
+    chain: ChainComponent | DisabledComponent
+    ipfs: Component
+    model: ModelComponent
+    p2p: P2PComponent | None  # None: p2p.enabled = false
+    library: LibraryComponent
+    retrieval: RetrievalComponent
+    jobs: JobRunner
+    settlement: Component
+
+    def all(self) -> list[Component]:
+        p2p = self.p2p or DisabledComponent("p2p", "p2p.enabled = false")
+        return [
+            self.chain,
+            self.ipfs,
+            self.model,
+            p2p,
+            self.library,
+            self.retrieval,
+            self.jobs,
+            self.settlement,
+        ]
+
+
 def build_components(
     cfg: NodeConfig,
     data_dir: DataDir,
@@ -157,21 +186,20 @@ def build_components(
     wiring: Wiring,
     metrics: NodeMetrics,
     meter: UsageMeter,
-) -> list[Component]:
-    comps: list[Component] = []
-    if wiring.rpc_url:
-        comps.append(ChainComponent(wiring.rpc_url, wiring.registry_address, cfg.chain.probe_interval_s))
-    else:
-        comps.append(DisabledComponent("chain", "chain.mode = 'off'"))
-    if wiring.ipfs_api:
-        comps.append(IpfsComponent(wiring.ipfs_api, cfg.ipfs.probe_interval_s))
-    else:
-        comps.append(DisabledComponent("ipfs", "ipfs.api_url is not set"))
+) -> Parts:
+    chain: ChainComponent | DisabledComponent = (
+        ChainComponent(wiring.rpc_url, wiring.registry_address, cfg.chain.probe_interval_s)
+        if wiring.rpc_url
+        else DisabledComponent("chain", "chain.mode = 'off'")
+    )
+    ipfs: Component = (
+        IpfsComponent(wiring.ipfs_api, cfg.ipfs.probe_interval_s)
+        if wiring.ipfs_api
+        else DisabledComponent("ipfs", "ipfs.api_url is not set")
+    )
     model = ModelComponent(cfg.model, model_path, model_id(cfg, model_path), cfg.inference.max_batch_size)
-    comps.append(model)
     store = LibraryStore(data_dir.path)
     p2p = _p2p_component(cfg, data_dir, wiring, store, metrics) if cfg.p2p.enabled else None
-    comps.append(p2p or DisabledComponent("p2p", "p2p.enabled = false"))
     factory = None
     if wiring.rpc_url and wiring.registry_address and (wiring.ipfs_api or p2p is not None):
         factory = _follower_factory(cfg, data_dir, wiring, store, p2p)
@@ -199,9 +227,11 @@ def build_components(
     library.on_change = retrieval.library_changed
     if p2p is not None:
         p2p.on_newer_version = lambda _version: library.wake()
-    comps += [library, retrieval, _job_runner(cfg, data_dir, model, library, retrieval, metrics)]
-    comps.append(_settlement(cfg, data_dir, wiring, metrics, meter))
-    return comps
+    return Parts(
+        chain, ipfs, model, p2p, library, retrieval,
+        _job_runner(cfg, data_dir, model, library, retrieval, metrics),
+        _settlement(cfg, data_dir, wiring, metrics, meter),
+    )  # fmt: skip
 
 
 def _settlement(
@@ -260,83 +290,6 @@ def _job_runner(
         else f"GSPO trains LoRA adapters on local weights: model.backend is {cfg.model.backend!r}, "
         "it must be 'transformers'",
     )
-
-
-def build_engine(
-    cfg: NodeConfig,
-    supervisor: Supervisor,
-    meter: UsageMeter,
-    metrics: NodeMetrics,
-    credits: CreditBook | None,
-) -> Any:
-    """A provider of the inference engine: None until the model has loaded."""
-    from zoo.inference.engine import InferenceEngine
-
-    model = supervisor.components["model"]
-    library = supervisor.components["library"]
-    retrieval = supervisor.components["retrieval"]
-    assert isinstance(model, ModelComponent) and isinstance(library, LibraryComponent)
-    assert isinstance(retrieval, RetrievalComponent)
-    cache: dict[str, Any] = {}
-
-    async def on_answered(outcome: Any, params: Any) -> None:
-        served = [Served(e.id, e.author, e.cited) for e in outcome.experiences]
-        tokens = outcome.prompt_tokens + outcome.completion_tokens
-        epoch = meter.epoch_of()
-        # Charged only under the client's authorization for the epoch the answer is metered in.
-        spend = params.spend if params.spend is not None and params.spend.epoch == epoch else None
-        spent = credits.charge(params.client, tokens, spend) if credits is not None else 0
-        usage = meter.usage_of(tokens, served, params.client, spent, spend if spent else None, epoch)
-        try:
-            await meter.record(usage)  # on disk before the answer goes out
-        except sqlite3.Error as e:  # a full disk, say: the node keeps answering; the log says what was lost
-            log.error(
-                "usage not metered", error=str(e), units=usage.units, client=usage.client or "anonymous"
-            )
-            return
-        metrics.experiences_served.inc(len(served))
-        metrics.metered_units.inc(sum(usage.shares.values()))
-
-    def provider() -> Any:
-        if model.backend is None:
-            return None
-        if cache.get("backend") is not model.backend:
-            cache["backend"] = model.backend
-            cache["engine"] = InferenceEngine(
-                model.backend,
-                _LibraryViewProxy(library, retrieval),
-                experience_budget=cfg.inference.experience_budget_tokens,
-                lesson_position=cfg.inference.lesson_position,
-                factor_builder=_factor_builder(cfg, model.backend),
-                on_answered=on_answered,
-                adapters=AdapterDirectory(cfg.adapters_dir),
-            )
-        return cache["engine"]
-
-    return provider
-
-
-class _LibraryViewProxy:
-    """Resolves through the retriever once the embedder has loaded; before that, no experiences."""
-
-    def __init__(self, library: LibraryComponent, retrieval: RetrievalComponent) -> None:
-        self.library = library
-        self.retrieval = retrieval
-
-    def resolve(self, root: str) -> Any:
-        if self.retrieval.retriever is None:
-            if root:
-                from zoo.inference.backend import BackendUnavailable
-
-                raise BackendUnavailable("the retrieval index is still loading; retry shortly")
-            return None, "", 0, None
-        return NodeLibraryView(self.library, self.retrieval.retriever).resolve(root)
-
-
-def _factor_builder(cfg: NodeConfig, backend: Any) -> Any:
-    from zoo.inference.factors import processor_builder
-
-    return processor_builder(backend, cfg.inference.factor_eta, cfg.inference.factor_cap)
 
 
 def _p2p_component(
@@ -435,16 +388,12 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
         metrics_url = f"http://{host}:{bound}/metrics"
 
     meter = UsageMeter(data_dir.path / "usage.sqlite", wiring.epoch_s or cfg.credits.epoch_s)
-    supervisor = Supervisor(build_components(cfg, data_dir, model_path, wiring, metrics, meter))
+    parts = build_components(cfg, data_dir, model_path, wiring, metrics, meter)
+    supervisor = Supervisor(parts.all())
     supervisor.on_change(metrics.component_changed)
     health = HealthBridge(supervisor)
     host, _ = parse_listen(cfg.server.listen)
     bound_port = 0
-    servicer = NodeServicer(
-        supervisor, str(cfg.data_dir), lambda: f"{host}:{bound_port}", model_id(cfg, model_path)
-    )
-    library = supervisor.components["library"]
-    assert isinstance(library, LibraryComponent)
     credits = _credit_book(cfg, wiring, meter)
     node_address = data_dir.node_address()
     identify = Identify(
@@ -455,31 +404,39 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
         ),
         metrics,
         cfg.credits.allow_anonymous,
-        _spend_check(wiring, node_address, supervisor, meter) if credits is not None else None,
+        _spend_check(wiring, node_address, parts.chain, meter) if credits is not None else None,
     )
-    servicer.usage = meter
-    servicer.node_address = node_address
-    servicer.allows_anonymous = cfg.credits.allow_anonymous
-    if credits is not None:
-        servicer.ledger_address, servicer.credit_epoch_s = str(wiring.ledger_address), meter.epoch_s
     inf = cfg.inference
     reserved = min(cfg.credits.reserved_slots, inf.max_batch_size - 1) if credits is not None else 0
     admission = Admission(
         inf.max_batch_size, inf.max_queued, inf.max_wait_s, metrics.queue_wait.observe, reserved=reserved
     )
-    model = supervisor.components["model"]
-    assert isinstance(model, ModelComponent)
-    servicer.serving = lambda: serving_stats(admission, lambda: model.backend)
+    model = parts.model
+    servicer = NodeServicer(
+        supervisor,
+        str(cfg.data_dir),
+        lambda: f"{host}:{bound_port}",
+        model_id(cfg, model_path),
+        usage=meter,
+        node_address=node_address,
+        allows_anonymous=cfg.credits.allow_anonymous,
+        ledger_address=str(wiring.ledger_address) if credits is not None else "",
+        credit_epoch_s=meter.epoch_s if credits is not None else 0,
+        serving=lambda: serving_stats(admission, lambda: model.backend),
+    )
     metrics.watch_serving(servicer.serving)
-    engine = build_engine(cfg, supervisor, meter, metrics, credits)
+    engine = engine_provider(
+        cfg, model, parts.library, parts.retrieval, answer_metering(meter, credits, metrics)
+    )
     # Placement, readiness and priority: one set of rules for gRPC and the HTTP API.
     rules = ServingRules(
         engine,
         model_id(cfg, model_path),
         adapters=AdapterDirectory(cfg.adapters_dir).names,
-        router=_router(cfg, supervisor),
+        router=_router(cfg, parts.p2p),
         credits=credits,
     )
+    library = parts.library
     servicers: list[Any] = [
         (node_pb2_grpc.add_NodeServiceServicer_to_server, servicer),
         (
@@ -492,13 +449,11 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
                 rules,
                 cfg.inference,
                 admission,
-                peer_id=lambda: getattr(supervisor.components["p2p"], "peer_id", ""),
+                peer_id=lambda: parts.p2p.peer_id if parts.p2p is not None else "",
             ),
         ),
     ]
-    jobs = supervisor.components["jobs"]
-    assert isinstance(jobs, JobRunner)
-    servicers.append((jobs_pb2_grpc.add_JobServiceServicer_to_server, JobServicer(jobs)))
+    servicers.append((jobs_pb2_grpc.add_JobServiceServicer_to_server, JobServicer(parts.jobs)))
     try:
         server, bound_port = build_server(cfg, metrics, admin_token, health, servicers, identify)
     except BindError as e:
@@ -511,7 +466,7 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
         cfg.inference,
         metrics,
         model_id(cfg, model_path),
-        _embedder(supervisor),
+        _embedder(parts.retrieval),
         embedder_model_id(cfg.embedder.path),
         api_key=cfg.server.api_key.get_secret_value() if cfg.server.api_key else None,
         identify=identify,
@@ -521,8 +476,8 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
     if http is not None:
         servicer.http_address = lambda: http_url + "/v1"
 
-    p2p = supervisor.components["p2p"]
-    if not isinstance(p2p, DisabledComponent):
+    p2p = parts.p2p
+    if p2p is not None:
         p2p.capabilities = _capabilities(
             cfg,
             model_id(cfg, model_path),
@@ -625,10 +580,9 @@ def _credit_book(cfg: NodeConfig, wiring: Wiring, meter: UsageMeter) -> CreditBo
     )
 
 
-def _spend_check(wiring: Wiring, node_address: str, supervisor: Supervisor, meter: UsageMeter) -> SpendCheck:
+def _spend_check(wiring: Wiring, node_address: str, chain: Component, meter: UsageMeter) -> SpendCheck:
     """Checks clients' spend authorizations against the ledger's domain: the chain's id is the chain
     component's (0, so refused for now, until it has reached the chain)."""
-    chain = supervisor.components.get("chain")
     return SpendCheck(
         node_address,
         str(wiring.ledger_address),
@@ -637,10 +591,9 @@ def _spend_check(wiring: Wiring, node_address: str, supervisor: Supervisor, mete
     )
 
 
-def _router(cfg: NodeConfig, supervisor: Supervisor) -> Any:
+def _router(cfg: NodeConfig, p2p: P2PComponent | None) -> Any:
     """Where requests for models this node does not serve go: a p2p Router, or None (routing off)."""
-    p2p = supervisor.components["p2p"]
-    if isinstance(p2p, DisabledComponent) or not cfg.p2p.routing:
+    if p2p is None or not cfg.p2p.routing:
         return None
     from zoo.node.p2p.routing import Router
 
@@ -678,10 +631,8 @@ def _capabilities(
     return now
 
 
-def _embedder(supervisor: Supervisor) -> Any:
+def _embedder(retrieval: RetrievalComponent) -> Any:
     """A provider of the loaded embedder: None until the retrieval component has loaded it."""
-    retrieval = supervisor.components["retrieval"]
-    assert isinstance(retrieval, RetrievalComponent)
     return lambda: retrieval.retriever.embedder if retrieval.retriever is not None else None
 
 

@@ -28,21 +28,35 @@ _STATE_TO_PROTO = {
 
 class NodeServicer(node_pb2_grpc.NodeServiceServicer):
     def __init__(
-        self, supervisor: Supervisor, data_dir: str, listen: Callable[[], str], model_id: str
+        self,
+        supervisor: Supervisor,
+        data_dir: str,
+        listen: Callable[[], str],
+        model_id: str,
+        *,
+        usage: Any = None,
+        node_address: str = "",
+        allows_anonymous: bool = True,
+        ledger_address: str = "",
+        credit_epoch_s: int = 0,
+        serving: Callable[[], node_pb2.ServingStats] | None = None,
     ) -> None:
+        """usage: the UsageMeter; node_address: the node's account; ledger_address and credit_epoch_s: the
+        UsageLedger whose credits the node takes ("" and 0: none); serving: the generation load now."""
         self.supervisor = supervisor
         self.data_dir = data_dir
         self.listen = listen
         self.model_id = model_id
         self.started = time.monotonic()
-        self.usage: Any = None  # the UsageMeter, set by the daemon
-        self.node_address = ""  # the node's account, set by the daemon
-        self.allows_anonymous = True
-        self.ledger_address = ""  # the UsageLedger whose credits the node takes, set by the daemon
-        self.credit_epoch_s = 0
-        self.serving: Callable[[], node_pb2.ServingStats] | None = None  # set by the daemon
-        self.http_address: Callable[[], str] = lambda: ""  # set by the daemon when the HTTP API is on
-        self.p2p: Any = None  # the P2PComponent, set by the daemon when p2p is enabled
+        self.usage = usage
+        self.node_address = node_address
+        self.allows_anonymous = allows_anonymous
+        self.ledger_address = ledger_address
+        self.credit_epoch_s = credit_epoch_s
+        self.serving = serving
+        # Known once the HTTP API has bound and p2p has started: set by the daemon then.
+        self.http_address: Callable[[], str] = lambda: ""
+        self.p2p: Any = None
 
     async def GetStatus(self, request: node_pb2.GetStatusRequest, context: grpc.aio.ServicerContext) -> Any:
         comps = self.supervisor.components

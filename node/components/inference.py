@@ -1,15 +1,24 @@
-"""Connects the inference engine to the node: the active library's retrieval index, usage counters,
-expert-factor processors, and rebuilding the index in the background when the library changes."""
+"""Connects the inference engine to the node: the engine itself (over the loaded model, once it has
+loaded), the active library's retrieval index, what each answer is metered and charged as, expert-factor
+processors, and rebuilding the index in the background when the library changes."""
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from zoo.inference.adapters import AdapterDirectory
 from zoo.node.components.library import LibraryComponent
+from zoo.node.components.probes import ModelComponent
 from zoo.node.components.supervisor import Component, State, in_background_thread
+from zoo.node.config import NodeConfig
+from zoo.node.credits.book import CreditBook
+from zoo.node.credits.meter import Served, UsageMeter
 from zoo.node.logs import get_logger
+from zoo.node.metrics import NodeMetrics
 from zoo.registry.store import StoredVersion
 
 log = get_logger(__name__)
@@ -137,3 +146,83 @@ class RetrievalComponent(Component):
 
     async def stop(self) -> None:
         return None
+
+
+def answer_metering(
+    meter: UsageMeter, credits: CreditBook | None, metrics: NodeMetrics
+) -> Callable[[Any, Any], Awaitable[None]]:
+    """What the engine calls once per answer: charge a credit holder (under its authorization for the
+    epoch the answer is metered in), commit the usage before the answer goes out, count it."""
+
+    async def on_answered(outcome: Any, params: Any) -> None:
+        served = [Served(e.id, e.author, e.cited) for e in outcome.experiences]
+        tokens = outcome.prompt_tokens + outcome.completion_tokens
+        epoch = meter.epoch_of()
+        # Charged only under the client's authorization for the epoch the answer is metered in.
+        spend = params.spend if params.spend is not None and params.spend.epoch == epoch else None
+        spent = credits.charge(params.client, tokens, spend) if credits is not None else 0
+        usage = meter.usage_of(tokens, served, params.client, spent, spend if spent else None, epoch)
+        try:
+            await meter.record(usage)  # on disk before the answer goes out
+        except sqlite3.Error as e:  # a full disk, say: the node keeps answering; the log says what was lost
+            log.error(
+                "usage not metered", error=str(e), units=usage.units, client=usage.client or "anonymous"
+            )
+            return
+        metrics.experiences_served.inc(len(served))
+        metrics.metered_units.inc(sum(usage.shares.values()))
+
+    return on_answered
+
+
+def engine_provider(
+    cfg: NodeConfig,
+    model: ModelComponent,
+    library: LibraryComponent,
+    retrieval: RetrievalComponent,
+    on_answered: Callable[[Any, Any], Awaitable[None]],
+) -> Callable[[], Any]:
+    """A provider of the inference engine: None until the model has loaded; a new engine when the model
+    component's backend changes."""
+    from zoo.inference.engine import InferenceEngine
+    from zoo.inference.factors import processor_builder
+
+    cache: dict[str, Any] = {}
+
+    def provider() -> Any:
+        if model.backend is None:
+            return None
+        if cache.get("backend") is not model.backend:
+            cache["backend"] = model.backend
+            cache["engine"] = InferenceEngine(
+                model.backend,
+                LoadingLibraryView(library, retrieval),
+                experience_budget=cfg.inference.experience_budget_tokens,
+                lesson_position=cfg.inference.lesson_position,
+                factor_builder=processor_builder(
+                    model.backend, cfg.inference.factor_eta, cfg.inference.factor_cap
+                ),
+                on_answered=on_answered,
+                adapters=AdapterDirectory(cfg.adapters_dir),
+            )
+        return cache["engine"]
+
+    return provider
+
+
+class LoadingLibraryView:
+    """Resolves through the retriever once the embedder has loaded; before that, no experiences (and a
+    request pinned to a root waits: BackendUnavailable)."""
+
+    def __init__(self, library: LibraryComponent, retrieval: RetrievalComponent) -> None:
+        self.library = library
+        self.retrieval = retrieval
+
+    def resolve(self, root: str) -> Any:
+        if self.retrieval.retriever is None:
+            if root:
+                from zoo.inference.backend import BackendUnavailable
+
+                raise BackendUnavailable("the retrieval index is still loading; retry shortly")
+            return None, "", 0, None
+        return NodeLibraryView(self.library, self.retrieval.retriever).resolve(root)
