@@ -180,6 +180,43 @@ class Group:
     offered: list[Experience]
 
 
+@dataclass
+class StepWork:
+    """What a step accumulates, stage by stage: what later stages and its learning-curve point read."""
+
+    number: int  # the step, counted from 1
+    epoch: int  # counted from 0
+    batch: list[Task]
+    library: list[Experience]  # the library the step starts from
+    index: RetrievalIndex | None  # its retrieval index (None: every experience is offered, or none is)
+    started: float  # time.perf_counter() when the step began
+    calls_before: int  # LLM calls made before the step
+    groups: list[Group] = field(default_factory=list)  # stages 1-2
+    skipped: int = 0  # stage 3: groups the critic does not read
+    json_before: tuple[int, int] = (0, 0)  # the critic's JSON (retries, failures) before stage 4
+    proposed: list[Proposal] = field(default_factory=list)  # stage 4: the critic's lessons, then examples
+    screened: list[dict[str, Any]] = field(default_factory=list)  # stage 4: lessons screen_lesson refused
+    lessons: Outcome = field(default_factory=lambda: Outcome([]))  # stage 4: the lessons consolidated
+    candidates: dict[str, Outcome] = field(default_factory=dict)  # stage 4: the libraries it may keep
+    rejected: list[dict[str, Any]] = field(default_factory=list)  # operations turned down
+    scores_of: dict[str, float | None] = field(default_factory=dict)  # stage 5: validation, by candidate
+    chosen: str | None = None  # stage 5: the candidate kept (None: the library stays as it was)
+
+    # The step's lessons and its worked examples are candidates apart as well as together: validation
+    # picks what stays, so a kind that does not help this model cannot hold the other back.
+    @property
+    def lesson_ops(self) -> list[Proposal]:
+        return [p for p in self.proposed if p.kind != "example"]
+
+    @property
+    def example_ops(self) -> list[Proposal]:
+        return [p for p in self.proposed if p.kind == "example"]
+
+    @property
+    def decision(self) -> str:
+        return "no_change" if not self.candidates else ("reverted" if self.chosen is None else "kept")
+
+
 # Verifiers whose reference and extracted answers are short final answers, fit for a worked example.
 EXAMPLE_VERIFIERS = ("exact_match", "majority_vote")
 
@@ -446,6 +483,26 @@ class TfGrpoRun:
         return state
 
     async def step(self, state: TrainState) -> None:
+        """One step on one batch: the stages the module docstring numbers, in order, then the checkpoint."""
+        s = await self._begin(state)
+        s.groups = await self._rollouts(s)
+        self._credit(s.groups, state)
+        informative = self._informative(s.groups)
+        s.skipped = len(s.groups) - len(informative)
+        s.json_before = self._json_totals(state)
+        s.proposed, s.screened = await self._critique(s, informative, state)
+        s.proposed += self._examples(s.groups)
+        s.lessons = await self._consolidate(s, state)
+        s.candidates, rejected = self._candidates(s.library, s.lessons, s.example_ops, state)
+        s.rejected = s.screened + rejected
+        s.scores_of = await self._validate(s.candidates, s.number)
+        s.chosen = choose(s.scores_of, state.validation_score, self.spec.revert_tolerance)
+        self._keep(s, state)
+        await self._complete(s, state)
+
+    async def _begin(self, state: TrainState) -> StepWork:
+        """Before stage 1: the step's batch (from its epoch's seeded shuffle), announced, and the library its
+        rollouts and critic see, with its retrieval index."""
         spec = self.spec
         index_in_run = state.step
         epoch, b = divmod(index_in_run, self.per_epoch)
@@ -464,11 +521,17 @@ class TfGrpoRun:
         )
         library = list(state.library)
         index = await asyncio.to_thread(self._index, library)
-        total = len(batch) * spec.group_size
+        return StepWork(number, epoch, batch, library, index, started, calls_before)
+
+    async def _rollouts(self, s: StepWork) -> list[Group]:
+        """Stages 1 and 2: G rollouts per task with the library in the prompt, their rewards, and the
+        group-relative advantages."""
+        spec = self.spec
+        total = len(s.batch) * spec.group_size
         done = [0]
 
         async def rollouts(task: Task) -> Group:
-            messages, offered = self.messages(task, self.offered(task, library, index))
+            messages, offered = self.messages(task, self.offered(task, s.library, s.index))
             processor = self.factors_for(offered)
 
             async def one(g: int) -> str:
@@ -479,7 +542,7 @@ class TfGrpoRun:
                     max_tokens=spec.rollout_max_tokens,
                     temperature=spec.temperature,
                     top_p=spec.top_p,
-                    seed=seed_of("rollout", spec.seed, number, task.id, g),
+                    seed=seed_of("rollout", spec.seed, s.number, task.id, g),
                 )
                 return reply.text
 
@@ -488,13 +551,17 @@ class TfGrpoRun:
             offered_ids = [e.id for e in offered]
             used = [parse_citations(c, offered_ids) or offered_ids for c in completions]
             done[0] += len(completions)
-            await self.emit("rollouts", {"epoch": epoch + 1, "step": number, "done": done[0], "total": total})
+            await self.emit(
+                "rollouts", {"epoch": s.epoch + 1, "step": s.number, "done": done[0], "total": total}
+            )
             scores = [r.score for r in results]
             return Group(task, completions, results, advantages_of(scores), used, offered)
 
-        groups = list(await asyncio.gather(*(rollouts(t) for t in batch)))
-        scores = [r.score for g in groups for r in g.results]
+        return list(await asyncio.gather(*(rollouts(t) for t in s.batch)))
 
+    def _credit(self, groups: Sequence[Group], state: TrainState) -> None:
+        """Stage 2, experience credit: each experience a rollout used is credited with its advantage and
+        counted helpful (A > 0) or harmful (A < 0)."""
         for g in groups:
             for ids, a in zip(g.used, g.advantages, strict=True):
                 for i in ids:
@@ -507,10 +574,13 @@ class TfGrpoRun:
                     elif a < 0:
                         c[1] += 1
 
+    def _informative(self, groups: Sequence[Group]) -> list[int]:
+        """Stage 3: the indices of the groups the critic reads; the others are skipped (no LLM calls)."""
+        spec = self.spec
         # G = 1 is the paper's "no group computation" ablation: the lone rollout is critiqued against the
         # reference. From G = 2 on, a group whose rewards are all equal has nothing to compare, except a
         # group that failed wholly on a task with a reference: its rollouts are compared with the reference.
-        informative = [
+        return [
             i
             for i, g in enumerate(groups)
             if spec.experience_kinds != "examples"
@@ -520,11 +590,21 @@ class TfGrpoRun:
                 or failed_with_reference(g, spec)
             )
         ]
-        skipped = len(groups) - len(informative)
+
+    def _json_totals(self, state: TrainState) -> tuple[int, int]:
+        """The critic's JSON retries and failures so far, its compare and consolidate calls together."""
         compare_stats = state.json_stats.setdefault("compare", critic.JsonStats())
         merge_stats = state.json_stats.setdefault("consolidate", critic.JsonStats())
-        retries_before = compare_stats.retries + merge_stats.retries
-        failures_before = compare_stats.failures + merge_stats.failures
+        return compare_stats.retries + merge_stats.retries, compare_stats.failures + merge_stats.failures
+
+    async def _critique(
+        self, s: StepWork, informative: Sequence[int], state: TrainState
+    ) -> tuple[list[Proposal], list[dict[str, Any]]]:
+        """Stage 4, critic stages 1 and 2: summarise every rollout of the informative groups, then compare
+        each group; returns the lessons it proposes and those screen_lesson turned down."""
+        spec = self.spec
+        groups = s.groups
+        compare_stats = state.json_stats["compare"]
 
         async def propose(gi: int) -> list[Proposal]:
             g = groups[gi]
@@ -540,23 +620,23 @@ class TfGrpoRun:
                         reference,
                         g.offered,
                         max_tokens=spec.critic_max_tokens,
-                        seed=seed_of("summarise", spec.seed, number, g.task.id, j),
+                        seed=seed_of("summarise", spec.seed, s.number, g.task.id, j),
                     )
                     for j, (c, r) in enumerate(zip(g.completions, g.results, strict=True))
                 )
             )
-            graded = [(r.score, s) for r, s in zip(g.results, summaries, strict=True)]
+            graded = [(r.score, summary) for r, summary in zip(g.results, summaries, strict=True)]
             ops = await critic.compare(
                 self.llm,
                 g.task.question,
                 reference,
                 graded,
-                library if index is None else g.offered,
+                s.library if s.index is None else g.offered,
                 max_ops=spec.max_ops_per_group,
                 stats=compare_stats,
                 max_retries=spec.max_json_retries,
                 max_tokens=spec.critic_max_tokens,
-                seed=seed_of("compare", spec.seed, number, g.task.id),
+                seed=seed_of("compare", spec.seed, s.number, g.task.id),
             )
             out = []
             for o in ops or []:
@@ -570,12 +650,25 @@ class TfGrpoRun:
         screened: list[dict[str, Any]] = []
 
         proposed = [p for ps in await asyncio.gather(*(propose(i) for i in informative)) for p in ps]
-        if spec.experience_kinds != "lessons":
-            for gi, g in enumerate(groups):
-                candidate = example_candidate(g, spec)
-                if candidate is not None:
-                    proposed.append(replace(candidate, group=gi))
+        return proposed, screened
 
+    def _examples(self, groups: Sequence[Group]) -> list[Proposal]:
+        """Stage 4, beside the critic: the worked example each short-answer group proposes (unless
+        `experience_kinds` is "lessons")."""
+        if self.spec.experience_kinds == "lessons":
+            return []
+        out = []
+        for gi, g in enumerate(groups):
+            candidate = example_candidate(g, self.spec)
+            if candidate is not None:
+                out.append(replace(candidate, group=gi))
+        return out
+
+    async def _consolidate(self, s: StepWork, state: TrainState) -> Outcome:
+        """Stage 4, critic stage 3: the step's lessons consolidated into its library (the critic merges
+        near duplicates), with their distilled factors when the run makes them."""
+        spec = self.spec
+        merge_stats = state.json_stats["consolidate"]
         merges = [0]
 
         async def merge(texts: Sequence[str]) -> str | None:
@@ -586,43 +679,44 @@ class TfGrpoRun:
                 stats=merge_stats,
                 max_retries=spec.max_json_retries,
                 max_tokens=spec.critic_max_tokens,
-                seed=seed_of("merge", spec.seed, number, merges[0]),
+                seed=seed_of("merge", spec.seed, s.number, merges[0]),
             )
 
-        # The step's lessons and its worked examples are candidates apart as well as together: validation
-        # picks what stays, so a kind that does not help this model cannot hold the other back.
-        lesson_ops = [p for p in proposed if p.kind != "example"]
-        example_ops = [p for p in proposed if p.kind == "example"]
-        lessons_outcome = await consolidate(
-            library,
+        lesson_ops = s.lesson_ops
+        return await consolidate(
+            s.library,
             lesson_ops,
             embed=self.ctx.embedder.embed,
             merge=merge,
             make=self.make_experience,
             threshold=spec.merge_threshold,
-            factors_for=self._factors(groups, state) if spec.distill_factors and lesson_ops else None,
+            factors_for=self._factors(s.groups, state) if spec.distill_factors and lesson_ops else None,
         )
-        candidates, rejected = self._candidates(library, lessons_outcome, example_ops, state)
-        rejected = screened + rejected
-        scores_of: dict[str, float | None] = {}
-        if candidates:
-            evaluated = await asyncio.gather(
-                *(self.evaluate(o.experiences, f"step-{number}-{name}") for name, o in candidates.items())
-            )
-            scores_of = dict(zip(candidates, evaluated, strict=True))
-        chosen = choose(scores_of, state.validation_score, spec.revert_tolerance)
-        decision = "no_change" if not candidates else ("reverted" if chosen is None else "kept")
-        score = state.validation_score if chosen is None else scores_of[chosen]
-        candidate = max((s for s in scores_of.values() if s is not None), default=None)
-        outcome = Outcome(library) if chosen is None else candidates[chosen]
+
+    async def _validate(self, candidates: Mapping[str, Outcome], number: int) -> dict[str, float | None]:
+        """Stage 5: each candidate's validation score, by name (None without a scored validation split)."""
+        if not candidates:
+            return {}
+        evaluated = await asyncio.gather(
+            *(self.evaluate(o.experiences, f"step-{number}-{name}") for name, o in candidates.items())
+        )
+        return dict(zip(candidates, evaluated, strict=True))
+
+    def _keep(self, s: StepWork, state: TrainState) -> None:
+        """Stage 5: the chosen candidate becomes the library (none chosen: it stays as it was); the state
+        records the operations applied, reverted and rejected, and each experience's confidence."""
+        number = s.number
+        score = state.validation_score if s.chosen is None else s.scores_of[s.chosen]
+        outcome = Outcome(s.library) if s.chosen is None else s.candidates[s.chosen]
         kept_ops = {(op["op"], op["id"]) for op in outcome.applied}
         reverted: dict[tuple[str, str], dict[str, Any]] = {}
-        for o in candidates.values():
+        for o in s.candidates.values():
             for op in o.applied:
                 if op["op"] not in ("drop", "drop_factors") and (op["op"], op["id"]) not in kept_ops:
                     reverted.setdefault((op["op"], op["id"]), {**op, "step": number})
         state.reverted += list(reverted.values())
-        if decision == "kept":
+        library = s.library
+        if s.decision == "kept":
             library = outcome.experiences
             for old, new in outcome.renamed.items():
                 if old in state.priors:  # a rewritten lesson keeps its record: where it started, its uses
@@ -638,40 +732,48 @@ class TfGrpoRun:
                     n[0] += c[0]
                     n[1] += c[1]
             state.operations += [{**op, "step": number} for op in outcome.applied]
-        state.rejected += [{**r, "step": number} for r in rejected]
+        state.rejected += [{**r, "step": number} for r in s.rejected]
         state.library = [self._with_confidence(e, state) for e in library]
         state.validation_score = score
-        wall = time.perf_counter() - started
+
+    async def _complete(self, s: StepWork, state: TrainState) -> None:
+        """After stage 5: the step's learning-curve point, and the checkpoint of the state it leaves."""
+        wall = time.perf_counter() - s.started
         state.wall_s += wall
+        scores = [r.score for g in s.groups for r in g.results]
+        json_retries, json_failures = self._json_totals(state)
+        lesson_ops = s.lesson_ops
         point = {
-            "epoch": epoch + 1,
-            "step": number,
+            "epoch": s.epoch + 1,
+            "step": s.number,
             "steps_total": self.steps_total,
             "rollouts": len(scores),
             "reward_mean": statistics.fmean(scores) if scores else 0.0,
             "reward_std": statistics.pstdev(scores) if len(scores) > 1 else 0.0,
-            "groups": len(groups),
-            "groups_skipped": skipped,
-            "operations_proposed": len(proposed),
-            "operations_applied": len(outcome.applied) if decision == "kept" else 0,
-            "operations_rejected": len(rejected),
+            "groups": len(s.groups),
+            "groups_skipped": s.skipped,
+            "operations_proposed": len(s.proposed),
+            "operations_applied": len(s.candidates[s.chosen].applied) if s.decision == "kept" else 0,
+            "operations_rejected": len(s.rejected),
             # What the critic proposed (examples are not its), and what made a valid change.
-            "critic_operations": len(lesson_ops) + len(screened),
-            "critic_operations_usable": len(lesson_ops) - len(lessons_outcome.rejected),
-            "validation_score": score,
-            "candidate_validation_score": candidate,
-            "candidates": scores_of,
-            "decision": decision,
-            "chosen": chosen,
+            "critic_operations": len(lesson_ops) + len(s.screened),
+            "critic_operations_usable": len(lesson_ops) - len(s.lessons.rejected),
+            "validation_score": state.validation_score,
+            "candidate_validation_score": max(
+                (v for v in s.scores_of.values() if v is not None), default=None
+            ),
+            "candidates": s.scores_of,
+            "decision": s.decision,
+            "chosen": s.chosen,
             "library_size": len(state.library),
-            "json_retries": compare_stats.retries + merge_stats.retries - retries_before,
-            "json_failures": compare_stats.failures + merge_stats.failures - failures_before,
-            "llm_calls": self.llm.ledger.calls - calls_before,
+            "json_retries": json_retries - s.json_before[0],
+            "json_failures": json_failures - s.json_before[1],
+            "llm_calls": self.llm.ledger.calls - s.calls_before,
             "wall_s": round(wall, 3),
         }
         state.curve.append(point)
-        state.step = number
-        await self.checkpoint(number, state.to_json(self.base_model), ("step_completed", point))
+        state.step = s.number
+        await self.checkpoint(s.number, state.to_json(self.base_model), ("step_completed", point))
 
     def _candidates(
         self,
@@ -680,11 +782,12 @@ class TfGrpoRun:
         example_ops: Sequence[Proposal],
         state: TrainState,
     ) -> tuple[dict[str, Outcome], list[dict[str, Any]]]:
-        """The libraries a step may keep, by name, in the order a tie is broken: "both" (the step's lessons
-        and worked examples), "examples", "lessons", "prune" (only dropping harmful experiences); each with
-        its new expert factors on trial and, right after it, a "-no-factors" variant without them (when
-        validation can tell them apart). Each is pruned; an unchanged library or one equal to an earlier
-        candidate is left out. Also returns the rejected operations."""
+        """Stage 4, critic stage 3's prune: the libraries a step may keep, by name, in the order a tie is
+        broken: "both" (the step's lessons and worked examples), "examples", "lessons", "prune" (only
+        dropping harmful experiences); each with its new expert factors on trial and, right after it, a
+        "-no-factors" variant without them (when validation can tell them apart). Each is pruned; an
+        unchanged library or one equal to an earlier candidate is left out. Also returns the rejected
+        operations."""
         spec = self.spec
         unchanged = Outcome(sorted(library, key=lambda e: e.id))
         bases: dict[str, Outcome] = {}
