@@ -322,6 +322,15 @@ def propose(
         out.print(f"vote with `zoo-node dao vote {pid[:18]} --for`")
 
 
+def _print_call_proposal(tx: Any, prop: Any, what: str) -> None:
+    """A call proposal just made: its id, what it calls, its transaction and its voting window."""
+    from zoo.registry.chain import format_proposal_id
+
+    out.print(f"proposed {format_proposal_id(tx.proposal_id)}: {what} (tx {tx.tx_hash}, gas {tx.gas_used})")
+    if prop is not None:
+        out.print(f"voting {_when(prop.vote_start)} → {_when(prop.vote_end)}; then `zoo-node dao execute`")
+
+
 @app.command("propose-node")
 def propose_node(
     node: str = typer.Argument(..., help="The node's address (`zoo-node status` shows it as node_address)."),
@@ -334,8 +343,6 @@ def propose_node(
     """Propose that the DAO register NODE on the UsageLedger, so it may post usage reports (or, with
     --deregister, remove it). Voted on and executed like a library version: `dao vote`, `dao execute`."""
     from web3 import Web3
-
-    from zoo.registry.chain import format_proposal_id
 
     if not Web3.is_address(node):
         err.print(f"[red]not an address: {node!r} (0x and 40 hex digits)[/red]")
@@ -352,10 +359,7 @@ def propose_node(
         data = ledger.governor_call("deregisterNode" if deregister else "registerNode", node)
         tx = dao.registry.propose_call(dao.ledger_address, data, salt=salt_bytes)
         prop = dao.registry.proposal(tx.proposal_id)
-    out.print(f"proposed {format_proposal_id(tx.proposal_id)}: {ledger.describe_call(data)} "
-              f"(tx {tx.tx_hash}, gas {tx.gas_used})")  # fmt: skip
-    if prop is not None:
-        out.print(f"voting {_when(prop.vote_start)} → {_when(prop.vote_end)}; then `zoo-node dao execute`")
+    _print_call_proposal(tx, prop, ledger.describe_call(data))
 
 
 @app.command("propose-resolve")
@@ -377,8 +381,6 @@ def propose_resolve(
     Voted on and executed like any proposal: `dao vote`, `dao execute`."""
     from web3 import Web3
 
-    from zoo.registry.chain import format_proposal_id
-
     if not Web3.is_address(node):
         err.print(f"[red]not an address: {node!r} (0x and 40 hex digits)[/red]")
         raise typer.Exit(2)
@@ -394,10 +396,7 @@ def propose_resolve(
         data = ledger.governor_call("resolveChallenge", node, epoch, uphold)
         tx = dao.registry.propose_call(dao.ledger_address, data, salt=salt_bytes)
         prop = dao.registry.proposal(tx.proposal_id)
-    out.print(f"proposed {format_proposal_id(tx.proposal_id)}: {ledger.describe_call(data)} "
-              f"(tx {tx.tx_hash}, gas {tx.gas_used})")  # fmt: skip
-    if prop is not None:
-        out.print(f"voting {_when(prop.vote_start)} → {_when(prop.vote_end)}; then `zoo-node dao execute`")
+    _print_call_proposal(tx, prop, ledger.describe_call(data))
 
 
 @app.command()
@@ -457,10 +456,7 @@ def propose_cancel(
             raise typer.Exit(1)
         tx = dao.registry.propose_cancel(pid, salt=salt_bytes)
         prop = dao.registry.proposal(tx.proposal_id)
-    out.print(f"proposed {format_proposal_id(tx.proposal_id)}: cancel({format_proposal_id(pid)}) "
-              f"(tx {tx.tx_hash}, gas {tx.gas_used})")  # fmt: skip
-    if prop is not None:
-        out.print(f"voting {_when(prop.vote_start)} → {_when(prop.vote_end)}; then `zoo-node dao execute`")
+    _print_call_proposal(tx, prop, f"cancel({format_proposal_id(pid)})")
 
 
 @app.command()
