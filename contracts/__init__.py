@@ -1,1 +1,2 @@
-"""zoo.contracts: the Solidity sources (src/) and the solcjs build that turns them into cached artifacts."""
+"""zoo.contracts: the Solidity sources (src/) and the solcjs build that turns them into cached artifacts.
+The bottom layer: imports nothing else of zoo."""

@@ -1,1 +1,2 @@
-"""zoo.inference: bundled models, retrieval, prompt assembly, generation backends, expert factors."""
+"""zoo.inference: bundled models, retrieval, prompt assembly, generation backends, expert factors.
+Imports zoo.registry only; the trainer and the node build on it."""

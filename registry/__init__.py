@@ -1,1 +1,2 @@
-"""zoo.registry: experience schema, canonical encoding, Merkle commitments, IPFS, chain client, sync."""
+"""zoo.registry: experience schema, canonical encoding, Merkle commitments, IPFS, chain clients, sync,
+usage reports, spend authorizations. Imports zoo.contracts only: every other layer builds on it."""

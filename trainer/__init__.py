@@ -1,1 +1,2 @@
-"""zoo.trainer: TF-GRPO and GSPO learning jobs, rewards and the agent environment."""
+"""zoo.trainer: learning jobs: tasks, rewards, TF-GRPO, GSPO and the agent environments. Imports
+zoo.inference and zoo.registry; only zoo.node imports it."""
