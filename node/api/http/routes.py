@@ -316,6 +316,8 @@ class OpenAIApi:
     def _placement(self, model: str) -> tuple[str, str]:
         """(adapter, remote model) by serving.py's placement rule; a model nobody serves is OpenAI's 404
         model_not_found, as its clients expect."""
+        if not model:  # proto3's "unset" means the base model over gRPC; in JSON "" names no model
+            raise _model_not_found(model, [self.deps.model_id, *self._adapter_names()], "chat ")
         try:
             placement = self.deps.rules.place(model)
         except ModelNotServed as e:
