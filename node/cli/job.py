@@ -1,11 +1,11 @@
-"""`zoo-node job …` (learning jobs on a running node) and `zoo-node train …` (the same run in the foreground).
+"""`zoo-node job …`: learning jobs on a running node, and what `zoo-node train …` (train.py, the same run
+in the foreground) shares with it: the spec options built from the spec models, the progress view.
 
     zoo-node job submit tf-grpo --dataset tasks.jsonl --group-size 5 --epochs 3 [--watch]
     zoo-node job watch ID        progress bars until the job ends (exit 0 only if it succeeded)
     zoo-node job list | get ID | cancel ID
-    zoo-node train tf-grpo --dataset tasks.jsonl --out run/   no daemon; Ctrl-C and --resume continue
 
-Both build the same validated TF-GRPO spec from the same options and show progress the same way.
+Both build the same validated spec from the same options and show progress the same way.
 """
 
 from __future__ import annotations
@@ -30,12 +30,11 @@ from zoo.node.cli.options import ConfigOpt, DataDirOpt
 app = typer.Typer(help="Learning jobs on a running node (admin).", no_args_is_help=True)
 submit_app = typer.Typer(help="Submit a job.", no_args_is_help=True)
 app.add_typer(submit_app, name="submit")
-train_app = typer.Typer(help="Run a learning job in the foreground, without a daemon.", no_args_is_help=True)
 
 TERMINAL_EVENTS = {"completed": 0, "failed": 1, "cancelled": 1}
 
 
-def _fail(message: str, code: int = 1) -> typer.Exit:
+def fail(message: str, code: int = 1) -> typer.Exit:
     err.print(f"[red]{escape(message)}[/red]", highlight=False)
     return typer.Exit(code)
 
@@ -105,14 +104,14 @@ def _spec_from(
         try:
             loaded = json.loads(spec_file.read_text())
         except (OSError, json.JSONDecodeError) as e:
-            raise _fail(f"--spec {spec_file}: {e}", 2) from None
+            raise fail(f"--spec {spec_file}: {e}", 2) from None
         if not isinstance(loaded, dict):
-            raise _fail(f"--spec {spec_file}: expected a JSON object", 2)
+            raise fail(f"--spec {spec_file}: expected a JSON object", 2)
         spec.update(loaded)
     for item in sets or []:
         key, sep, raw = item.partition("=")
         if not sep or not key:
-            raise _fail(f"--set takes key=value (got {item!r})", 2)
+            raise fail(f"--set takes key=value (got {item!r})", 2)
         try:
             spec[key] = json.loads(raw)
         except json.JSONDecodeError:
@@ -177,6 +176,18 @@ def with_spec_options(
 # -- progress -----------------------------------------------------------------------------------------
 
 
+def gspo_step_line(d: dict[str, Any]) -> str:
+    line = (
+        f"step {d.get('step')}: reward {fmt(d.get('reward_mean'))} ± {fmt(d.get('reward_std'))}, "
+        f"{d.get('groups_zero_variance')}/{d.get('groups')} groups without signal, "
+        f"clip {fmt(d.get('clip_fraction'))}, loss {fmt(d.get('loss'))}, "
+        f"grad norm {fmt(d.get('grad_norm'))}, {d.get('tokens')} tokens, {d.get('wall_s')} s"
+    )
+    if d.get("validation_score") is not None:
+        line += f", validation {fmt(d.get('validation_score'))}"
+    return line
+
+
 class ProgressView:
     """Renders job events: a bar for steps, one for the current step's rollouts, a line per step."""
 
@@ -209,7 +220,7 @@ class ProgressView:
                 p.console.print(f"resumed after step {data.get('from_step')}")
         elif type_ == "baseline":
             score = data.get("validation_score")
-            p.console.print(f"baseline validation score: {_fmt(score)}")
+            p.console.print(f"baseline validation score: {fmt(score)}")
         elif type_ == "step_started":
             p.update(self.steps, description=f"step {data.get('step')} (epoch {data.get('epoch')})")
             p.reset(self.rollouts, total=None)
@@ -222,10 +233,10 @@ class ProgressView:
             p.update(self.steps, completed=data.get("step"))
             d = data
             line = (
-                f"step {d.get('step')}: reward {_fmt(d.get('reward_mean'))} ± {_fmt(d.get('reward_std'))}, "
+                f"step {d.get('step')}: reward {fmt(d.get('reward_mean'))} ± {fmt(d.get('reward_std'))}, "
                 f"{d.get('groups_skipped')}/{d.get('groups')} groups skipped, "
                 f"{d.get('operations_applied')} ops applied ({d.get('operations_proposed')} proposed), "
-                f"validation {_fmt(d.get('validation_score'))} [{d.get('decision')}], "
+                f"validation {fmt(d.get('validation_score'))} [{d.get('decision')}], "
                 f"{d.get('library_size')} lessons, {d.get('llm_calls')} LLM calls, {d.get('wall_s')} s"
             )
             if d.get("json_retries") or d.get("json_failures"):
@@ -237,7 +248,7 @@ class ProgressView:
                 p.console.print(
                     f"[green]completed[/green]: draft version {data.get('version')} root {data.get('root')} "
                     f"with {data.get('experiences')} experiences; validation "
-                    f"{_fmt(data.get('baseline_validation_score'))} -> {_fmt(data.get('validation_score'))}; "
+                    f"{fmt(data.get('baseline_validation_score'))} -> {fmt(data.get('validation_score'))}; "
                     f"report {data.get('report')}",
                     highlight=False,
                 )
@@ -247,7 +258,7 @@ class ProgressView:
                 p.console.print(f"[yellow]cancelled[/yellow] after step {data.get('step')}")
 
 
-def _fmt(value: Any) -> str:
+def fmt(value: Any) -> str:
     return f"{value:.3f}" if isinstance(value, int | float) else "-"
 
 
@@ -262,7 +273,7 @@ def _client(config: Path | None, data_dir: Path | None, timeout_s: float = 30.0)
     try:
         return NodeClient.from_data_dir(cfg.data_dir, timeout_s=timeout_s)
     except NodeNotRunning as e:
-        raise _fail(f"{e} (start it with `zoo-node start`)") from None
+        raise fail(f"{e} (start it with `zoo-node start`)") from None
 
 
 def _rpc(call: Callable[[], Any]) -> Any:
@@ -271,7 +282,7 @@ def _rpc(call: Callable[[], Any]) -> Any:
     try:
         return call()
     except grpc.RpcError as e:
-        raise _fail(f"{e.code().name}: {e.details()}") from None
+        raise fail(f"{e.code().name}: {e.details()}") from None
 
 
 def _watch(client: Any, job_id: str) -> int:
@@ -290,7 +301,7 @@ def _events(stream: Iterable[Any]) -> Iterable[Any]:
     try:
         yield from stream
     except grpc.RpcError as e:
-        raise _fail(f"{e.code().name}: {e.details()}") from None
+        raise fail(f"{e.code().name}: {e.details()}") from None
 
 
 def _submit(kind: str, spec: dict[str, Any], watch: bool, config: Path | None, data_dir: Path | None) -> None:
@@ -400,129 +411,10 @@ def cancel(
     )
 
 
-# -- foreground training ------------------------------------------------------------------------------
-
-
-@with_spec_options
-def _train_tf_grpo(
-    spec: dict[str, Any],
-    out_dir: Path = typer.Option(Path("tf-grpo-run"), "--out", help="Directory for outputs and checkpoint."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the checkpoint in --out."),
-    config: Path | None = ConfigOpt,
-    data_dir: Path | None = DataDirOpt,
-) -> None:
-    """Run TF-GRPO in this process with the configured model (no daemon); Ctrl-C keeps the checkpoint."""
-    import asyncio
-
-    from zoo.node.cli.main import load
-    from zoo.node.jobs.foreground import TrainingError, run_foreground
-
-    cfg = load(config, data_dir=data_dir and str(data_dir))
-    try:
-        code = asyncio.run(run_foreground(cfg, spec, out_dir, resume, ProgressView(err)))
-    except TrainingError as e:
-        raise _fail(str(e), 2) from None
-    except KeyboardInterrupt:
-        err.print(f"interrupted; continue with the same command and --resume (checkpoint in {out_dir})")
-        raise typer.Exit(130) from None
-    raise typer.Exit(code)
-
-
-train_app.command("tf-grpo")(_train_tf_grpo)
-
-
-def gspo_step_line(d: dict[str, Any]) -> str:
-    line = (
-        f"step {d.get('step')}: reward {_fmt(d.get('reward_mean'))} ± {_fmt(d.get('reward_std'))}, "
-        f"{d.get('groups_zero_variance')}/{d.get('groups')} groups without signal, "
-        f"clip {_fmt(d.get('clip_fraction'))}, loss {_fmt(d.get('loss'))}, "
-        f"grad norm {_fmt(d.get('grad_norm'))}, {d.get('tokens')} tokens, {d.get('wall_s')} s"
-    )
-    if d.get("validation_score") is not None:
-        line += f", validation {_fmt(d.get('validation_score'))}"
-    return line
-
-
-class GspoView:
-    """Renders a GSPO run: a bar for steps and a line per step."""
-
-    def __init__(self, console: Console) -> None:
-        self.console = console
-        self.progress = Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=console,
-        )  # fmt: skip
-        self.steps = self.progress.add_task("GSPO steps", total=None)
-
-    def __enter__(self) -> GspoView:
-        self.progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.progress.stop()
-
-    def start(self, spec: Any) -> None:
-        self.console.print(
-            f"GSPO: LoRA r={spec.lora_rank} on {', '.join(spec.target_modules)}; G={spec.group_size}, "
-            f"{spec.batch_size} prompts a step, {spec.num_iterations} pass(es), lr {spec.learning_rate:g}",
-            highlight=False,
-        )
-
-    def step(self, d: dict[str, Any]) -> None:
-        self.progress.update(self.steps, total=d.get("steps_total"), completed=d.get("step"))
-        self.progress.console.print(gspo_step_line(d), highlight=False)
-
-    def done(self, result: dict[str, Any]) -> None:
-        self.progress.console.print(
-            f"[green]completed[/green]: {result['steps']} steps; validation "
-            f"{_fmt(result.get('baseline_validation_score'))} -> {_fmt(result.get('validation_score'))}; "
-            f"adapter {result['adapter']}; report {result['report']}",
-            highlight=False,
-        )
-
-
-def _train_gspo(
-    spec: dict[str, Any],
-    out_dir: Path = typer.Option(
-        Path("gspo-run"), "--out", help="Directory for the adapter and checkpoints."
-    ),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in --out."),
-    processes: int = typer.Option(
-        1, "--processes", min=1, max=64, help="Data-parallel worker processes (accelerate launch)."
-    ),
-    deepspeed: str | None = typer.Option(
-        None,
-        "--deepspeed",
-        help="Train under DeepSpeed ZeRO with this config: a JSON file, or 'zero2' for the shipped ZeRO-2 "
-        "one (needs `pip install 'zoo-node[deepspeed]'`).",
-    ),
-    config: Path | None = ConfigOpt,
-    data_dir: Path | None = DataDirOpt,
-) -> None:
-    """Train LoRA adapters with GSPO on the configured local model (no daemon); kill it any time and
-    continue with --resume from its last checkpoint. --processes N shares each batch out over N workers
-    (the same adapters as one process, within float tolerance); with --deepspeed their optimiser state and
-    gradients are partitioned by DeepSpeed ZeRO."""
-    from zoo.node.cli.main import load
-    from zoo.node.jobs.foreground import TrainingError, run_gspo_foreground
-    from zoo.trainer.gspo.spec import GspoSpec  # noqa: F401  (documents where the options come from)
-
-    cfg = load(config, data_dir=data_dir and str(data_dir))
-    try:
-        code = run_gspo_foreground(cfg, spec, out_dir, resume, GspoView(err), processes, deepspeed)
-    except TrainingError as e:
-        raise _fail(str(e), 2) from None
-    except KeyboardInterrupt:
-        err.print(f"interrupted; continue with the same command and --resume (checkpoints in {out_dir})")
-        raise typer.Exit(130) from None
-    raise typer.Exit(code)
-
-
-def _gspo_options() -> list[tuple[str, str, Any, str]]:
+def gspo_options() -> list[tuple[str, str, Any, str]]:
     from zoo.trainer.gspo.spec import GspoSpec
 
     return options_of(GspoSpec)
 
 
-train_app.command("gspo")(with_spec_options(_train_gspo, _gspo_options()))
-submit_app.command("gspo")(with_spec_options(_submit_gspo, _gspo_options()))
+submit_app.command("gspo")(with_spec_options(_submit_gspo, gspo_options()))

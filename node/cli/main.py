@@ -33,13 +33,13 @@ app.add_typer(contracts_app, name="contracts")
 
 def _add_groups() -> None:
     # Imported here so that `zoo-node --help` stays fast and each group lives in its own module.
-    from zoo.node.cli import credits, dao, devnet, job, library, usage
+    from zoo.node.cli import credits, dao, devnet, job, library, train, usage
 
     app.add_typer(devnet.app, name="devnet")
     app.add_typer(dao.app, name="dao")
     app.add_typer(library.app, name="library")
     app.add_typer(job.app, name="job")
-    app.add_typer(job.train_app, name="train")
+    app.add_typer(train.app, name="train")
     app.add_typer(usage.app, name="usage")
     app.add_typer(credits.app, name="credits")
 

@@ -1,0 +1,129 @@
+"""`zoo-node train …`: a learning job in the foreground, with the node's configured model and no daemon.
+
+    zoo-node train tf-grpo --dataset tasks.jsonl --out run/   Ctrl-C and --resume continue
+    zoo-node train gspo --dataset tasks.jsonl --out run/ [--processes N] [--deepspeed zero2]
+
+The options and the progress view are the job commands' (job.py), so a run here and a submitted job take
+the same spec.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from zoo.node.cli.console import err
+from zoo.node.cli.job import ProgressView, fail, fmt, gspo_options, gspo_step_line, with_spec_options
+from zoo.node.cli.options import ConfigOpt, DataDirOpt
+
+app = typer.Typer(help="Run a learning job in the foreground, without a daemon.", no_args_is_help=True)
+
+
+@with_spec_options
+def _train_tf_grpo(
+    spec: dict[str, Any],
+    out_dir: Path = typer.Option(Path("tf-grpo-run"), "--out", help="Directory for outputs and checkpoint."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the checkpoint in --out."),
+    config: Path | None = ConfigOpt,
+    data_dir: Path | None = DataDirOpt,
+) -> None:
+    """Run TF-GRPO in this process with the configured model (no daemon); Ctrl-C keeps the checkpoint."""
+    import asyncio
+
+    from zoo.node.cli.main import load
+    from zoo.node.jobs.foreground import TrainingError, run_foreground
+
+    cfg = load(config, data_dir=data_dir and str(data_dir))
+    try:
+        code = asyncio.run(run_foreground(cfg, spec, out_dir, resume, ProgressView(err)))
+    except TrainingError as e:
+        raise fail(str(e), 2) from None
+    except KeyboardInterrupt:
+        err.print(f"interrupted; continue with the same command and --resume (checkpoint in {out_dir})")
+        raise typer.Exit(130) from None
+    raise typer.Exit(code)
+
+
+app.command("tf-grpo")(_train_tf_grpo)
+
+
+class GspoView:
+    """Renders a GSPO run: a bar for steps and a line per step."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=console,
+        )  # fmt: skip
+        self.steps = self.progress.add_task("GSPO steps", total=None)
+
+    def __enter__(self) -> GspoView:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def start(self, spec: Any) -> None:
+        self.console.print(
+            f"GSPO: LoRA r={spec.lora_rank} on {', '.join(spec.target_modules)}; G={spec.group_size}, "
+            f"{spec.batch_size} prompts a step, {spec.num_iterations} pass(es), lr {spec.learning_rate:g}",
+            highlight=False,
+        )
+
+    def step(self, d: dict[str, Any]) -> None:
+        self.progress.update(self.steps, total=d.get("steps_total"), completed=d.get("step"))
+        self.progress.console.print(gspo_step_line(d), highlight=False)
+
+    def done(self, result: dict[str, Any]) -> None:
+        self.progress.console.print(
+            f"[green]completed[/green]: {result['steps']} steps; validation "
+            f"{fmt(result.get('baseline_validation_score'))} -> {fmt(result.get('validation_score'))}; "
+            f"adapter {result['adapter']}; report {result['report']}",
+            highlight=False,
+        )
+
+
+def _train_gspo(
+    spec: dict[str, Any],
+    out_dir: Path = typer.Option(
+        Path("gspo-run"), "--out", help="Directory for the adapter and checkpoints."
+    ),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in --out."),
+    processes: int = typer.Option(
+        1, "--processes", min=1, max=64, help="Data-parallel worker processes (accelerate launch)."
+    ),
+    deepspeed: str | None = typer.Option(
+        None,
+        "--deepspeed",
+        help="Train under DeepSpeed ZeRO with this config: a JSON file, or 'zero2' for the shipped ZeRO-2 "
+        "one (needs `pip install 'zoo-node[deepspeed]'`).",
+    ),
+    config: Path | None = ConfigOpt,
+    data_dir: Path | None = DataDirOpt,
+) -> None:
+    """Train LoRA adapters with GSPO on the configured local model (no daemon); kill it any time and
+    continue with --resume from its last checkpoint. --processes N shares each batch out over N workers
+    (the same adapters as one process, within float tolerance); with --deepspeed their optimiser state and
+    gradients are partitioned by DeepSpeed ZeRO."""
+    from zoo.node.cli.main import load
+    from zoo.node.jobs.foreground import TrainingError, run_gspo_foreground
+    from zoo.trainer.gspo.spec import GspoSpec  # noqa: F401  (documents where the options come from)
+
+    cfg = load(config, data_dir=data_dir and str(data_dir))
+    try:
+        code = run_gspo_foreground(cfg, spec, out_dir, resume, GspoView(err), processes, deepspeed)
+    except TrainingError as e:
+        raise fail(str(e), 2) from None
+    except KeyboardInterrupt:
+        err.print(f"interrupted; continue with the same command and --resume (checkpoints in {out_dir})")
+        raise typer.Exit(130) from None
+    raise typer.Exit(code)
+
+
+app.command("gspo")(with_spec_options(_train_gspo, gspo_options()))
