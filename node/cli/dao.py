@@ -331,6 +331,27 @@ def _print_call_proposal(tx: Any, prop: Any, what: str) -> None:
         out.print(f"voting {_when(prop.vote_start)} → {_when(prop.vote_end)}; then `zoo-node dao execute`")
 
 
+def _ledger_proposer(
+    node: str, salt: str | None, key: str | None, config: Path | None, data_dir: Path | None
+) -> tuple[Dao, Any, bytes | None]:
+    """(dao, its ledger, the salt) for a call proposal about NODE on the UsageLedger; a malformed address or
+    salt is a usage error (exit 2)."""
+    from web3 import Web3
+
+    if not Web3.is_address(node):
+        err.print(f"[red]not an address: {node!r} (0x and 40 hex digits)[/red]")
+        raise typer.Exit(2)
+    salt_bytes = parse_root(salt, "salt") if salt is not None else None
+    dao = connect(config, data_dir, key, need_key=True)
+    return dao, ledger_of(dao), salt_bytes
+
+
+def _propose_ledger_call(dao: Dao, ledger: Any, data: bytes, salt_bytes: bytes | None) -> None:
+    """Propose that the DAO make one UsageLedger call (`data`), and say what was proposed."""
+    tx = dao.registry.propose_call(dao.ledger_address, data, salt=salt_bytes)
+    _print_call_proposal(tx, dao.registry.proposal(tx.proposal_id), ledger.describe_call(data))
+
+
 @app.command("propose-node")
 def propose_node(
     node: str = typer.Argument(..., help="The node's address (`zoo-node status` shows it as node_address)."),
@@ -344,12 +365,7 @@ def propose_node(
     --deregister, remove it). Voted on and executed like a library version: `dao vote`, `dao execute`."""
     from web3 import Web3
 
-    if not Web3.is_address(node):
-        err.print(f"[red]not an address: {node!r} (0x and 40 hex digits)[/red]")
-        raise typer.Exit(2)
-    salt_bytes = parse_root(salt, "salt") if salt is not None else None
-    dao = connect(config, data_dir, key, need_key=True)
-    ledger = ledger_of(dao)
+    dao, ledger, salt_bytes = _ledger_proposer(node, salt, key, config, data_dir)
     with reverts():
         registered = ledger.is_registered(node)
         if registered != deregister:
@@ -357,9 +373,7 @@ def propose_node(
                       f"{'already' if registered else 'not'} registered[/red]")  # fmt: skip
             raise typer.Exit(1)
         data = ledger.governor_call("deregisterNode" if deregister else "registerNode", node)
-        tx = dao.registry.propose_call(dao.ledger_address, data, salt=salt_bytes)
-        prop = dao.registry.proposal(tx.proposal_id)
-    _print_call_proposal(tx, prop, ledger.describe_call(data))
+        _propose_ledger_call(dao, ledger, data, salt_bytes)
 
 
 @app.command("propose-resolve")
@@ -381,12 +395,7 @@ def propose_resolve(
     Voted on and executed like any proposal: `dao vote`, `dao execute`."""
     from web3 import Web3
 
-    if not Web3.is_address(node):
-        err.print(f"[red]not an address: {node!r} (0x and 40 hex digits)[/red]")
-        raise typer.Exit(2)
-    salt_bytes = parse_root(salt, "salt") if salt is not None else None
-    dao = connect(config, data_dir, key, need_key=True)
-    ledger = ledger_of(dao)
+    dao, ledger, salt_bytes = _ledger_proposer(node, salt, key, config, data_dir)
     with reverts():
         report = ledger.report(node, epoch)
         if report is None or not report.challenged:
@@ -394,9 +403,7 @@ def propose_resolve(
             err.print(f"[red]refused: {Web3.to_checksum_address(node)} has {what} for epoch {epoch}[/red]")
             raise typer.Exit(1)
         data = ledger.governor_call("resolveChallenge", node, epoch, uphold)
-        tx = dao.registry.propose_call(dao.ledger_address, data, salt=salt_bytes)
-        prop = dao.registry.proposal(tx.proposal_id)
-    _print_call_proposal(tx, prop, ledger.describe_call(data))
+        _propose_ledger_call(dao, ledger, data, salt_bytes)
 
 
 @app.command()
