@@ -38,7 +38,6 @@ from eth_utils import to_checksum_address
 HEADER = "zoo-signature"
 SPEND_HEADER = "zoo-spend"
 _SPEND_FIELDS = ("epoch", "units", "signature")
-_UINT256 = re.compile(r"[0-9]{1,78}")
 DOMAIN = {"name": "zoo-node", "version": "1"}
 REQUEST_TYPE = [
     {"name": "node", "type": "address"},
@@ -47,12 +46,11 @@ REQUEST_TYPE = [
     {"name": "timestamp", "type": "uint64"},
     {"name": "nonce", "type": "uint64"},
 ]
-MAX_UINT64 = (1 << 64) - 1
 _SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
 _FIELDS = ("signer", "timestamp", "nonce", "signature")
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{40}")
 _SIGNATURE = re.compile(r"0x[0-9a-fA-F]{130}")
-_UINT = re.compile(r"[0-9]{1,20}")
+_UINT = re.compile(r"[0-9]{1,78}")  # up to 2**256 - 1
 
 
 class SignatureError(Exception):
@@ -155,40 +153,50 @@ def sign_request(
     return f"signer={signer},timestamp={timestamp},nonce={nonce},signature=0x{bytes(signed.signature).hex()}"
 
 
-def parse_header(value: str) -> SignedHeader:
-    """A zoo-signature header's fields; SignatureError('malformed', ...) naming what is wrong."""
+def _fields(header: str, value: str, names: tuple[str, ...], shape: str) -> dict[str, str]:
+    """A header's `name=value` parts, each of `names` exactly once; SignatureError('malformed', ...) naming
+    what is wrong (zoo-signature and zoo-spend share this form)."""
     if len(value) > 512:
-        raise SignatureError("malformed", f"{HEADER} header is {len(value)} characters, more than 512")
+        raise SignatureError("malformed", f"{header} header is {len(value)} characters, more than 512")
     fields: dict[str, str] = {}
     for part in value.split(","):
         name, sep, item = part.strip().partition("=")
-        if not sep or name not in _FIELDS:
+        if not sep or name not in names:
             raise SignatureError(
-                "malformed",
-                f"{HEADER} header must be signer=0x..,timestamp=..,nonce=..,signature=0x.. "
-                f"(got a part {ascii(part.strip())[:60]})",
+                "malformed", f"{header} header must be {shape} (got a part {ascii(part.strip())[:60]})"
             )
         if name in fields:
-            raise SignatureError("malformed", f"{HEADER} header names {name} twice")
+            raise SignatureError("malformed", f"{header} header names {name} twice: {shape}, once each")
         fields[name] = item.strip()
-    missing = [f for f in _FIELDS if f not in fields]
+    missing = [f for f in names if f not in fields]
     if missing:
-        raise SignatureError("malformed", f"{HEADER} header lacks {', '.join(missing)}")
+        raise SignatureError("malformed", f"{header} header lacks {', '.join(missing)}")
+    return fields
+
+
+def _uint(header: str, name: str, text: str, bits: int) -> int:
+    if not _UINT.fullmatch(text) or int(text) >= 2**bits:
+        raise SignatureError("malformed", f"{header} {name} must be an integer from 0 to 2**{bits} - 1")
+    return int(text)
+
+
+def _signature(header: str, text: str) -> bytes:
+    if not _SIGNATURE.fullmatch(text):
+        raise SignatureError("malformed", f"{header} signature must be 0x and 130 hex digits (r, s, v)")
+    return bytes.fromhex(text[2:])
+
+
+def parse_header(value: str) -> SignedHeader:
+    """A zoo-signature header's fields; SignatureError('malformed', ...) naming what is wrong."""
+    fields = _fields(HEADER, value, _FIELDS, "signer=0x..,timestamp=..,nonce=..,signature=0x..")
     if not _ADDRESS.fullmatch(fields["signer"]):
         raise SignatureError("malformed", f"{HEADER} signer must be 0x and 40 hex digits")
-    if not _SIGNATURE.fullmatch(fields["signature"]):
-        raise SignatureError("malformed", f"{HEADER} signature must be 0x and 130 hex digits (r, s, v)")
-    numbers = {}
-    for name in ("timestamp", "nonce"):
-        text = fields[name]
-        if not _UINT.fullmatch(text) or int(text) > MAX_UINT64:
-            raise SignatureError("malformed", f"{HEADER} {name} must be an integer from 0 to 2**64 - 1")
-        numbers[name] = int(text)
+    signature = _signature(HEADER, fields["signature"])
     return SignedHeader(
         checksum_address(fields["signer"]),
-        numbers["timestamp"],
-        numbers["nonce"],
-        bytes.fromhex(fields["signature"][2:]),
+        _uint(HEADER, "timestamp", fields["timestamp"], 64),
+        _uint(HEADER, "nonce", fields["nonce"], 64),
+        signature,
     )
 
 
@@ -199,31 +207,12 @@ def spend_header(epoch: int, units: int, signature: bytes) -> str:
 
 def parse_spend_header(value: str) -> tuple[int, int, bytes]:
     """(epoch, units, signature) of a zoo-spend header; SignatureError("malformed", ...) says why not."""
-    if len(value) > 512:
-        raise SignatureError("malformed", f"{SPEND_HEADER} header is {len(value)} characters, more than 512")
-    fields: dict[str, str] = {}
-    for part in value.split(","):
-        name, sep, item = part.strip().partition("=")
-        if not sep or name not in _SPEND_FIELDS or name in fields:
-            raise SignatureError(
-                "malformed",
-                f"{SPEND_HEADER} header must be epoch=..,units=..,signature=0x.. once each "
-                f"(got a part {ascii(part.strip())[:60]})",
-            )
-        fields[name] = item.strip()
-    missing = [f for f in _SPEND_FIELDS if f not in fields]
-    if missing:
-        raise SignatureError("malformed", f"{SPEND_HEADER} header lacks {', '.join(missing)}")
-    numbers = {}
-    for name in ("epoch", "units"):
-        if not _UINT256.fullmatch(fields[name]) or int(fields[name]) >= 2**256:
-            raise SignatureError(
-                "malformed", f"{SPEND_HEADER} {name} must be an integer from 0 to 2**256 - 1"
-            )
-        numbers[name] = int(fields[name])
-    if not _SIGNATURE.fullmatch(fields["signature"]):
-        raise SignatureError("malformed", f"{SPEND_HEADER} signature must be 0x and 130 hex digits (r, s, v)")
-    return numbers["epoch"], numbers["units"], bytes.fromhex(fields["signature"][2:])
+    fields = _fields(SPEND_HEADER, value, _SPEND_FIELDS, "epoch=..,units=..,signature=0x..")
+    return (
+        _uint(SPEND_HEADER, "epoch", fields["epoch"], 256),
+        _uint(SPEND_HEADER, "units", fields["units"], 256),
+        _signature(SPEND_HEADER, fields["signature"]),
+    )
 
 
 def recover_signer(digest: bytes, signature: bytes) -> bytes:
