@@ -61,12 +61,18 @@ def experience_block(hits: Sequence[Any]) -> str:
     return "\n".join(part for part in (lesson_block(hits), examples_line(hits)) if part)
 
 
+def worked_answer(answer: str, reasoning: str | None = None) -> str:
+    """A worked example's assistant turn: its reasoning (if any), then the line "Answer: …". Supervised
+    fine-tuning targets take the same form, so a tuned model answers as an example shows it."""
+    return f"Answer: {answer}" if not reasoning else f"{reasoning}\nAnswer: {answer}"
+
+
 def example_turns(hits: Sequence[Any]) -> Messages:
     """The worked examples among `hits` (best first) as user/assistant turns, best one last."""
     turns: Messages = []
     for h in reversed([h for h in hits if _is_example(h)]):
         e = h.experience
-        answer = f"Answer: {e.answer}" if not e.reasoning else f"{e.reasoning}\nAnswer: {e.answer}"
+        answer = worked_answer(e.answer, e.reasoning)
         turns += [{"role": "user", "content": e.text}, {"role": "assistant", "content": answer}]
     return turns
 

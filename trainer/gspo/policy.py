@@ -11,11 +11,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
-
-from zoo.trainer.gspo.spec import GspoSpec
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
@@ -23,6 +21,19 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 def position_ids_of(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions as generation gives them to left-padded rows: counting from each row's first real token."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+class LoraShape(Protocol):
+    """The LoRA fields of a job spec (GSPO's, and the supervised kinds')."""
+
+    @property
+    def lora_rank(self) -> int: ...
+    @property
+    def lora_alpha(self) -> float: ...
+    @property
+    def lora_dropout(self) -> float: ...
+    @property
+    def target_modules(self) -> tuple[str, ...]: ...
 
 
 class LoraPolicy:
@@ -33,7 +44,7 @@ class LoraPolicy:
         self.tokenizer = tokenizer
 
     @classmethod
-    def load(cls, path: Path, spec: GspoSpec, device: str = "cpu") -> LoraPolicy:
+    def load(cls, path: Path, spec: LoraShape, device: str = "cpu") -> LoraPolicy:
         from peft import LoraConfig, get_peft_model
         from transformers import AutoModelForCausalLM, AutoTokenizer
 

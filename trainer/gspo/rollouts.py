@@ -22,8 +22,9 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
 from zoo.trainer.gspo.policy import LoraPolicy
+from zoo.trainer.prompting import bare_messages
 from zoo.trainer.schedule import seed_of
-from zoo.trainer.tasks.schema import Task, instruction_for
+from zoo.trainer.tasks.schema import Task
 
 
 @dataclass
@@ -48,13 +49,6 @@ class Rollouts:
             self.completion_mask[index],
             self.completions[index],
         )
-
-
-def messages_for(task: Task, instruction: str | None) -> list[dict[str, str]]:
-    return [
-        {"role": "system", "content": instruction_for(task, instruction)},
-        {"role": "user", "content": task.question},
-    ]
 
 
 def completion_mask_of(completion_ids: torch.Tensor, eos_ids: Sequence[int]) -> torch.Tensor:
@@ -145,13 +139,18 @@ def generate(
     seeds: Sequence[int],
     instruction: str | None = None,
     greedy: bool = False,
+    chats: Sequence[list[dict[str, str]]] | None = None,
 ) -> Rollouts:
     """`group_size` completions of every task (greedy: one each, group_size ignored) in one `generate`,
-    the j-th completion of task i sampled from a stream seeded by (seeds[i], j)."""
+    the j-th completion of task i sampled from a stream seeded by (seeds[i], j). Each task is asked with
+    its bare prompt, or with `chats[i]` (a prompt with experiences in it) when given."""
     if len(seeds) != len(tasks):
         raise ValueError(f"{len(tasks)} tasks, {len(seeds)} seeds")
     tokenizer = policy.tokenizer
-    chats = [messages_for(t, instruction) for t in tasks]
+    if chats is None:
+        chats = [bare_messages(t, instruction) for t in tasks]
+    elif len(chats) != len(tasks):
+        raise ValueError(f"{len(tasks)} tasks, {len(chats)} prompts")
     texts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
     encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(policy.device)
     prompt_length = int(encoded["input_ids"].shape[1])

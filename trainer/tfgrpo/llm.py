@@ -98,6 +98,7 @@ class LLM:
         seed: int = 0,
         response_format: ResponseFormat | None = None,
         logits_processor: Any = None,
+        adapter: Any = None,
     ) -> GenerationResult:
         request = GenerationRequest(
             messages,
@@ -107,6 +108,7 @@ class LLM:
             seed,
             logits_processor=logits_processor,
             response_format=response_format,
+            adapter=adapter,
         )
         async with self._slots:
             started = time.perf_counter()
