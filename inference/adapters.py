@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 ADAPTER_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILES = ("adapter_model.safetensors", "adapter_model.bin")
+# Written beside them by zoo-node's trainers: what the adapter was trained from (kind, base model, and for
+# a distilled one the library's root), so a node can say which library an adapter carries.
+PROVENANCE_FILE = "zoo_adapter.json"
 BASE = "__base__"  # PEFT's name for "no adapter" in a mixed batch
 PLACEHOLDER = "zoo_placeholder"
 
@@ -89,7 +92,7 @@ class AdapterDirectory:
         self.root.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=self.root))
         try:
-            for f in (CONFIG_FILE, *WEIGHTS_FILES):
+            for f in (CONFIG_FILE, *WEIGHTS_FILES, PROVENANCE_FILE):
                 if (source / f).is_file():
                     shutil.copy2(source / f, staging / f)
             target = self.root / name

@@ -418,3 +418,10 @@ def gspo_options() -> list[tuple[str, str, Any, str]]:
 
 
 submit_app.command("gspo")(with_spec_options(_submit_gspo, gspo_options()))
+
+
+def sft_options() -> list[tuple[str, str, Any, str]]:
+    """The supervised kinds' spec options (the kind itself is the command's)."""
+    from zoo.trainer.sft.spec import SftSpec
+
+    return [o for o in options_of(SftSpec) if o[1] != "kind"]

@@ -2,6 +2,9 @@
 
     zoo-node train tf-grpo --dataset tasks.jsonl --out run/   Ctrl-C and --resume continue
     zoo-node train gspo --dataset tasks.jsonl --out run/ [--processes N] [--deepspeed zero2]
+    zoo-node train sft --dataset tasks.jsonl --out run/       LoRA SFT on the labelled tasks
+    zoo-node train rft --dataset tasks.jsonl --out run/       SFT on the samples its verifier passes
+    zoo-node train distill --experiences current --out run/   a library distilled into an adapter
 
 The options and the progress view are the job commands' (job.py), so a run here and a submitted job take
 the same spec.
@@ -17,7 +20,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from zoo.node.cli.console import err
-from zoo.node.cli.job import ProgressView, fail, fmt, gspo_options, gspo_step_line, with_spec_options
+from zoo.node.cli.job import (
+    ProgressView,
+    fail,
+    fmt,
+    gspo_options,
+    gspo_step_line,
+    sft_options,
+    with_spec_options,
+)
 from zoo.node.cli.options import ConfigOpt, DataDirOpt
 
 app = typer.Typer(help="Run a learning job in the foreground, without a daemon.", no_args_is_help=True)
@@ -127,3 +138,90 @@ def _train_gspo(
 
 
 app.command("gspo")(with_spec_options(_train_gspo, gspo_options()))
+
+
+class SftView(GspoView):
+    """Renders a supervised LoRA run: a bar for steps and a line per step."""
+
+    def start(self, spec: Any) -> None:
+        self.progress.update(self.steps, description=f"{spec.kind} steps")
+        self.console.print(
+            f"{spec.kind}: LoRA r={spec.lora_rank} on {', '.join(spec.target_modules)}; "
+            f"{spec.epochs} epoch(s), {spec.batch_size} pairs a step, lr {spec.learning_rate:g}",
+            highlight=False,
+        )
+
+    def step(self, d: dict[str, Any]) -> None:
+        self.progress.update(self.steps, total=d.get("steps_total"), completed=d.get("step"))
+        self.progress.console.print(
+            f"step {d.get('step')}: loss {fmt(d.get('loss'))}, grad norm {fmt(d.get('grad_norm'))}, "
+            f"{d.get('pairs')} pairs, {d.get('wall_s')} s",
+            highlight=False,
+        )
+
+    def done(self, result: dict[str, Any]) -> None:
+        source = f" from library {result['library_root']}" if result.get("library_root") else ""
+        self.progress.console.print(
+            f"[green]completed[/green]: {result['pairs']} pairs, {result['steps']} steps; validation "
+            f"{fmt(result.get('baseline_validation_score'))} -> {fmt(result.get('validation_score'))}; "
+            f"adapter {result['adapter']}{source}; report {result['report']}",
+            highlight=False,
+        )
+
+
+def _sft_command(kind: str, summary: str) -> Any:
+    def command(
+        spec: dict[str, Any],
+        out_dir: Path = typer.Option(
+            Path(f"{kind}-run"), "--out", help="Directory for the adapter and report."
+        ),
+        processes: int = typer.Option(
+            1, "--processes", min=1, max=64, help="Data-parallel worker processes (accelerate launch)."
+        ),
+        deepspeed: str | None = typer.Option(
+            None, "--deepspeed", help="Train under DeepSpeed ZeRO with this config (a JSON file, or 'zero2')."
+        ),
+        config: Path | None = ConfigOpt,
+        data_dir: Path | None = DataDirOpt,
+    ) -> None:
+        from zoo.node.cli.main import load
+        from zoo.node.jobs.foreground import TrainingError, run_sft_foreground
+
+        cfg = load(config, data_dir=data_dir and str(data_dir))
+        try:
+            code = run_sft_foreground(cfg, kind, spec, out_dir, SftView(err), processes, deepspeed)
+        except TrainingError as e:
+            raise fail(str(e), 2) from None
+        except KeyboardInterrupt:
+            err.print(f"interrupted; nothing was written to {out_dir}/adapter (a run starts over)")
+            raise typer.Exit(130) from None
+        raise typer.Exit(code)
+
+    command.__doc__ = summary
+    command.__name__ = f"train_{kind}"
+    return with_spec_options(command, sft_options())
+
+
+app.command("sft")(
+    _sft_command(
+        "sft",
+        "LoRA SFT on the labelled training tasks, each answered as a worked example shows it (the plain "
+        "alternative to learning a library): no experiences at test.",
+    )
+)
+app.command("rft")(
+    _sft_command(
+        "rft",
+        "Rejection-sampling fine-tuning: sample --samples completions per task, keep those its verifier "
+        "passes, LoRA SFT on them. Needs no reference answers.",
+    )
+)
+app.command("distill")(
+    _sft_command(
+        "distill",
+        "Distil a library into a LoRA adapter: trained on its worked examples and on the rollouts its "
+        "experiences made successful (asked with them, learned without), so the adapter answers as the "
+        "library makes the model answer with no experiences in the prompt. --experiences current | a job id "
+        "| a library file; --dataset adds tasks to roll out on.",
+    )
+)

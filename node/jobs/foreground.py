@@ -195,14 +195,31 @@ def _checked_zero_config(source: str, spec: Any) -> str:
 
 
 def _gspo_processes(
-    out_dir: Path, model: Path, device: str, processes: int, view: Any, deepspeed: str | None = None
+    out_dir: Path,
+    model: Path,
+    device: str,
+    processes: int,
+    view: Any,
+    deepspeed: str | None = None,
+    *,
+    job: str = "gspo",
+    job_args: tuple[str, ...] = (),
 ) -> int:
     """The run under `accelerate launch` with `processes` workers; their main one reports each step."""
     import subprocess
 
     from zoo.trainer.gspo.launch import RESULT, STEP, launch_command, launch_env, worker_messages
 
-    command = launch_command(out_dir / SPEC_FILE, model, out_dir, processes, device, deepspeed=deepspeed)
+    command = launch_command(
+        out_dir / SPEC_FILE,
+        model,
+        out_dir,
+        processes,
+        device,
+        deepspeed=deepspeed,
+        job=job,
+        job_args=job_args,
+    )
     with subprocess.Popen(command, env=launch_env(processes), stdout=subprocess.PIPE, text=True) as proc:
         assert proc.stdout is not None
         for kind, data in worker_messages(proc.stdout):
@@ -212,5 +229,113 @@ def _gspo_processes(
                 view.done(data)
         code = proc.wait()
     if code != 0:
-        raise TrainingError(f"the GSPO workers failed (exit {code}); the log above says why")
+        raise TrainingError(f"the {job} workers failed (exit {code}); the log above says why")
+    return 0
+
+
+# -- supervised LoRA: sft, rft, distill ------------------------------------------------------------------
+
+
+def resolve_experiences(cfg: NodeConfig, value: str | None, out_dir: Path) -> str:
+    """A distill job's library as a file: "current" (the node's current verified version, copied into
+    out_dir), a job id (that TF-GRPO job's draft, DATA_DIR/jobs/ID/library.json) or a library file."""
+    from zoo.registry.canonical import encode_library
+    from zoo.registry.store import LibraryStore
+
+    if value is None:
+        raise TrainingError("distill needs --experiences: a library file, 'current' or a TF-GRPO job id")
+    if value == "current":
+        stored = LibraryStore(cfg.data_dir).current()
+        if stored is None:
+            raise TrainingError(f"--experiences current: the node in {cfg.data_dir} has no current library")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = out_dir / "library.json"
+        write_atomic(path, encode_library(stored.library))
+        return str(path)
+    job_library = cfg.data_dir / "jobs" / value / "library.json"
+    if "/" not in value and job_library.is_file():
+        return str(job_library)
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise TrainingError(
+            f"--experiences {value}: no such library file, and no job {value!r} with a library"
+        )
+    return str(path.resolve())
+
+
+def run_sft_foreground(
+    cfg: NodeConfig,
+    kind: str,
+    spec_fields: dict[str, Any],
+    out_dir: Path,
+    view: Any,
+    processes: int = 1,
+    deepspeed: str | None = None,
+) -> int:
+    """Run a supervised LoRA job (sft, rft or distill) on the configured local model, in this process or in
+    `processes` accelerate workers (under ZeRO with `deepspeed`); returns the exit code."""
+    from zoo.inference.models import ModelUnavailable
+    from zoo.node.components.models import model_id, resolve_model_path
+    from zoo.trainer.sft.job import ADAPTER_DIR, run_sft
+    from zoo.trainer.sft.spec import SftSpec
+
+    out_dir = out_dir.expanduser().resolve()
+    if (out_dir / ADAPTER_DIR).exists() or (out_dir / SPEC_FILE).exists():
+        raise TrainingError(f"{out_dir} holds a run already: choose another --out (or remove it)")
+    fields = {**spec_fields, "kind": kind}
+    if kind == "distill":
+        fields["experiences"] = resolve_experiences(cfg, spec_fields.get("experiences"), out_dir)
+    try:
+        spec = SftSpec.parse(fields)
+    except ZooError as e:
+        raise TrainingError(str(e)) from None
+    if cfg.model.backend != "transformers":
+        raise TrainingError(
+            f"{kind} trains a LoRA adapter on a local model: model.backend is {cfg.model.backend!r}, "
+            "it must be 'transformers' (with model.path, or unset for the bundled model)"
+        )
+    try:
+        path = resolve_model_path(cfg)
+    except ModelUnavailable as e:
+        raise TrainingError(str(e)) from None
+    assert path is not None
+    if deepspeed is not None:
+        deepspeed = _checked_zero_config(deepspeed, spec)
+    if cfg.model.threads:
+        import torch
+
+        torch.set_num_threads(cfg.model.threads)
+    serving = cfg.inference.serving_defaults()
+    embedder_dir = None
+    if kind == "distill" and spec.rollouts:
+        from zoo.inference.models import bundled_embedder_dir
+
+        embedder_dir = cfg.embedder.path or bundled_embedder_dir()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(out_dir / SPEC_FILE, json.dumps(spec.to_json(), indent=2).encode())
+    identity = model_id(cfg, path)
+    with view:
+        view.start(spec)
+        if processes > 1 or deepspeed is not None:
+            from dataclasses import asdict
+
+            job_args = ("--model-id", identity, "--serving", json.dumps(asdict(serving)))
+            if embedder_dir is not None:
+                job_args += ("--embedder", str(embedder_dir))
+            return _gspo_processes(
+                out_dir, path, cfg.model.device, processes, view, deepspeed, job="sft", job_args=job_args
+            )
+        embedder = None
+        if embedder_dir is not None:
+            from zoo.inference.embedder import SentenceTransformerEmbedder
+
+            embedder = SentenceTransformerEmbedder(embedder_dir)
+        try:
+            result = run_sft(
+                spec, path, out_dir, model_id=identity, device=cfg.model.device, on_step=view.step,
+                embedder=embedder, serving=serving,
+            )  # fmt: skip
+        except ZooError as e:
+            raise TrainingError(str(e)) from None
+        view.done(result)
     return 0

@@ -1,6 +1,8 @@
-"""Run a GSPO job over N processes with `accelerate launch`, and the worker each process runs.
+"""Run a LoRA job (GSPO, or a supervised one: sft, rft, distill) over N processes with `accelerate launch`,
+and the worker each process runs.
 
     python -m zoo.trainer.gspo.launch --spec spec.json --model DIR --out OUT [--deepspeed zero2]
+        [--job sft --model-id ID [--embedder DIR] [--serving JSON]]
 
 `launch_command` builds the `accelerate launch` line: its multi-process launcher (`--multi_gpu`, which
 despite the name is the torchrun-style one: on a machine without CUDA the workers join a gloo group on
@@ -54,6 +56,8 @@ def launch_command(
     imports: tuple[str, ...] = (),
     *,
     deepspeed: str | None = None,
+    job: str = "gspo",
+    job_args: tuple[str, ...] = (),
 ) -> list[str]:
     """The `accelerate launch` command running the worker in `processes` processes; `imports` are modules
     each worker imports first (ones that register custom rewards); `deepspeed`, a DeepSpeed config (a
@@ -66,6 +70,7 @@ def launch_command(
         "--spec", str(spec_file), "--model", str(model), "--out", str(out_dir), "--device", device,
         *(f"--import={name}" for name in imports),
         *(["--deepspeed", deepspeed] if deepspeed is not None else []),
+        "--job", job, *job_args,
     ]  # fmt: skip
 
 
@@ -85,18 +90,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--import", dest="imports", action="append", default=[], help="a module to import first")
     ap.add_argument("--deepspeed", help="a DeepSpeed config (JSON file, or 'zero2'): train under ZeRO")
+    ap.add_argument("--job", choices=("gspo", "sft"), default="gspo")
+    ap.add_argument("--model-id", default="", help="sft: the base model's id (the adapter's provenance)")
+    ap.add_argument("--embedder", type=Path, help="sft (distill): the embedder retrieval uses")
+    ap.add_argument("--serving", default="{}", help="sft (distill): the serving defaults, JSON")
     args = ap.parse_args(argv)
     for name in args.imports:
         importlib.import_module(name)
 
     import torch
 
-    from zoo.trainer.gspo.job import run_gspo
     from zoo.trainer.gspo.processes import AcceleratedProcesses
-    from zoo.trainer.gspo.spec import GspoSpec
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    spec = GspoSpec.parse(json.loads(args.spec.read_text()))
+    fields = json.loads(args.spec.read_text())
     if args.deepspeed is not None:
         from zoo.trainer.gspo.zero import ZeroProcesses, read_config
 
@@ -110,11 +117,36 @@ def main(argv: list[str] | None = None) -> None:
     def report(kind: str, data: dict) -> None:
         print(json.dumps({kind: data}), flush=True)
 
-    result = run_gspo(
-        spec, args.model, args.out, device=device, processes=processes, on_step=lambda p: report(STEP, p)
-    )
+    def step(point: dict) -> None:
+        report(STEP, point)
+
+    if args.job == "sft":
+        result = _run_sft(args, fields, device, processes, step)
+    else:
+        from zoo.trainer.gspo.job import run_gspo
+        from zoo.trainer.gspo.spec import GspoSpec
+
+        result = run_gspo(GspoSpec.parse(fields), args.model, args.out, device=device, processes=processes,
+                          on_step=step)  # fmt: skip
     if processes.is_main:
         report(RESULT, result)
+
+
+def _run_sft(args: argparse.Namespace, fields: dict, device: str, processes: object, step: object) -> dict:
+    from zoo.inference.defaults import ServingDefaults
+    from zoo.trainer.sft.job import run_sft
+    from zoo.trainer.sft.spec import SftSpec
+
+    embedder = None
+    if args.embedder is not None:
+        from zoo.inference.embedder import SentenceTransformerEmbedder
+
+        embedder = SentenceTransformerEmbedder(args.embedder)
+    return run_sft(
+        SftSpec.parse(fields), args.model, args.out, model_id=args.model_id, device=device,
+        processes=processes, on_step=step, embedder=embedder,  # type: ignore[arg-type]
+        serving=ServingDefaults(**json.loads(args.serving)),
+    )  # fmt: skip
 
 
 if __name__ == "__main__":
