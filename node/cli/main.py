@@ -34,6 +34,7 @@ app.add_typer(contracts_app, name="contracts")
 def _add_groups() -> None:
     # Imported here so that `zoo-node --help` stays fast and each group lives in its own module.
     from zoo.node.cli import credits, dao, devnet, job, library, train, usage
+    from zoo.node.cli.eval import eval_command
 
     app.add_typer(devnet.app, name="devnet")
     app.add_typer(dao.app, name="dao")
@@ -42,6 +43,7 @@ def _add_groups() -> None:
     app.add_typer(train.app, name="train")
     app.add_typer(usage.app, name="usage")
     app.add_typer(credits.app, name="credits")
+    app.command("eval")(eval_command)
 
 
 _add_groups()

@@ -1,0 +1,98 @@
+"""`zoo-node train sft|distill` and `zoo-node eval` as an operator runs them: real subprocesses on the
+bundled model. An adapter trained from the CLI is scored through the node's own backend and prompt path,
+a lookup library is compared with none (the paired difference agrees with the two scores), and bad input
+(missing files, an adapter for another model, an endpoint that is down) exits 2 with the reason."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.conftest import base_config, write_config
+from tests.devnet import zoo
+from zoo.registry.canonical import encode_library
+from zoo.trainer.baselines import lookup_library
+from zoo.trainer.tasks import families
+from zoo.trainer.tasks.schema import load_jsonl, write_jsonl
+
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def lengths(tmp_path: Path, split: str, start: int, n: int) -> Path:
+    path = tmp_path / f"{split}-{start}-{n}.jsonl"
+    write_jsonl(path, load_jsonl(families.path("lengths", split))[start : start + n])
+    return path
+
+
+def test_an_sft_adapter_is_scored_through_the_node_and_compared_with_a_library(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "node.toml", base_config(tmp_path / "data"))
+    train, test = lengths(tmp_path, "train", 6, 8), lengths(tmp_path, "test", 0, 6)
+    trained = zoo("train", "sft", "--dataset", str(train), "--validation-fraction", "0", "--epochs", "3",
+                  "--learning-rate", "1e-3", "--out", str(tmp_path / "sft"), "--config", str(config),
+                  timeout=300)  # fmt: skip
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert "completed" in trained.stderr and "step 6:" in trained.stderr, trained.stderr[-2000:]
+    again = zoo(
+        "train", "sft", "--dataset", str(train), "--out", str(tmp_path / "sft"), "--config", str(config)
+    )
+    assert again.returncode == 2 and "holds a run already" in again.stderr, again.stderr
+
+    adapter = str(tmp_path / "sft" / "adapter")
+    compared = zoo("eval", "--dataset", str(test), "--library", "none", "--compare-adapter", adapter,
+                   "--json", "--config", str(config), timeout=300)  # fmt: skip
+    assert compared.returncode == 0, compared.stderr[-3000:]
+    result = json.loads(compared.stdout)
+    assert result["n"] == 6 and result["score"] <= 1 / 6, result
+    assert result["compare"]["score"] >= 4 / 6 and result["compare"]["configuration"]["adapter"] == adapter
+    d = result["difference"]
+    assert d["difference"] == result["compare"]["score"] - result["score"]
+    assert d["ci95"][0] > 0 and d["better"] >= 4 and d["n"] == 6
+    lo, hi = result["compare"]["ci95"]
+    assert lo <= result["compare"]["score"] <= hi
+    assert set(result["by_domain"]) == {"conventions.lengths"}
+
+
+def test_a_library_is_scored_against_none_with_a_table(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "node.toml", base_config(tmp_path / "data"))
+    library = tmp_path / "lookup.json"
+    library.write_bytes(encode_library(lookup_library(load_jsonl(families.path("lengths", "train")), MODEL)))
+    test = lengths(tmp_path, "test", 0, 4)
+    shown = zoo("eval", "--dataset", str(test), "--library", str(library), "--compare-library", "none",
+                "--config", str(config), timeout=300)  # fmt: skip
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert "conventions.lengths" in shown.stdout and "B - A:" in shown.stdout and "paired" in shown.stdout
+    assert "24 experiences" in shown.stdout, shown.stdout
+    # Prompt tokens grow with the library in the prompt (the cost a distilled adapter saves).
+    assert "prompt tokens per task" in shown.stderr
+
+
+def test_bad_input_exits_2_with_the_reason(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "node.toml", base_config(tmp_path / "data"))
+    test = lengths(tmp_path, "test", 0, 2)
+
+    def run(*extra: str) -> tuple[int, str]:
+        done = zoo("eval", "--config", str(config), *extra, timeout=200)
+        return done.returncode, done.stderr
+
+    code, why = run("--dataset", str(tmp_path / "missing.jsonl"))
+    assert code == 2 and "no such file" in why, why
+    (tmp_path / "bad.jsonl").write_text('{"question": 5}\n')
+    code, why = run("--dataset", str(tmp_path / "bad.jsonl"))
+    assert code == 2 and "question" in why, why
+    (tmp_path / "lib.json").write_text("{not json")
+    code, why = run("--dataset", str(test), "--library", str(tmp_path / "lib.json"))
+    assert code == 2 and "not a library file" in why, why
+    code, why = run("--dataset", str(test), "--adapter", str(tmp_path))
+    assert code == 2 and "not a LoRA adapter directory" in why, why
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "adapter_config.json").write_text("{}")
+    (other / "adapter_model.safetensors").write_bytes(b"")
+    (other / "zoo_adapter.json").write_text(json.dumps({"base_model": "someone/else-7B"}))
+    code, why = run("--dataset", str(test), "--library", "none", "--adapter", str(other))
+    assert code == 2 and "trained on someone/else-7B" in why, why
+    code, why = run("--dataset", str(test), "--library", "none", "--base-url", "http://127.0.0.1:9/v1",
+                    "--model", "m")  # fmt: skip
+    assert code == 2 and "did not answer" in why, why
+    code, why = run("--dataset", str(test), "--base-url", "http://127.0.0.1:9/v1")
+    assert code == 2 and "go together" in why, why
