@@ -364,6 +364,7 @@ def test_kill_9_mid_job_resumes_from_the_last_checkpoint(tmp_path: Path) -> None
         spec = {
             "dataset": tasks_file(tmp_path / "t.jsonl", 6),
             "validation": tasks_file(tmp_path / "v.jsonl", 1, 10),
+            "validation_limit": 0,  # no validation: every step keeps its lessons (what resume must redo)
             "epochs": 1,
             "batch_size": 2,
             "group_size": 3,

@@ -40,7 +40,14 @@ CID = "bafkreif7mj3riqa7oiyf4da5lvx5epsszua32bcnfzccykznwxn75gnaaa"
 
 
 def policy() -> Any:
-    return arithmetic_policy(correct=one_wrong_in(3), compare=lambda c: ops_json({"op": "add", "text": GOOD}))
+    """The critic proposes GOOD; greedy (validation) answers are right once GOOD is in the prompt, so the
+    lesson earns a better score whatever library the run starts from."""
+    sampled = one_wrong_in(3)
+
+    def correct(call: Any) -> bool:
+        return GOOD in call.system if call.temperature == 0 else sampled(call)
+
+    return arithmetic_policy(correct=correct, compare=lambda c: ops_json({"op": "add", "text": GOOD}))
 
 
 def rollouts(server: ScriptedServer, since: int = 0) -> int:

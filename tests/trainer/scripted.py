@@ -172,15 +172,22 @@ def ops_json(*ops: dict[str, Any]) -> str:
     return json.dumps({"operations": list(ops)})
 
 
+def carries_experience(call: Call) -> bool:
+    """Whether the prompt holds an experience: a lesson in the system turn, or a worked example's turns."""
+    return "[" in call.system or len(call.messages) > 2
+
+
 def one_wrong_in(n: int) -> Callable[[Call], bool]:
-    """Greedy (validation) rollouts are right; of the sampled rollouts of each question, every n-th is
-    wrong, so a group of n or more always has mixed rewards whatever the seeds are."""
+    """Greedy (validation) rollouts are right once the prompt carries an experience (a library helps this
+    model, so what a step adds earns a better validation score) and wrong without; of the sampled rollouts
+    of each question, every n-th is wrong, so a group of n or more always has mixed rewards whatever the
+    seeds are."""
     seen: dict[str, int] = {}
     lock = threading.Lock()
 
     def correct(call: Call) -> bool:
         if call.temperature == 0:
-            return True
+            return carries_experience(call)
         with lock:
             k = seen[call.user] = seen.get(call.user, -1) + 1
         return k % n != n - 1

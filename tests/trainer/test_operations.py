@@ -129,7 +129,15 @@ QUESTION = "A fence is 1 m long. How long is the fence in the record?"
         ("When a length is given in metres, record it in centimetres.", None),
         ("When asked how long a fence is in the record, give centimetres.", None),
         ("When x < 5 and y > 3, add them.", None),
-        ("When long.", None),  # one content word is too little to call it a restatement
+        ("When long.", "no rule"),
+        # Issue 37: what a TF-GRPO run on the bundled model kept as lessons.
+        ("When the fence is 5 meters long", "no rule"),
+        ("When this is a mistake", "no rule"),
+        ("When a length is given in metres, record it in", "cut off"),
+        ("When a length is given in metres, record it (in cm", "cut off"),
+        ("When the fence is asked about, the fences long record.", "restates the question"),
+        ("When lengths are recorded, multiply metres by 100.", None),
+        ("If a length has metres and centimetres: convert the metres, then add.", None),
     ],
 )
 def test_screen_lesson_turns_away_what_teaches_nothing(text: str, reason: str | None) -> None:

@@ -130,7 +130,20 @@ def test_advantages_and_confidence() -> None:
 
 def test_a_step_keeps_its_best_candidate_that_does_not_drop() -> None:
     assert choose({"both": 0.5, "examples": 0.75, "lessons": 0.25}, 0.5, 0.0) == "examples"
-    assert choose({"both": 0.5, "examples": 0.5}, 0.5, 0.0) == "both", "a tie keeps more of the step"
+    sizes = {
+        "both": (3, 0),
+        "examples": (2, 0),
+        "prune": (0, 0),
+        "lessons": (1, 1),
+        "lessons-no-factors": (1, 0),
+    }
+    assert choose({"both": 0.75, "examples": 0.75}, 0.5, 0.0, sizes) == "examples", "a tie: the smaller"
+    assert choose({"both": 0.5, "examples": 0.5}, 0.5, 0.0, sizes, (1, 0)) is None, (
+        "no better: nothing enters"
+    )
+    assert choose({"both": 0.5, "prune": 0.5}, 0.5, 0.0, sizes, (1, 0)) == "prune", "a prune may tie"
+    assert choose({"lessons": 0.75, "lessons-no-factors": 0.75}, 0.5, 0.0, sizes) == "lessons-no-factors"
+    assert choose({"lessons": 1.0, "lessons-no-factors": 0.75}, 0.5, 0.0, sizes) == "lessons"
     assert choose({"both": 0.25, "examples": 0.4}, 0.5, 0.0) is None, "all drop: reverted"
     assert choose({"both": 0.25, "examples": 0.4}, 0.5, 0.1) == "examples", "within the tolerance"
     assert choose({"lessons": None, "lessons-no-factors": None}, None, 0.0) == "lessons", "no validation"
@@ -237,8 +250,8 @@ def test_json_that_never_parses_is_given_up_and_reported_not_fatal(tmp_path: Pat
 def test_a_step_that_lowers_validation_is_reverted(tmp_path: Path, embedder) -> None:
     mixed = one_wrong_in(3)
 
-    def correct(call: Call) -> bool:
-        return POISON not in call.system and mixed(call)
+    def correct(call: Call) -> bool:  # greedy answers are right until the poison is in the prompt
+        return POISON not in call.system and (call.temperature == 0 or mixed(call))
 
     policy = arithmetic_policy(correct=correct, compare=lambda c: ops_json({"op": "add", "text": POISON}))
     spec = {
@@ -313,7 +326,7 @@ def test_consolidation_delete_beats_modify_and_duplicates_merge(tmp_path: Path, 
 
 
 def test_invalid_lesson_text_gets_one_rewrite_then_is_rejected(tmp_path: Path, embedder) -> None:
-    long_text = "When adding " + " ".join(["numbers"] * 40)
+    long_text = "When adding numbers, " + " ".join(["carefully"] * 40)
     policy = arithmetic_policy(
         correct=one_wrong_in(3),
         compare=lambda c: ops_json(
@@ -458,14 +471,19 @@ def test_distilled_factors_are_tried_and_then_decode_later_rollouts(
     from zoo.inference.factors import tokenizer_tag
     from zoo.trainer.tfgrpo.loop import FACTOR_TRIAL_CONFIDENCE
 
-    policy = arithmetic_policy(correct=one_wrong_in(3), compare=good_lesson)
+    sampled = one_wrong_in(3)
+
+    def correct(call: Call) -> bool:  # greedy answers are right when decoded with the factors
+        return call.logits_processor is not None if call.temperature == 0 else sampled(call)
+
+    policy = arithmetic_policy(correct=correct, compare=good_lesson)
     val = str(tasks_file(tmp_path, 2, "val.jsonl", 10))
     run, result = factor_run(tmp_path, embedder, tokenizer, policy, validation=val)
     (lesson,) = decode_library(Path(result["library"]).read_bytes()).experiences
     assert lesson.factors is not None and lesson.factors.tokenizer == tokenizer_tag(tokenizer)
     first, _ = run.steps()
-    assert first["chosen"] == "lessons" and first["candidates"] == {"lessons": 1.0, "lessons-no-factors": 1.0}
-    # Validation tried the factor at log-odds 1 (a tie keeps it): step 2's rollouts decode with it.
+    assert first["chosen"] == "lessons" and first["candidates"] == {"lessons": 1.0, "lessons-no-factors": 0.0}
+    # Validation tried the factor at log-odds 1 (it earned a better score): step 2's rollouts decode with it.
     step2 = [c for c in run.backend.recorder.calls if c.stage == "rollout" and c.temperature > 0][6:]
     assert step2 and all(c.logits_processor is not None for c in step2)
     assert all(c.logits_processor.bias.abs().max() > 0 for c in step2)
@@ -684,8 +702,10 @@ def code_tasks(tmp_path: Path, n: int, name: str, start: int = 0) -> Path:
 
 
 def shown_the_convention(call: Call) -> bool:
-    """A small model follows a worked example: it writes the code right when one is among the turns."""
-    return any(m["role"] == "assistant" and "ITEM-" in m["content"] for m in call.messages[:-1])
+    """A small model follows a worked example, or a lesson that states the convention: it writes the code
+    right when one is among the turns or in the system turn."""
+    shown = any(m["role"] == "assistant" and "ITEM-" in m["content"] for m in call.messages[:-1])
+    return shown or "ITEM-" in call.system
 
 
 def convention_policy(*, sampled_right_every: int | None, compare: str = "") -> Callable[[Call], str]:
@@ -860,15 +880,18 @@ def test_lessons_that_teach_nothing_are_screened_and_reported(tmp_path: Path, em
     assert first["critic_operations"] > first["critic_operations_usable"] > 0, first
 
 
-def test_ties_go_to_the_whole_step(tmp_path: Path, embedder) -> None:
-    """When the step's lessons neither help nor hurt, both kinds are kept together."""
+def test_ties_go_to_the_smaller_library(tmp_path: Path, embedder) -> None:
+    """When the step's lessons neither help nor hurt, they do not enter: the examples alone score as well
+    as both kinds together, and the smaller library wins; the lesson is reported as reverted."""
     harmless = "When asked for an item's code, answer with the code alone."
     policy = convention_policy(sampled_right_every=3, compare=ops_json({"op": "add", "text": harmless}))
     run, result = run_job(tmp_path, embedder, policy, code_spec(tmp_path))
     first = run.steps()[0]
-    assert first["chosen"] == "both" and first["candidates"]["both"] == first["candidates"]["examples"]
+    assert first["chosen"] == "examples" and first["candidates"]["both"] == first["candidates"]["examples"]
     learned = decode_library(Path(result["library"]).read_bytes()).experiences
-    assert {e.kind for e in learned} == {"example", "lesson"}
+    assert {e.kind for e in learned} == {"example"} and harmless not in {e.text for e in learned}
+    report = json.loads(Path(result["report"]).read_text())
+    assert any(op.get("text") == harmless for op in report["reverted_operations"])
 
 
 @pytest.mark.parametrize("kinds", ["examples", "lessons"])

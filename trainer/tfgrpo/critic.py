@@ -29,7 +29,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from zoo.inference.backend import ResponseFormat
-from zoo.registry.experience import MAX_TEXT_CHARS, MAX_WORDS, MIN_WORDS, TRIGGER_WORDS, Experience
+from zoo.registry.experience import MAX_TEXT_CHARS, MAX_WORDS, TRIGGER_WORDS, Experience
 from zoo.trainer.tfgrpo.llm import LLM
 
 M = TypeVar("M", bound=BaseModel)
@@ -57,14 +57,18 @@ class MergeReply(BaseModel):
     text: str = Field(min_length=1, max_length=2000)
 
 
-# A lesson as the registry accepts it, as a JSON Schema pattern the grammar holds the critic to: its trigger
-# word first, then single-spaced words of at most WORD_CHARS characters, as many as fit MAX_TEXT_CHARS
-# (xgrammar ignores maxLength beside a pattern, so the pattern itself bounds the length; without a bound a
-# small model runs one endless "word" into the token limit).
+# A lesson as the registry accepts it and screen_lesson keeps it, as a JSON Schema pattern the grammar holds
+# the critic to: its trigger word first, a condition of at most CONDITION_WORDS words ending in a comma,
+# colon or semicolon, then a rule of at least two words; single-spaced words of at most WORD_CHARS
+# characters, as many as fit MAX_TEXT_CHARS (xgrammar ignores maxLength beside a pattern, so the pattern
+# itself bounds the length; without a bound a small model runs one endless "word" into the token limit).
 WORD_CHARS = 15
+CONDITION_WORDS = 10
 _MORE_WORDS = min(MAX_WORDS - 1, (MAX_TEXT_CHARS - max(map(len, TRIGGER_WORDS)) - 1) // (WORD_CHARS + 1))
+_WORD_RE = rf" [^\s]{{1,{WORD_CHARS}}}"
 LESSON_PATTERN = (
-    rf"^({'|'.join(TRIGGER_WORDS)})[,:;]?( [^\s]{{1,{WORD_CHARS}}}){{{MIN_WORDS - 1},{_MORE_WORDS}}}$"
+    rf"^({'|'.join(TRIGGER_WORDS)})( [^\s,:;]{{1,{WORD_CHARS}}}){{1,{CONDITION_WORDS}}}[,:;]"
+    rf"({_WORD_RE}){{2,{_MORE_WORDS - CONDITION_WORDS}}}$"
 )
 LESSON_TEXT: dict[str, Any] = {"type": "string", "pattern": LESSON_PATTERN}
 
@@ -185,8 +189,9 @@ async def ask_json(
 
 LESSON_RULES = (
     f"Each lesson is one sentence of at most {MAX_WORDS} words that starts with its trigger "
-    f"(one of: {', '.join(TRIGGER_WORDS)}), states a general strategy rather than this problem's numbers, "
-    "and can be applied to similar problems."
+    f'(one of: {", ".join(TRIGGER_WORDS)}), then its condition, a comma, and the rule to follow ("When a '
+    'length is given in metres, record it in centimetres."); it states a general strategy rather than this '
+    "problem's numbers, and can be applied to similar problems."
 )
 
 SUMMARISE_SYSTEM = (

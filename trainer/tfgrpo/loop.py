@@ -25,8 +25,9 @@ Per epoch the training tasks are shuffled (seeded) and cut into batches; one bat
    The paper asks for this; its public implementation does not do it. A step that proposes both kinds
    offers its lessons and examples together and each kind alone as candidates (beside the library with
    only the prune applied, and each candidate with new factors also without them); the best-scoring one
-   that passes is kept (a tie keeps more of the step), so each kind earns its place on the model at hand
-   and a rule that confuses a small model cannot take the examples down with it.
+   that passes is kept, so each kind earns its place on the model at hand and a rule that confuses a small
+   model cannot take the examples down with it. Nothing enters without earning a better score: a candidate
+   that grows the library must score above the current one, and a tie goes to the smaller library.
 
 The run state after each completed step is a JSON checkpoint (`TrainState`); a run given that state
 continues with the next step and, since every seed derives from (seed, step, task, rollout), makes the
@@ -43,22 +44,21 @@ import asyncio
 import math
 import statistics
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-import numpy as np
-
 from zoo.inference.embedder import Embedder
 from zoo.inference.factors import processor_builder
-from zoo.inference.prompt import assemble, parse_citations
+from zoo.inference.prompt import parse_citations
 from zoo.inference.retrieval import Hit, RetrievalIndex
 from zoo.registry.canonical import decode_library, encode_library
 from zoo.registry.experience import MAX_ANSWER_CHARS, MAX_QUESTION_CHARS, Experience, ExpertFactors, Library
+from zoo.trainer.prompting import PromptPath
 from zoo.trainer.rewards import BaseReward, RewardResult, ascore_group, get_reward
 from zoo.trainer.schedule import batches, seed_of, total_steps
-from zoo.trainer.tasks.schema import Task, instruction_for
+from zoo.trainer.tasks.schema import Task
 from zoo.trainer.tfgrpo import critic
 from zoo.trainer.tfgrpo.llm import LLM, Ledger
 from zoo.trainer.tfgrpo.operations import Outcome, Proposal, add_examples, consolidate, prune, screen_lesson
@@ -152,22 +152,6 @@ class TrainState:
             wall_s=float(data.get("wall_s") or 0.0),
             notes=list(data.get("notes") or []),
         )
-
-
-class MemoryVectors:
-    """Experience vectors kept for the run, so the per-step retrieval index only embeds new lessons
-    (the EmbeddingCache interface RetrievalIndex.build takes, without the SQLite file)."""
-
-    def __init__(self) -> None:
-        self._vectors: dict[tuple[str, str], np.ndarray] = {}
-
-    def get_many(self, model: str, ids: Iterable[str], dim: int | None = None) -> dict[str, np.ndarray]:
-        found = {i: v for i in ids if (v := self._vectors.get((model, i))) is not None}
-        return {i: v for i, v in found.items() if dim is None or v.shape == (dim,)}
-
-    def put_many(self, model: str, vectors: Mapping[str, np.ndarray]) -> None:
-        for i, v in vectors.items():
-            self._vectors[(model, i)] = v
 
 
 @dataclass
@@ -295,17 +279,47 @@ def confidence_of(prior: float, advantage_sum: float, uses: float) -> float:
     return 1.0 / (1.0 + math.exp(-z))
 
 
-def choose(scores: Mapping[str, float | None], current: float | None, tolerance: float) -> str | None:
-    """The candidate a step keeps, from the validation scores of its candidates (in preference order):
-    the best one that scores at least `current - tolerance`, a tie going to the earlier one; None when
-    every one drops (the step is reverted). Without validation (scores None) the first one is kept."""
+Size = tuple[int, int]  # (experiences, of them with expert factors): what a library costs a prompt
+
+
+def size_of(experiences: Sequence[Experience]) -> Size:
+    return len(experiences), sum(e.factors is not None for e in experiences)
+
+
+def choose(
+    scores: Mapping[str, float | None],
+    current: float | None,
+    tolerance: float,
+    sizes: Mapping[str, Size] | None = None,
+    current_size: Size = (0, 0),
+) -> str | None:
+    """The candidate a step keeps, from the validation scores of its candidates (in preference order), or
+    None (the step is reverted). A candidate that grows the library (more experiences or more factors than
+    `current_size`) must score strictly above `current`: nothing enters that did not earn a better score.
+    One that does not grow it (a prune, a rewrite) may score down to `current - tolerance`. Of those, the
+    best score wins; a tie goes to the smaller library, then to the earlier candidate. Without validation
+    (scores None) the first one is kept."""
+    sizes = sizes or {}
     best: str | None = None
     for name, score in scores.items():
-        if score is not None and current is not None and score < current - tolerance:
+        if score is None or current is None:
+            if best is None:
+                best = name
             continue
-        if best is None or (score is not None and score > (scores[best] or 0.0)):
+        size = sizes.get(name, current_size)
+        grows = size[0] > current_size[0] or size[1] > current_size[1]
+        if score < current - tolerance or (grows and score <= current):
+            continue
+        if best is None or (score, _smaller(sizes.get(name))) > (
+            scores[best] or 0.0,
+            _smaller(sizes.get(best)),
+        ):
             best = name
     return best
+
+
+def _smaller(size: Size | None) -> tuple[int, int]:
+    return (0, 0) if size is None else (-size[0], -size[1])
 
 
 class TfGrpoRun:
@@ -328,12 +342,19 @@ class TfGrpoRun:
         self.checkpoint = checkpoint
         self.base_model = ctx.base.base_model
         self._rewards: dict[str, BaseReward] = {}
-        self._vectors = MemoryVectors()
         self.steps_total = total_steps(len(self.train), spec.batch_size, spec.epochs)
         self.per_epoch = math.ceil(len(self.train) / spec.batch_size)
         # Unset, the serving defaults: a library is validated under the conditions it is served in.
         self.serving = spec.serving()
         self.k = self.serving.k
+        self.prompts = PromptPath(
+            self.llm.backend,
+            ctx.embedder,
+            self.serving,
+            self.base_model,
+            instruction=spec.instruction,
+            max_tokens=spec.rollout_max_tokens,
+        )
         # With factors on, rollouts and validation decode with the factors of the experiences in the prompt,
         # weighted as serving weights them, so validation can catch (and revert) harmful ones.
         self._factor_builder = (
@@ -377,40 +398,19 @@ class TfGrpoRun:
         return self.make_experience(p.text, p.domain, kind="example", answer=p.answer, **reasoning)
 
     def _index(self, library: Sequence[Experience]) -> RetrievalIndex | None:
-        # Ranked by similarity even when every experience fits: the prompt puts the closest worked
-        # example right before the question, which is the one a small model copies.
-        if not library or self.k == 0:
-            return None
-        lib = Library.create(version=1, base_model=self.base_model, experiences=library)
-        return RetrievalIndex.build(lib, self.ctx.embedder, self._vectors)  # type: ignore[arg-type]
+        return self.prompts.index(library)
 
     def offered(self, task: Task, library: Sequence[Experience], index: RetrievalIndex | None) -> list[Hit]:
-        if self.k == 0:
-            return []
-        if index is None:
-            return [Hit(e, 1.0) for e in library]
-        return index.search(task.question, k=self.k)
+        return self.prompts.offered(task, library, index)
+
+    def messages(self, task: Task, hits: Sequence[Hit]) -> tuple[list[dict[str, str]], list[Experience]]:
+        return self.prompts.messages(task, hits)
 
     def factors_for(self, experiences: Sequence[Experience]) -> Any:
         """The logits processor of these experiences' factors (None: factors off, or none apply)."""
         if self._factor_builder is None or not any(e.factors is not None for e in experiences):
             return None
         return self._factor_builder(experiences)
-
-    def messages(self, task: Task, hits: Sequence[Hit]) -> tuple[list[dict[str, str]], list[Experience]]:
-        instruction = instruction_for(task, self.spec.instruction)
-        base = [{"role": "system", "content": instruction}, {"role": "user", "content": task.question}]
-        backend = self.llm.backend
-        assembled = assemble(
-            base,
-            hits,
-            backend.count_prompt_tokens,
-            experience_budget=self.serving.experience_budget_tokens,
-            context_length=backend.context_length,
-            max_tokens=self.spec.rollout_max_tokens,
-            lesson_position=self.serving.lesson_position,
-        )
-        return assembled.messages, [h.experience for h in assembled.used]
 
     # -- validation ---------------------------------------------------------------------------------
 
@@ -496,7 +496,13 @@ class TfGrpoRun:
         s.candidates, rejected = self._candidates(s.library, s.lessons, s.example_ops, state)
         s.rejected = s.screened + rejected
         s.scores_of = await self._validate(s.candidates, s.number)
-        s.chosen = choose(s.scores_of, state.validation_score, self.spec.revert_tolerance)
+        s.chosen = choose(
+            s.scores_of,
+            state.validation_score,
+            self.spec.revert_tolerance,
+            {name: size_of(o.experiences) for name, o in s.candidates.items()},
+            size_of(s.library),
+        )
         self._keep(s, state)
         await self._complete(s, state)
 
@@ -782,12 +788,12 @@ class TfGrpoRun:
         example_ops: Sequence[Proposal],
         state: TrainState,
     ) -> tuple[dict[str, Outcome], list[dict[str, Any]]]:
-        """Stage 4, critic stage 3's prune: the libraries a step may keep, by name, in the order a tie is
-        broken: "both" (the step's lessons and worked examples), "examples", "lessons", "prune" (only
-        dropping harmful experiences); each with its new expert factors on trial and, right after it, a
-        "-no-factors" variant without them (when validation can tell them apart). Each is pruned; an
-        unchanged library or one equal to an earlier candidate is left out. Also returns the rejected
-        operations."""
+        """Stage 4, critic stage 3's prune: the libraries a step may keep, by name, in the order a tie of
+        equal sizes is broken: "both" (the step's lessons and worked examples), "examples", "lessons",
+        "prune" (only dropping harmful experiences); each with its new expert factors on trial and, right
+        after it, a "-no-factors" variant without them (when validation can tell them apart). Each is
+        pruned; an unchanged library or one equal to an earlier candidate is left out. Also returns the
+        rejected operations."""
         spec = self.spec
         unchanged = Outcome(sorted(library, key=lambda e: e.id))
         bases: dict[str, Outcome] = {}

@@ -69,18 +69,59 @@ _FILLER = frozenset(
      "has", "have", "had", "ask", "asks", "asked"]
 )  # fmt: skip
 RESTATEMENT_SHARE = 0.8  # at least this share of a lesson's content words appear in the question
+# Where the condition ends and the rule begins: "When X, do Y", "If X: Y", "When X then Y".
+_CONDITION_END = re.compile(r"[,:;]|\bthen\b|\s[-\u2013\u2014]\s")
+# A lesson that ends on one of these stops mid-phrase (cut by a token or word limit).
+_DANGLING = frozenset(
+    ["a", "an", "the", "of", "in", "on", "at", "to", "for", "by", "with", "as", "and", "or", "but", "if",
+     "when", "then", "than", "that", "from", "into", "is", "are", "be", "its", "their", "your", "each",
+     "every", "this", "these", "not", "no", "so"]
+)  # fmt: skip
+_OPENERS = {"(": ")", "[": "]", "{": "}"}
+
+
+def _cut_off(text: str) -> bool:
+    stripped = text.rstrip()
+    if stripped[-1:] in {",", ";", ":", "-", "\u2013", "\u2014", "(", "/"}:
+        return True
+    words = _WORD.findall(stripped.lower())
+    if words and words[-1] in _DANGLING and stripped[-1:].isalnum():
+        return True
+    if any(stripped.count(o) != stripped.count(c) for o, c in _OPENERS.items()):
+        return True
+    return stripped.count('"') % 2 == 1
+
+
+def _content(words: list[str]) -> list[str]:
+    return [w for w in words if w not in _FILLER]
+
+
+def _asked(word: str, asked: set[str]) -> bool:
+    """Whether a lesson's word is the question's, up to an inflection ("fences" for "fence")."""
+    return word in asked or (len(word) > 4 and any(a[:5] == word[:5] for a in asked if len(a) > 4))
 
 
 def screen_lesson(text: str, question: str) -> str | None:
-    """Why a critic's lesson text is no lesson at all, or None when it may be one: an unfilled template,
-    or a restatement of the question it was drawn from (nearly all its content words are the question's,
-    with at least two of them). Validation would keep such a text when it merely does no harm, and it then
-    takes a retrieval slot a real lesson or example could use."""
+    """Why a critic's lesson text is no lesson at all, or None when it may be one: an unfilled template; a
+    text cut off mid-phrase; a condition with no rule after it ("When this is a mistake", "When the fence
+    is 5 meters long": a rule follows its condition after a comma, colon or "then", with at least two
+    content words); or a restatement of the question it was drawn from (nearly all its content words, or
+    all of its rule's, are the question's). Validation would keep such a text when it merely does no harm,
+    and it then takes a retrieval slot a real lesson or example could use."""
     if _PLACEHOLDER.search(text):
         return "an unfilled template, not a lesson"
-    content = [w for w in _WORD.findall(text.lower())[1:] if w not in _FILLER]  # [1:]: the trigger word
+    if _cut_off(text):
+        return "cut off mid-phrase"
+    after_trigger = text.split(None, 1)[1] if len(text.split(None, 1)) > 1 else ""
+    end = _CONDITION_END.search(after_trigger)
+    rule = _content(_WORD.findall(after_trigger[end.end() :].lower())) if end else []
     asked = set(_WORD.findall(question.lower()))
-    if len(content) >= 2 and sum(w in asked for w in content) >= RESTATEMENT_SHARE * len(content):
+    content = _content(_WORD.findall(after_trigger.lower()))
+    if len(content) >= 2 and sum(_asked(w, asked) for w in content) >= RESTATEMENT_SHARE * len(content):
+        return "restates the question instead of teaching something beyond it"
+    if len(rule) < 2:
+        return "states a condition but no rule to follow after it"
+    if all(_asked(w, asked) for w in rule):
         return "restates the question instead of teaching something beyond it"
     return None
 
