@@ -1,10 +1,14 @@
-"""Efficacy of TF-GRPO: does a learned library lift a frozen model on held-out tasks, by how much beyond
-the seed-to-seed spread, and what does learning cost?
+"""Efficacy of TF-GRPO against the simplest alternatives: does a learned library lift a frozen model on
+held-out tasks, by how much beyond the seed-to-seed spread, what does learning cost, and does it beat
+what a user could do instead with the same labelled tasks?
 
 Per task family (the shipped convention families of trainer/tasks/families.py by default, or any JSONL a user
 brings with --dataset/--validation/--test) and in one process with one loaded model:
 
 1. zero-shot: the held-out test score with an empty library (greedy, one completion a task);
+   lookup: every labelled training task as a worked example (trainer/baselines.py: no loop, no LLM call);
+   sft (per seed): LoRA SFT on the same training tasks (trainer/sft, its defaults), scored with no
+   experiences in the prompt;
 2. for each ablation and each of --seeds seeds, a TF-GRPO run on the train split (the validation split
    decides keep or revert), then the test score of the learned library, and the test score after every
    step (from the step's checkpointed library):
@@ -12,16 +16,23 @@ brings with --dataset/--validation/--test) and in one process with one loaded mo
    - lessons: critic rules only, examples: worked examples only (no critic calls),
    - g1: both kinds with G = 1 (no group computation: each lone rollout is critiqued on its own).
 
-Printed per family: the test score (mean and standard deviation over seeds) and its gain over zero-shot,
+3. distill (per seed, with --methods distill): the "both" run's learned library distilled into a LoRA
+   adapter (`zoo-node train distill`: its worked examples and its successful rollouts on the train split),
+   scored with no experiences in the prompt; gspo (per seed): a GSPO run on the train split, its adapter
+   scored the same way.
+
+Printed per family: every method's test score (mean and standard deviation over seeds), its difference
+from zero-shot and from lookup, and the prompt tokens per task it needs; then the TF-GRPO detail:
 experiences kept / reverted / dropped by kind, the critic's JSON replies that parsed ("JSON ok") and its
 usable-operations rate (operations that made a valid change: a lesson the library accepts, an existing
 id), LLM calls and seconds per step. Written: curves-<family>.png (test and validation
 score per step, mean over seeds, per ablation) and results.json in --out.
 
-The held-out score is measured exactly as the loop's validation (same prompt assembly, k and budget), on
-tasks the loop never sees. Report honestly whatever it shows.
+Every score is measured as `zoo-node eval` measures it (trainer/evaluate.py: the node's prompt assembly,
+k and budget, greedy), on tasks no method trains or validates on. Report honestly whatever it shows.
 
 Run: ./zoo bench tfgrpo [--family lengths,habitats] [--ablations both,lessons,examples,g1] [--seeds 3]
+         [--methods lookup,sft,tfgrpo,distill,gspo]
          [--epochs 1] [--group-size 5] [--backend transformers|openai --base-url URL --model NAME]
          [--dataset F --validation F --test F] [--parallel N] [--out DIR]
 
@@ -36,24 +47,32 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import statistics
 import tempfile
 import time
 from collections import Counter
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from zoo.inference.adapters import AdapterDirectory
 from zoo.inference.embedder import SentenceTransformerEmbedder
 from zoo.registry.canonical import decode_library
 from zoo.registry.experience import Library
+from zoo.trainer.baselines import lookup_library
+from zoo.trainer.evaluate import Scorer
+from zoo.trainer.gspo.job import run_gspo
+from zoo.trainer.gspo.spec import GspoSpec
+from zoo.trainer.prompting import PromptPath
+from zoo.trainer.sft.job import run_sft
+from zoo.trainer.sft.spec import SftSpec
 from zoo.trainer.tasks import families
 from zoo.trainer.tasks.schema import Task, load_jsonl
 from zoo.trainer.tfgrpo.job import run_tf_grpo
 from zoo.trainer.tfgrpo.llm import LLM
-from zoo.trainer.tfgrpo.loop import Context, TfGrpoRun
 from zoo.trainer.tfgrpo.spec import TfGrpoSpec
 
+METHODS = ("lookup", "sft", "tfgrpo", "distill", "gspo")
 ABLATIONS = {
     "both": {"experience_kinds": "both"},
     "lessons": {"experience_kinds": "lessons"},
@@ -65,16 +84,33 @@ ABLATIONS = {
 async def held_out_score(
     spec: TfGrpoSpec, llm: LLM, embedder: Any, library: Library, test: list[Task]
 ) -> float:
-    """The test score of `library`, measured as the loop's validation measures it."""
+    """The test score of `library` under `spec`'s serving settings (k, budget, lesson position)."""
+    prompts = PromptPath(
+        llm.backend, embedder, spec.serving(), llm.model_id, max_tokens=spec.rollout_max_tokens
+    )
+    scores = await Scorer(llm, prompts, max_tokens=spec.rollout_max_tokens).score_tasks(
+        test, library.experiences
+    )
+    return statistics.fmean(s.score for s in scores)
 
-    async def nothing(*_: Any) -> None:
-        return None
 
-    ctx = Context(llm, embedder, library, "job:bench", datetime.now(UTC))
-    run = TfGrpoRun(spec, test[:1], test, ctx, emit=nothing, checkpoint=nothing)
-    score = await run.evaluate(list(library.experiences), "held-out")
-    assert score is not None
-    return score
+class Measure:
+    """Held-out scores as `zoo-node eval` measures them, on one family's test tasks."""
+
+    def __init__(self, backend: Any, embedder: Any, args: argparse.Namespace, test: list[Task]) -> None:
+        serving = TfGrpoSpec.parse({"k": args.k} if args.k is not None else {}).serving()
+        prompts = PromptPath(backend, embedder, serving, backend.model_id, max_tokens=args.rollout_max_tokens)
+        self.scorer = Scorer(LLM(backend, args.concurrency), prompts, max_tokens=args.rollout_max_tokens)
+        self.test = test
+
+    async def score(self, library: Library | None = None, adapter: Any = None) -> dict[str, float]:
+        """{"score", "prompt_tokens"} of `library` (None: empty) and `adapter` (None: the base model)."""
+        experiences = list(library.experiences) if library is not None else []
+        scores = await self.scorer.score_tasks(self.test, experiences, adapter=adapter)
+        return {
+            "score": statistics.fmean(s.score for s in scores),
+            "prompt_tokens": statistics.fmean(s.prompt_tokens for s in scores),
+        }
 
 
 def load_backend(args: argparse.Namespace) -> Any:
@@ -118,7 +154,7 @@ def kinds_of(report: dict[str, Any]) -> Counter[str]:
 
 
 async def run_one(name: str, ablation: str, seed: int, base: dict[str, Any], args: argparse.Namespace,
-                  backend: Any, embedder: Any, test: list[Task], out: Path) -> dict[str, Any]:  # fmt: skip
+                  backend: Any, embedder: Any, measure: Measure, out: Path) -> dict[str, Any]:  # fmt: skip
     """One TF-GRPO run on the train split, then its held-out score and held-out curve."""
     spec = TfGrpoSpec.parse({**base, **ABLATIONS[ablation], "seed": seed})
     llm = LLM(backend, args.concurrency)
@@ -144,14 +180,16 @@ async def run_one(name: str, ablation: str, seed: int, base: dict[str, Any], arg
     train_s = time.perf_counter() - t0
     learned = decode_library(Path(result["library"]).read_bytes())
     steps = sorted(s for s in libraries if s > 0)
-    curve_test = [await held_out_score(spec, llm, embedder, libraries[s], test) for s in steps]
-    score = await held_out_score(spec, llm, embedder, learned, test)
+    curve_test = [(await measure.score(libraries[s]))["score"] for s in steps]
+    held_out = await measure.score(learned)
+    score = held_out["score"]
     report = json.loads(Path(result["report"]).read_text())
     compare = report.get("json", {}).get("compare", {"retries": 0, "failures": 0})
     print(f"  [{name}] {ablation} seed {seed}: held-out {score:.3f}, {result['experiences']} experiences, "
           f"{train_s:.0f} s", flush=True)  # fmt: skip
     return {
         "seed": seed, "score": score, "train_s": train_s, "parallel": args.parallel,
+        "prompt_tokens": held_out["prompt_tokens"], "library": result["library"],
         "experiences": result["experiences"],
         "by_kind": dict(kinds_of(report)), "curve_test": curve_test,
         "curve_validation": [p["validation_score"] for p in report["curve"]],
@@ -172,6 +210,8 @@ async def run_family(name: str, paths: dict[str, Path], args: argparse.Namespace
     kept, not repeated, so a matrix too long for one sitting is measured across several.
     """
     test = load_jsonl(paths["test"])[: args.test_limit]
+    measure = Measure(backend, embedder, args, test)
+    methods = set(args.methods.split(","))
     base = {
         "dataset": str(paths["train"]),
         "validation": str(paths["validation"]),
@@ -184,13 +224,23 @@ async def run_family(name: str, paths: dict[str, Path], args: argparse.Namespace
         "k": args.k,
     }
     if results.get("zero_shot") is None:
-        empty = Library.create(version=1, base_model=backend.model_id)
-        results["zero_shot"] = await held_out_score(
-            TfGrpoSpec.parse(base), LLM(backend, args.concurrency), embedder, empty, test
-        )
+        zero = await measure.score()
+        results["zero_shot"], results["zero_shot_prompt_tokens"] = zero["score"], zero["prompt_tokens"]
         results["test_tasks"] = len(test)
         checkpoint()
     print(f"\n[{name}] {len(test)} held-out tasks; zero-shot score {results['zero_shot']:.3f}", flush=True)
+    if "lookup" in methods and results.get("lookup") is None:
+        library = lookup_library(load_jsonl(paths["train"]), backend.model_id)
+        results["lookup"] = {**await measure.score(library), "experiences": len(library.experiences)}
+        checkpoint()
+        print(f"  [{name}] lookup ({len(library.experiences)} worked examples): "
+              f"{results['lookup']['score']:.3f}", flush=True)  # fmt: skip
+    adapters = Adapters(out / "adapters", backend.model_id)
+    lora_base = {"dataset": str(paths["train"]), "validation": str(paths["validation"])}
+    if "sft" in methods:
+        for seed in range(args.seeds):
+            train = adapters.supervised(SftSpec.parse({**lora_base, "seed": seed}))
+            await lora_run(results, "sft", seed, name, out, measure, adapters, checkpoint, train)
     runs = results.setdefault("runs", {})
     todo = [
         (ablation, seed)
@@ -204,16 +254,110 @@ async def run_family(name: str, paths: dict[str, Path], args: argparse.Namespace
 
     async def one(ablation: str, seed: int) -> None:
         async with slots:
-            run = await run_one(name, ablation, seed, base, args, backend, embedder, test, out)
+            run = await run_one(name, ablation, seed, base, args, backend, embedder, measure, out)
         runs.setdefault(ablation, []).append(run)
         runs[ablation].sort(key=lambda r: r["seed"])
         checkpoint()
 
-    await asyncio.gather(*(one(a, s) for a, s in todo))
+    if "tfgrpo" in methods:
+        await asyncio.gather(*(one(a, s) for a, s in todo))
+    if "distill" in methods:
+        for run in runs.get("both", []):
+            spec = SftSpec.parse({**lora_base, "kind": "distill", "experiences": run["library"],
+                                  "seed": run["seed"], "k": args.k})  # fmt: skip
+            train = adapters.supervised(spec, embedder)
+            await lora_run(results, "distill", run["seed"], name, out, measure, adapters, checkpoint, train)
+    if "gspo" in methods:
+        for seed in range(args.seeds):
+            spec = GspoSpec.parse({**lora_base, "seed": seed, "learning_rate": args.gspo_lr,
+                                   "max_new_tokens": args.rollout_max_tokens,
+                                   "checkpoint_every": 1000})  # fmt: skip
+            await lora_run(results, "gspo", seed, name, out, measure, adapters, checkpoint,
+                           lambda d, spec=spec: run_gspo(spec, adapters.model, d))  # fmt: skip
+
+
+class Adapters:
+    """Trained adapters installed under unique names, so the one loaded model serves them side by side."""
+
+    def __init__(self, root: Path, model_id: str) -> None:
+        from zoo.inference.models import prepare_bundled_chat_model
+        from zoo.node.config import default_cache_dir
+
+        self.directory = AdapterDirectory(root)
+        self.model = prepare_bundled_chat_model(default_cache_dir()).path
+        self.model_id = model_id
+
+    def supervised(self, spec: SftSpec, embedder: Any = None) -> Any:
+        """A function training `spec` into a directory (trainer/sft/job.py)."""
+
+        def train(run_dir: Path) -> dict[str, Any]:
+            return run_sft(spec, self.model, run_dir, model_id=self.model_id, embedder=embedder)
+
+        return train
+
+    def install(self, name: str, source: Path) -> Any:
+        self.directory.install(name, source)
+        return self.directory.resolve(name)
+
+
+async def lora_run(results: dict[str, Any], method: str, seed: int, family: str, out: Path, measure: Measure,
+                   adapters: Adapters, checkpoint: Any, train: Any) -> None:  # fmt: skip
+    """One LoRA-trained method's run (unless results.json has it): train, install, score with no library."""
+    done = results.setdefault(method, [])
+    if any(r["seed"] == seed for r in done):
+        return
+    run_dir = out / family / f"{method}-{seed}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    started = time.perf_counter()
+    result = await asyncio.to_thread(train, run_dir)
+    train_s = time.perf_counter() - started
+    ref = adapters.install(f"{family}-{method}-{seed}", Path(result["adapter"]))
+    held_out = await measure.score(adapter=ref)
+    done.append({"seed": seed, **held_out, "train_s": train_s, "steps": result["steps"],
+                 "pairs": result.get("pairs"), "report": result["report"]})  # fmt: skip
+    done.sort(key=lambda r: r["seed"])
+    checkpoint()
+    print(f"  [{family}] {method} seed {seed}: held-out {held_out['score']:.3f} "
+          f"({result['steps']} steps, {train_s:.0f} s)", flush=True)  # fmt: skip
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def method_rows(results: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """(method, runs) of every method measured, in the order a reader compares them."""
+    rows = [
+        (
+            "zero-shot",
+            [{"score": results["zero_shot"], "prompt_tokens": results.get("zero_shot_prompt_tokens")}],
+        )
+    ]
+    if results.get("lookup"):
+        rows.append(("lookup", [results["lookup"]]))
+    rows += [(m, results[m]) for m in ("sft",) if results.get(m)]
+    rows += [(f"tf-grpo {a}", runs) for a, runs in results.get("runs", {}).items()]
+    rows += [(m, results[m]) for m in ("distill", "gspo") if results.get(m)]
+    return rows
 
 
 def summary(name: str, results: dict[str, Any]) -> None:
     zero = results["zero_shot"]
+    lookup = results.get("lookup", {}).get("score")
+    print(f"\n{name}: held-out score of each method (mean ± std over seeds), beside zero-shot and lookup")
+    print(f"  {'method':<18}{'seeds':>6}{'score':>15}{'vs zero':>9}{'vs lookup':>10}{'prompt tok':>11}"
+          f"{'train s':>9}")  # fmt: skip
+    for method, runs in method_rows(results):
+        mean, std = mean_std([r["score"] for r in runs])
+        versus = f"{mean - lookup:>+10.3f}" if lookup is not None else f"{'-':>10}"
+        tokens = [r["prompt_tokens"] for r in runs if r.get("prompt_tokens") is not None]
+        train = [r["train_s"] for r in runs if r.get("train_s") is not None]
+        print(f"  {method:<18}{len(runs):>6}{mean:>9.3f} ±{std:.3f}{mean - zero:>+9.3f}{versus}"
+              f"{statistics.fmean(tokens) if tokens else 0:>11.0f}"
+              f"{statistics.fmean(train) if train else 0:>9.0f}")  # fmt: skip
+    if not results.get("runs"):
+        return
+    print(f"\n{name}: TF-GRPO detail (gain over zero-shot {zero:.3f})")
     print(f"\n{name}: held-out score (mean ± std over seeds) and gain over zero-shot {zero:.3f}")
     print(
         f"  {'run':<10}{'seeds':>6}{'score':>14}{'gain':>8}{'s/step':>8}{'calls/step':>11}{'JSON ok':>9}"
@@ -277,6 +421,10 @@ async def main() -> None:
     ap.add_argument("--test")
     ap.add_argument("--test-limit", type=int, default=None)
     ap.add_argument("--ablations", default="both,lessons,examples,g1")
+    ap.add_argument("--methods", default="lookup,sft,tfgrpo,distill",
+                    help="what to measure beside zero-shot: lookup, sft, tfgrpo (the ablations), distill "
+                    "(each 'both' run's library into an adapter), gspo")  # fmt: skip
+    ap.add_argument("--gspo-lr", type=float, default=1e-4, help="gspo: learning rate")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--group-size", type=int, default=5)
@@ -305,6 +453,9 @@ async def main() -> None:
     unknown = set(args.ablations.split(",")) - set(ABLATIONS)
     if unknown:
         raise SystemExit(f"unknown ablations {sorted(unknown)}; choose from {sorted(ABLATIONS)}")
+    unknown = set(args.methods.split(",")) - set(METHODS)
+    if unknown:
+        raise SystemExit(f"unknown methods {sorted(unknown)}; choose from {', '.join(METHODS)}")
     if args.parallel < 1 or args.seeds < 1:
         raise SystemExit("--parallel and --seeds must be at least 1")
 

@@ -89,7 +89,7 @@ def test_sft_learns_the_convention_of_its_tasks(model_path: Path, tmp_path: Path
     assert result["baseline_validation_score"] <= 0.25 and result["validation_score"] >= 0.75, result
     report = json.loads(Path(result["report"]).read_text())
     losses = [p["loss"] for p in report["curve"]]
-    assert len(losses) == 6 and losses[-1] < losses[0] / 3, losses
+    assert len(losses) == 12 and losses[-1] < losses[0] / 3, losses
     assert report["pairs"] == {"task": 8} and report["kind"] == "sft"
     pairs = read_pairs(tmp_path / "out" / PAIRS_FILE)
     assert sorted(p.id for p in pairs) == sorted(t.id for t in load_jsonl(lengths("train", 8, tmp_path)))

@@ -27,7 +27,7 @@ class SftSpec(TaskSource):
 
     kind: Literal["sft", "rft", "distill"] = "sft"
     epochs: int = Field(default=3, ge=1, le=100)
-    batch_size: int = Field(default=4, ge=1, le=1024, description="pairs per optimiser step")
+    batch_size: int = Field(default=2, ge=1, le=1024, description="pairs per optimiser step")
     micro_batch_size: int = Field(
         default=8, ge=1, le=4096, description="pairs per forward/backward; gradients accumulate"
     )
