@@ -29,6 +29,7 @@ from zoo.inference.defaults import (
     DEFAULT_FACTOR_ETA,
     DEFAULT_K,
     DEFAULT_LESSON_POSITION,
+    DEFAULT_MIN_SIMILARITY,
     LessonPosition,
     ServingDefaults,
 )
@@ -264,6 +265,11 @@ class InferenceConfig(_Section):
     lesson_position: LessonPosition = DEFAULT_LESSON_POSITION
     """Where lessons sit in a prompt: "system" (the system turn) or "user" (right before the question in
     the last user turn). Worked examples are always earlier turns. Learning jobs use the same setting."""
+    min_similarity: float = Field(DEFAULT_MIN_SIMILARITY, ge=-1, le=1)
+    """The relevance gate: retrieved experiences less similar to the query than this (cosine, bundled
+    embedder) stay out of the prompt, so a question the library has nothing for is answered as if it were
+    empty. -1 turns the gate off. `zoo-node library calibrate --dataset VALIDATION.jsonl` suggests a value
+    for a library from its own validation tasks."""
     factor_eta: float = Field(DEFAULT_FACTOR_ETA, ge=0, le=100)
     """Scale of decode-time expert factors: weight = eta * log(q / (1 - q)) for reliability q."""
     factor_cap: float = Field(DEFAULT_FACTOR_CAP, ge=0, le=1000)
@@ -275,6 +281,7 @@ class InferenceConfig(_Section):
             k=self.default_k,
             experience_budget_tokens=self.experience_budget_tokens,
             lesson_position=self.lesson_position,
+            min_similarity=self.min_similarity,
             factor_eta=self.factor_eta,
             factor_cap=self.factor_cap,
         )

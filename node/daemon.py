@@ -287,8 +287,8 @@ def _job_runner(
         adapters=AdapterDirectory(cfg.adapters_dir),
         gspo_refusal=None
         if cfg.model.backend == "transformers"
-        else f"GSPO trains LoRA adapters on local weights: model.backend is {cfg.model.backend!r}, "
-        "it must be 'transformers'",
+        else "LoRA jobs (gspo, sft, rft, distill) train on local weights: model.backend is "
+        f"{cfg.model.backend!r}, it must be 'transformers'",
     )
 
 
@@ -423,6 +423,7 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
         ledger_address=str(wiring.ledger_address) if credits is not None else "",
         credit_epoch_s=meter.epoch_s if credits is not None else 0,
         serving=lambda: serving_stats(admission, lambda: model.backend),
+        min_similarity=inf.min_similarity,
     )
     metrics.watch_serving(servicer.serving)
     engine = engine_provider(

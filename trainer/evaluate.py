@@ -106,7 +106,8 @@ def interval(values: Sequence[float], seed: int = 0) -> tuple[float, float]:
 
 
 def summary(scores: Sequence[TaskScore]) -> dict[str, Any]:
-    """{"score", "n", "ci95", "by_domain": {domain: {"score", "n", "ci95"}}, "prompt_tokens"} of one run."""
+    """{"score", "n", "ci95", "by_domain": {domain: {"score", "n", "ci95"}}, "prompt_tokens", "experiences"}
+    of one run (the last two: means per task)."""
     if not scores:
         raise ValueError("no scores")
 
@@ -120,6 +121,7 @@ def summary(scores: Sequence[TaskScore]) -> dict[str, Any]:
         **part(scores),
         "by_domain": {d: part([s for s in scores if s.domain == d]) for d in domains},
         "prompt_tokens": statistics.fmean(s.prompt_tokens for s in scores),
+        "experiences": statistics.fmean(s.experiences for s in scores),
     }
 
 

@@ -75,12 +75,12 @@ class PromptPath:
         return RetrievalIndex.build(lib, self.embedder, self._vectors)  # type: ignore[arg-type]
 
     def offered(self, task: Task, library: Sequence[Experience], index: RetrievalIndex | None) -> list[Hit]:
-        """The experiences retrieved for `task`, best first."""
+        """The experiences retrieved for `task`, best first, those below the relevance gate left out."""
         if self.k == 0 or not library:
             return []
         if index is None:
             return [Hit(e, 1.0) for e in library]
-        return index.search(task.question, k=self.k)
+        return index.search(task.question, k=self.k, min_score=self.serving.min_similarity)
 
     def messages(self, task: Task, hits: Sequence[Hit]) -> tuple[Messages, list[Experience]]:
         """The prompt for `task` with `hits` assembled into it, and the experiences that fitted."""

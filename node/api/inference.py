@@ -207,7 +207,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
             request.query,
             k,
             request.domain,
-            request.min_score or -1.0,
+            request.min_score or self.cfg.min_similarity,  # unset: the relevance gate Infer uses
             request.library_root.lower(),
         )
         return inference_pb2.RetrieveResponse(

@@ -40,9 +40,11 @@ class NodeServicer(node_pb2_grpc.NodeServiceServicer):
         ledger_address: str = "",
         credit_epoch_s: int = 0,
         serving: Callable[[], node_pb2.ServingStats] | None = None,
+        min_similarity: float = -1.0,
     ) -> None:
         """usage: the UsageMeter; node_address: the node's account; ledger_address and credit_epoch_s: the
-        UsageLedger whose credits the node takes ("" and 0: none); serving: the generation load now."""
+        UsageLedger whose credits the node takes ("" and 0: none); serving: the generation load now;
+        min_similarity: the relevance gate retrieval applies."""
         self.supervisor = supervisor
         self.data_dir = data_dir
         self.listen = listen
@@ -54,6 +56,7 @@ class NodeServicer(node_pb2_grpc.NodeServiceServicer):
         self.ledger_address = ledger_address
         self.credit_epoch_s = credit_epoch_s
         self.serving = serving
+        self.min_similarity = min_similarity
         # Known once the HTTP API has bound and p2p has started: set by the daemon then.
         self.http_address: Callable[[], str] = lambda: ""
         self.p2p: Any = None
@@ -101,6 +104,7 @@ class NodeServicer(node_pb2_grpc.NodeServiceServicer):
             allows_anonymous=self.allows_anonymous,
             ledger_address=self.ledger_address,
             credit_epoch_seconds=self.credit_epoch_s,
+            min_similarity=self.min_similarity,
         )
 
     def _peer_counts(self) -> node_pb2.PeerCounts:

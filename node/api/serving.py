@@ -137,6 +137,7 @@ def validate_params(
         disable_experiences=disable_experiences,
         library_root=library_root.lower(),
         use_expert_factors=use_expert_factors,
+        min_score=cfg.min_similarity,
         response_format=response_format,
         adapter=adapter,
     )

@@ -257,5 +257,7 @@ def eval_command(
             f"{d['n']} tasks; B better on {d['better']}, worse on {d['worse']})"
         )
     err.print(
-        f"{result['wall_s']:.1f} s, {result['prompt_tokens']:.0f} prompt tokens per task", highlight=False
+        f"{result['wall_s']:.1f} s; per task {result['prompt_tokens']:.0f} prompt tokens, "
+        f"{result['experiences']:.1f} experiences in the prompt",
+        highlight=False,
     )

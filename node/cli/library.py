@@ -503,3 +503,58 @@ def sync(config: Path | None = ConfigOpt, data_dir: Path | None = DataDirOpt) ->
         out.print(f"already at the chain's version {cur.version} root {cur.root}")
     else:
         out.print("the chain has no library version yet")
+
+
+@app.command()
+def calibrate(
+    dataset: Path = typer.Option(..., "--dataset", help="Validation tasks the library is for (JSONL)."),
+    library: str = typer.Option("current", "--library", help="A library file, or 'current'."),
+    outside: Path | None = typer.Option(None, "--outside", help="Tasks the library is not for (JSONL)."),
+    margin: float = typer.Option(0.1, "--margin", min=0.0, max=2.0, help="How far below the weakest match."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
+    config: Path | None = ConfigOpt,
+    data_dir: Path | None = DataDirOpt,
+) -> None:
+    """Suggest the relevance gate (inference.min_similarity) for a library: just below the weakest best
+    match of its own validation tasks, so they keep their experiences while unrelated questions get none;
+    with --outside, how many of those tasks it gates."""
+    import json
+
+    from zoo.inference.embedder import SentenceTransformerEmbedder
+    from zoo.node.cli.eval import EvalError, read_library
+    from zoo.registry.errors import ZooError
+    from zoo.registry.experience import Library
+    from zoo.trainer.gate import calibrate as calibrate_gate
+    from zoo.trainer.tasks.schema import load_jsonl
+
+    cfg = _cfg(config, data_dir)
+    try:
+        experiences, what = read_library(cfg, library)
+        tasks = {}
+        for flag, path in (("--dataset", dataset), ("--outside", outside)):
+            if path is None:
+                continue
+            if not path.is_file():
+                raise EvalError(f"{flag} {path}: no such file")
+            tasks[flag] = load_jsonl(path)
+        if not experiences:
+            raise EvalError(f"--library {library}: {what}: there is nothing to gate")
+        lib = Library.create(version=1, base_model="calibration", experiences=experiences)
+        found = calibrate_gate(lib, SentenceTransformerEmbedder(cfg.embedder.path), tasks["--dataset"],
+                               tasks.get("--outside", []), margin)  # fmt: skip
+    except (EvalError, ZooError, ValueError) as e:
+        raise _fail(f"zoo-node library calibrate: {e}", 2) from None
+    report = found.to_json()
+    if as_json:
+        print(json.dumps(report, sort_keys=True))
+        return
+    inside = report["inside"]
+    out.print(f"library: {what}")
+    out.print(f"validation tasks' best match: min {inside['min']:.3f}, median {inside['median']:.3f}")
+    if report["outside"] is not None:
+        o = report["outside"]
+        out.print(f"outside tasks' best match: median {o['median']:.3f}, max {o['max']:.3f}; "
+                  f"{report['outside_gated']:.0%} of them get no experience")  # fmt: skip
+    now = cfg.inference.min_similarity
+    out.print(f"suggested gate: [bold]inference.min_similarity = {report['threshold']}[/bold] "
+              f"(now {now}; keeps {report['inside_kept']:.0%} of validation)")  # fmt: skip

@@ -63,7 +63,26 @@ def test_a_library_is_scored_against_none_with_a_table(tmp_path: Path) -> None:
     assert "conventions.lengths" in shown.stdout and "B - A:" in shown.stdout and "paired" in shown.stdout
     assert "24 experiences" in shown.stdout, shown.stdout
     # Prompt tokens grow with the library in the prompt (the cost a distilled adapter saves).
-    assert "prompt tokens per task" in shown.stderr
+    assert "prompt tokens" in shown.stderr and "experiences in the prompt" in shown.stderr
+
+
+def test_a_family_outside_the_library_is_answered_as_without_it(tmp_path: Path) -> None:
+    """The relevance gate: habitat questions get none of a lengths library's examples, so the library
+    cannot change their answers; lengths questions get theirs."""
+    config = write_config(tmp_path / "node.toml", base_config(tmp_path / "data"))
+    library = tmp_path / "lookup.json"
+    library.write_bytes(encode_library(lookup_library(load_jsonl(families.path("lengths", "train")), MODEL)))
+    outside = tmp_path / "habitats.jsonl"
+    write_jsonl(outside, load_jsonl(families.path("habitats", "test"))[:4])
+    done = zoo("eval", "--dataset", str(outside), "--library", str(library), "--compare-library", "none",
+               "--json", "--max-tokens", "16", "--config", str(config), timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["experiences"] == 0 and result["prompt_tokens"] == result["compare"]["prompt_tokens"]
+    assert result["difference"]["better"] == result["difference"]["worse"] == 0
+    inside = zoo("eval", "--dataset", str(lengths(tmp_path, "test", 0, 2)), "--library", str(library),
+                 "--json", "--max-tokens", "16", "--config", str(config), timeout=300)  # fmt: skip
+    assert inside.returncode == 0 and json.loads(inside.stdout)["experiences"] == 5, inside.stderr[-2000:]
 
 
 def test_bad_input_exits_2_with_the_reason(tmp_path: Path) -> None:

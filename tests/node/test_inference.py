@@ -43,13 +43,18 @@ def infer(client: NodeClient, **kw) -> pb.InferResponse:
 def test_geometry_query_retrieves_geometry_experience(node: NodeProcess) -> None:
     with NodeClient(node.address) as c:
         r = infer(c, prompt=GEOMETRY, k=2, sampling={"max_tokens": 8})
+        unrelated = infer(c, prompt="Write a haiku about autumn leaves.", sampling={"max_tokens": 4})
         st = c.status()
+    assert list(unrelated.experiences) == []  # nothing in the library is for it (best match 0.11)
     genesis = genesis_library()
     geometry = {e.id for e in genesis.experiences if e.domain == "math.geometry"}
     finance = {e.id for e in genesis.experiences if e.domain.startswith("finance")}
     assert r.experiences[0].id in geometry
     assert not {e.id for e in r.experiences} & finance
     assert r.experiences[0].score >= r.experiences[-1].score
+    # The relevance gate is reported, and no experience below it reached the prompt.
+    assert st.min_similarity == pytest.approx(0.35)
+    assert all(e.score >= st.min_similarity for e in r.experiences)
     assert r.text and r.model_id == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert r.library_root == "0x" + library_root(genesis).hex() and r.library_version >= 1
     assert r.usage.prompt_tokens > 0 and 0 < r.usage.completion_tokens <= 8
@@ -61,7 +66,11 @@ def test_geometry_query_retrieves_geometry_experience(node: NodeProcess) -> None
 
 def test_domain_filter_and_retrieve(node: NodeProcess) -> None:
     with NodeClient(node.address) as c:
-        r = c.inference.Retrieve(pb.RetrieveRequest(query=GEOMETRY, k=5, domain="finance"))
+        # The relevance gate (Retrieve shows what Infer would be given): no finance lesson is close enough
+        # to a geometry question; min_score -1 lifts it and the domain filter alone applies.
+        gated = c.inference.Retrieve(pb.RetrieveRequest(query=GEOMETRY, k=5, domain="finance"))
+        assert list(gated.experiences) == []
+        r = c.inference.Retrieve(pb.RetrieveRequest(query=GEOMETRY, k=5, domain="finance", min_score=-1))
         assert r.experiences and all(e.id for e in r.experiences)
         texts = {e.text for e in r.experiences}
         finance = {e.text for e in genesis_library().experiences if e.domain.startswith("finance")}

@@ -41,6 +41,13 @@ class TfGrpoSpec(TaskSource):
         default=None,
         description='where lessons sit: "system" or "user" turn (default: inference.lesson_position)',
     )
+    min_similarity: float | None = Field(
+        default=None,
+        ge=-1.0,
+        le=1.0,
+        description="relevance gate: retrieved experiences below this cosine stay out (default: "
+        "inference.min_similarity)",
+    )
     instruction: str | None = Field(
         default=None,
         min_length=1,
