@@ -124,6 +124,9 @@ def _spec_from(
         value = spec.get(field)
         if isinstance(value, str) and value != "shipped":
             spec[field] = str(Path(value).expanduser().resolve())
+    library = spec.get("experiences")  # distill: a library file travels absolute ("current", a job id: as is)
+    if isinstance(library, str) and Path(library).expanduser().is_file():
+        spec["experiences"] = str(Path(library).expanduser().resolve())
     return spec
 
 
@@ -420,8 +423,36 @@ def gspo_options() -> list[tuple[str, str, Any, str]]:
 submit_app.command("gspo")(with_spec_options(_submit_gspo, gspo_options()))
 
 
+def _submit_supervised(kind: str, summary: str) -> Any:
+    def command(
+        spec: dict[str, Any],
+        watch: bool = WatchOpt,
+        config: Path | None = ConfigOpt,
+        data_dir: Path | None = DataDirOpt,
+    ) -> None:
+        _submit(kind, spec, watch, config, data_dir)
+
+    command.__doc__ = summary
+    command.__name__ = f"submit_{kind}"
+    return with_spec_options(command, sft_options())
+
+
 def sft_options() -> list[tuple[str, str, Any, str]]:
     """The supervised kinds' spec options (the kind itself is the command's)."""
     from zoo.trainer.sft.spec import SftSpec
 
     return [o for o in options_of(SftSpec) if o[1] != "kind"]
+
+
+for _kind, _summary in (
+    (
+        "sft",
+        "Submit LoRA SFT on labelled tasks (adapter installed as the job id; outputs in DATA_DIR/jobs/ID).",
+    ),
+    ("rft", "Submit rejection-sampling fine-tuning: LoRA SFT on the samples each task's verifier passes."),
+    (
+        "distill",
+        "Submit a library's distillation into a LoRA adapter (--experiences current | JOB_ID | FILE).",
+    ),
+):
+    submit_app.command(_kind)(_submit_supervised(_kind, _summary))

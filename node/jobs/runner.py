@@ -30,7 +30,8 @@ from zoo.registry.errors import ValidationError
 
 log = get_logger(__name__)
 
-KINDS = ("tf-grpo", "gspo")
+KINDS = ("tf-grpo", "gspo", "sft", "rft", "distill")
+SUPERVISED = ("sft", "rft", "distill")  # LoRA jobs of trainer/sft: no mid-run checkpoint, a restart reruns
 
 
 @dataclass
@@ -61,6 +62,18 @@ def parse_spec(kind: str, spec: dict[str, Any]) -> Any:
         from zoo.trainer.gspo.spec import GspoSpec
 
         parsed = GspoSpec.parse(spec)
+    elif kind in SUPERVISED:
+        from zoo.trainer.sft.spec import SftSpec
+        from zoo.trainer.tasks.source import SHIPPED
+
+        parsed = SftSpec.parse({**spec, "kind": kind})
+        if kind == "distill":
+            if parsed.experiences is None:
+                raise ValidationError(
+                    "spec.experiences", "distill needs a library: 'current', a job id or a file"
+                )
+            if parsed.dataset == SHIPPED:  # the library's own examples: no dataset to check
+                return parsed
     else:
         raise ValidationError("kind", f"unknown job kind {kind!r}; valid kinds: {', '.join(KINDS)}")
     load_tasks(parsed)  # a missing or malformed dataset is the submitter's error, reported now
@@ -101,7 +114,9 @@ class JobRunner(Component):
 
     def submit(self, kind: str, spec: dict[str, Any]) -> JobRecord:
         parsed = parse_spec(kind, spec)
-        if kind == "gspo" and self.gspo_refusal is not None:
+        if kind == "distill":
+            self.library_file(parsed.experiences, None)  # a library that is not there is refused now
+        if kind in ("gspo", *SUPERVISED) and self.gspo_refusal is not None:
             from zoo.inference.engine import Unsupported
 
             raise Unsupported(self.gspo_refusal)
@@ -197,7 +212,9 @@ class JobRunner(Component):
         out_dir = self.jobs_dir / job_id
         log.info("job started", job=job_id, kind=record.kind, from_step=record.step)
         try:
-            run = self._run_gspo if record.kind == "gspo" else self._run_tf_grpo
+            run = {"gspo": self._run_gspo, "tf-grpo": self._run_tf_grpo}.get(
+                record.kind, self._run_supervised
+            )
             result = await run(record, resources, out_dir)
         except asyncio.CancelledError:
             if self.store.get(job_id).cancel_requested:
@@ -259,6 +276,54 @@ class JobRunner(Component):
             resume=self.store.load_checkpoint(job_id),
         )
 
+    def library_file(self, experiences: str | None, out_dir: Path | None, current: Any = None) -> Path:
+        """The library a distill job learns from: "current" (the node's current version, written into
+        `out_dir` when given), a TF-GRPO job's id (its draft) or a library file; ValidationError if absent."""
+        from zoo.registry.canonical import encode_library
+        from zoo.registry.fsutil import write_atomic
+
+        value = experiences or ""
+        if value == "current":
+            from zoo.registry.store import LibraryStore
+
+            stored = current() if current is not None else LibraryStore(self.jobs_dir.parent).current()
+            if stored is None:
+                raise ValidationError("spec.experiences", "the node has no current library to distil")
+            if out_dir is None:
+                return Path("current")
+            out_dir.mkdir(parents=True, exist_ok=True)
+            write_atomic(out_dir / "library.json", encode_library(stored.library))
+            return out_dir / "library.json"
+        job_library = self.jobs_dir / value / "library.json"
+        if value and "/" not in value and job_library.is_file():
+            return job_library
+        path = Path(value).expanduser()
+        if not value or not path.is_file():
+            raise ValidationError(
+                "spec.experiences",
+                f"{value!r} is neither 'current', a job with a library, nor a library file",
+            )
+        return path
+
+    async def _run_supervised(self, record: JobRecord, resources: Resources, out_dir: Path) -> dict[str, Any]:
+        """An sft, rft or distill run in a worker thread (trainer/sft). It keeps no mid-run checkpoint:
+        after a restart it runs again from the start. Its adapter is installed named by the job id."""
+        from zoo.trainer.sft.job import run_sft
+        from zoo.trainer.sft.spec import SftSpec
+
+        spec = SftSpec.parse({**record.spec, "kind": record.kind})
+        if record.kind == "distill":
+            library = await asyncio.to_thread(self.library_file, spec.experiences, out_dir, resources.current)
+            spec = spec.model_copy(update={"experiences": str(library)})
+
+        def train(on_step: Any) -> dict[str, Any]:
+            return run_sft(
+                spec, resources.model_path, out_dir, model_id=resources.backend.model_id,  # type: ignore[arg-type]
+                device=resources.device, on_step=on_step, embedder=resources.embedder, serving=self.serving,
+            )  # fmt: skip
+
+        return await self._in_worker(record, resources, out_dir, train)
+
     async def _run_gspo(self, record: JobRecord, resources: Resources, out_dir: Path) -> dict[str, Any]:
         """The GSPO run in a worker thread. A cancel (or the daemon stopping) asks it to stop at its next
         step boundary and waits for it, so two jobs never train at once; the job store records every
@@ -266,9 +331,22 @@ class JobRunner(Component):
         from zoo.trainer.gspo.job import run_gspo
         from zoo.trainer.gspo.spec import GspoSpec
 
-        if resources.model_path is None:
-            raise RuntimeError(self.gspo_refusal or "GSPO needs a local model")
         spec = GspoSpec.parse(record.spec)
+
+        def train(on_step: Any) -> dict[str, Any]:
+            assert resources.model_path is not None
+            return run_gspo(spec, resources.model_path, out_dir, device=resources.device, on_step=on_step)
+
+        return await self._in_worker(record, resources, out_dir, train)
+
+    async def _in_worker(
+        self, record: JobRecord, resources: Resources, out_dir: Path, train: Callable[[Any], dict[str, Any]]
+    ) -> dict[str, Any]:
+        """A LoRA job (`train(on_step)`) in a worker thread. A cancel (or the daemon stopping) asks it to
+        stop at its next step boundary and waits for it, so two jobs never train at once; the job store
+        records every step with its event. Its adapter is then installed, named by the job id."""
+        if resources.model_path is None:
+            raise RuntimeError(self.gspo_refusal or f"{record.kind} needs a local model")
         job_id = record.id
         loop = asyncio.get_running_loop()
         stop = threading.Event()
@@ -286,10 +364,7 @@ class JobRunner(Component):
             if stop.is_set() or self.store.get(job_id).cancel_requested:
                 raise StopRequested
 
-        work = asyncio.ensure_future(
-            asyncio.to_thread(run_gspo, spec, resources.model_path, out_dir, device=resources.device,
-                              on_step=on_step)
-        )  # fmt: skip
+        work = asyncio.ensure_future(asyncio.to_thread(train, on_step))
         try:
             result = await asyncio.shield(work)
         except StopRequested:

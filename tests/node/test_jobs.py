@@ -27,8 +27,10 @@ from tests.conftest import NodeProcess, base_config, launch, write_config
 from tests.trainer.scripted import ScriptedServer, arithmetic_policy, one_wrong_in, ops_json
 from zoo.inference.defaults import DEFAULT_LESSON_POSITION
 from zoo.node.client import NodeClient
-from zoo.registry.canonical import decode_library
-from zoo.trainer.tasks.schema import Task, write_jsonl
+from zoo.registry.canonical import decode_library, encode_library
+from zoo.registry.merkle import library_root
+from zoo.trainer.baselines import lookup_library
+from zoo.trainer.tasks.schema import Task, load_jsonl, write_jsonl
 from zoo.v1 import inference_pb2 as pb
 from zoo.v1 import jobs_pb2
 
@@ -200,6 +202,35 @@ def test_tf_grpo_and_gspo_jobs_with_the_bundled_model(tmp_path: Path) -> None:
             assert c.inference.Infer(ask, timeout=120).adapter == ""
             ask.adapter = gspo_id
             assert c.inference.Infer(ask, timeout=120).adapter == gspo_id
+
+        # A distill job: a library file (every training task as a worked example) into an adapter the
+        # node installs and serves, tagged with the library's root.
+        library = lookup_library(load_jsonl(Path(spec["dataset"])), model_id)
+        (tmp_path / "lookup.json").write_bytes(encode_library(library))
+        distill = {"epochs": 1, "samples": 1, "max_new_tokens": 8, "lora_rank": 2,
+                   "target_modules": ["q_proj"], "validation_max_tokens": 8}  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-m", "zoo.node.cli", "job", "submit", "distill", "--data-dir", str(data_dir),
+             "--experiences", str(tmp_path / "lookup.json"),
+             *(f"--set={k}={json.dumps(v)}" for k, v in distill.items())],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        distill_id = out.stdout.strip().splitlines()[-1]
+        with NodeClient(n.address, admin_token=n.admin_token) as c:
+            events = list(watch(c, distill_id, timeout_s=600))
+            job = get(c, distill_id)
+        assert state(job) == "SUCCEEDED", n.log()[-3000:]
+        assert [t for _, t, _ in events][-1] == "completed"
+        result = json_format.MessageToDict(job.result)
+        root = "0x" + library_root(library).hex()
+        assert result["library_root"] == root and result["adapter_name"] == distill_id
+        provenance = json.loads((data_dir / "adapters" / distill_id / "zoo_adapter.json").read_text())
+        assert provenance["kind"] == "distill" and provenance["library_root"] == root
+        with NodeClient(n.address) as c:
+            ask = pb.InferRequest(prompt="What is 2 + 3?", sampling=pb.SamplingParams(max_tokens=4),
+                                  adapter=distill_id)  # fmt: skip
+            assert c.inference.Infer(ask, timeout=120).adapter == distill_id
     finally:
         n.stop()
 
@@ -219,7 +250,16 @@ def test_job_rpcs_validate_input(node: NodeProcess, tmp_path: Path) -> None:
             ({"group_size": 0}, "tf-grpo", grpc.StatusCode.INVALID_ARGUMENT, "group_size"),
             ({"epochs": 2.5}, "tf-grpo", grpc.StatusCode.INVALID_ARGUMENT, "epochs"),
             ({"no_such_knob": 1}, "tf-grpo", grpc.StatusCode.INVALID_ARGUMENT, "unknown field"),
-            ({}, "sft", grpc.StatusCode.INVALID_ARGUMENT, "unknown job kind"),
+            ({}, "lora", grpc.StatusCode.INVALID_ARGUMENT, "unknown job kind"),
+            ({}, "distill", grpc.StatusCode.INVALID_ARGUMENT, "distill needs a library"),
+            (
+                {"experiences": "/nonexistent/lib.json"},
+                "distill",
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "neither 'current'",
+            ),
+            ({"learning_rate": 0}, "sft", grpc.StatusCode.INVALID_ARGUMENT, "learning_rate"),
+            ({}, "sft", grpc.StatusCode.FAILED_PRECONDITION, "must be 'transformers'"),
             ({}, "", grpc.StatusCode.INVALID_ARGUMENT, "kind"),
             # GSPO needs local weights; this node's model is a remote (openai) one.
             ({}, "gspo", grpc.StatusCode.FAILED_PRECONDITION, "must be 'transformers'"),
