@@ -69,6 +69,7 @@ class Review:
     available: bool = True
     library: Library | None = None
     diff: LibraryDiff | None = None
+    parent: Library | None = None  # the parent version's library, when the review was given it
 
     @property
     def label(self) -> str:
@@ -149,4 +150,4 @@ def review_proposal(
             library=library,
             diff=diff,
         )
-    return Review(True, library=library, diff=diff)
+    return Review(True, library=library, diff=diff, parent=parent)

@@ -532,11 +532,17 @@ def execute(
 @app.command("review")
 def review_cmd(
     proposal: str = typer.Argument(..., help="Proposal id, or an unambiguous prefix of one (0x…)."),
+    eval_tasks: Path | None = typer.Option(
+        None, "--eval", help="Also score the proposed version against its parent on these tasks (JSONL)."
+    ),
     config: Path | None = ConfigOpt,
     data_dir: Path | None = DataDirOpt,
 ) -> None:
     """Fetch a proposal's content from IPFS, verify it against the proposed root and size, and show what it
-    changes (added, removed, modified experiences). Exits 1 when the content is missing or does not match."""
+    changes (added, removed, modified experiences). Exits 1 when the content is missing or does not match.
+    With --eval, score the parent version (A) and the proposed one (B) on a task file through this node's
+    model and prompt path, with the paired difference (zoo-node eval): what the proposal does, before a
+    vote."""
     from zoo.registry.chain import format_proposal_id, shown_cid
 
     dao = connect(config, data_dir, None, need_key=False)
@@ -555,6 +561,41 @@ def review_cmd(
     _print_review(result)
     if not result.verified:
         raise typer.Exit(1)
+    if eval_tasks is not None:
+        _eval_proposal(dao, result, eval_tasks)
+
+
+def _eval_proposal(dao: Dao, result: Any, tasks: Path) -> None:
+    """`zoo-node eval` of the parent version (A) against the proposed one (B) on `tasks`."""
+    import asyncio
+    import tempfile
+
+    from zoo.node.cli.eval import Configuration, EvalError, render
+    from zoo.node.cli.eval import evaluate as evaluate_configurations
+    from zoo.node.cli.job import fail
+    from zoo.registry.canonical import encode_library
+
+    with tempfile.TemporaryDirectory(prefix="zoo-review-") as tmp:
+        files = []
+        for name, library in (("parent", result.parent), ("proposed", result.library)):
+            path = Path(tmp) / f"{name}.json"
+            if library is None:
+                files.append("none")  # version 0 has no library: A is the model with none
+                continue
+            path.write_bytes(encode_library(library))
+            files.append(str(path))
+        try:
+            scored = asyncio.run(evaluate_configurations(
+                dao.cfg, tasks, [Configuration(files[0], "none"), Configuration(files[1], "none")]
+            ))  # fmt: skip
+        except EvalError as e:
+            raise fail(f"--eval: {e}", 2) from None
+    out.print("evaluation: A is the parent version, B the proposed one")
+    out.print(render(scored))
+    d = scored["difference"]
+    lo, hi = d["ci95"]
+    out.print(f"B - A: {d['difference']:+.3f}, 95% interval [{lo:.3f}, {hi:.3f}] (paired bootstrap over "
+              f"{d['n']} tasks; B better on {d['better']}, worse on {d['worse']})")  # fmt: skip
 
 
 @app.command()

@@ -23,6 +23,7 @@ from zoo.registry.experience import Experience, Library
 from zoo.registry.ipfs import IpfsClient
 from zoo.registry.keys import dev_account
 from zoo.registry.merkle import library_root
+from zoo.trainer.tasks.schema import Task, write_jsonl
 
 TOKEN = 10**18
 Run = subprocess.CompletedProcess[str]
@@ -189,6 +190,18 @@ def test_review_shows_what_a_proposal_changes(chain: Chain) -> None:
     for e in added:
         assert f"+ {e.id}" in reviewed.stdout
     assert f"version {library.version}: root 0x{library_root(library).hex()}" in reviewed.stdout
+
+    # --eval scores the parent version (A) against the proposed one (B) before anyone votes.
+    tasks = chain.data_dir.parent / "review-tasks.jsonl"
+    write_jsonl(
+        tasks, [Task(id=f"t{i}", question=f"What is {i} plus {i}?", answer=str(2 * i)) for i in (1, 2)]
+    )
+    scored = chain.dao("review", pid, "--eval", str(tasks))
+    assert scored.returncode == 0, scored.stderr[-2000:]
+    assert "A is the parent version, B the proposed one" in scored.stdout and "B - A:" in scored.stdout
+    assert "paired bootstrap over 2 tasks" in scored.stdout
+    missing = chain.dao("review", pid, "--eval", str(tasks) + ".missing")
+    assert missing.returncode == 2 and "no such file" in missing.stderr
 
 
 def test_a_proposal_whose_cid_does_not_match_its_root_cannot_be_voted_for(chain: Chain) -> None:
