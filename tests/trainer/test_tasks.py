@@ -255,8 +255,9 @@ def test_convention_families_are_reproducible_balanced_and_disjoint(tmp_path: Pa
     from zoo.trainer.tasks import families
 
     sizes = families.write(tmp_path)
-    assert sizes == {name: {"train": 24, "validation": 12, "test": 16} for name in families.FAMILIES}
-    for name in families.FAMILIES:
+    names = [*families.FAMILIES, *families.VERIFIER_ONLY]
+    assert sizes == {name: {"train": 24, "validation": 12, "test": 16} for name in names}
+    for name in names:
         questions: set[str] = set()
         for split_name, _ in families.SPLITS:
             shipped = families.path(name, split_name)
@@ -265,6 +266,8 @@ def test_convention_families_are_reproducible_balanced_and_disjoint(tmp_path: Pa
             assert not questions & {t.question for t in tasks}, f"{name}: {split_name} repeats a question"
             questions |= {t.question for t in tasks}
             assert all(t.instruction is None and not t.domain.startswith("math") for t in tasks)
+            if name in families.VERIFIER_ONLY:
+                assert all(t.answer is None and t.verifier == "unit_tests" for t in tasks)
             if name == "habitats":
                 assert sum(t.answer == "WET" for t in tasks) * 2 == len(tasks), "labels must be balanced"
     # The reference answers are what the verifier accepts, as a person would write them.
@@ -299,3 +302,20 @@ def test_unset_prompt_settings_come_from_the_serving_side() -> None:
         TfGrpoSpec.parse({"lesson_position": "footer"})
     with pytest.raises(ValidationError, match="factor_eta"):
         TfGrpoSpec.parse({"factor_eta": float("nan")})
+
+
+def test_the_functions_family_checks_code_by_its_behaviour() -> None:
+    """Each function's tests pass a right implementation (built from its template) and fail a wrong one."""
+    from zoo.trainer.tasks import families
+
+    unit_tests = get_reward("unit_tests")
+    templates = {
+        name.format(k=k): (result, k) for name, _, result, _ in families._FUNCTIONS for k in range(2, 10)
+    }
+    for task in load_jsonl(families.path("functions", "test"))[:4]:
+        fn = task.question.split("`")[1].split("(")[0]
+        result, k = templates[fn]
+        right = f"```python\ndef {fn}(x):\n    k = {k}\n    return {result}\n```"
+        wrong = f"```python\ndef {fn}(x):\n    return None\n```"
+        assert unit_tests.score(task, right).score == 1.0, (task.question, right)
+        assert unit_tests.score(task, wrong).score < 1.0
