@@ -937,3 +937,33 @@ def test_a_library_over_its_cap_drops_its_lowest_valued_experiences(tmp_path: Pa
     drops = [op for op in json.loads(Path(result["report"]).read_text())["operations"] if op["op"] == "drop"]
     assert len(drops) == 2 and all("over the cap of 2" in d["reason"] for d in drops), drops
     assert {d["id"] for d in drops} <= {e.id for e in old}
+
+
+def test_a_critic_endpoint_writes_the_lessons_the_policy_uses(tmp_path: Path, embedder) -> None:
+    """--critic-base-url/--critic-model: summaries, comparisons and merges go to the critic's endpoint (a
+    real HTTP server), rollouts and validation to the policy; the run's cost counts both, and the critic's
+    lesson enters because the policy does better with it."""
+    from tests.trainer.scripted import ScriptedServer
+    from zoo.registry.errors import ValidationError
+
+    policy_calls = arithmetic_policy(correct=one_wrong_in(3), compare=lambda c: "the policy is no critic")
+    critic_policy = arithmetic_policy(
+        correct=lambda c: False, compare=lambda c: ops_json({"op": "add", "text": GOOD})
+    )
+    spec = {"dataset": str(tasks_file(tmp_path, 2)), "epochs": 1, "batch_size": 2, "group_size": 3,
+            "validation": str(tasks_file(tmp_path, 2, "val.jsonl", 10))}  # fmt: skip
+    with ScriptedServer(critic_policy) as critic:
+        run, result = run_job(tmp_path, embedder, policy_calls,
+                              {**spec, "critic_base_url": critic.url, "critic_model": "teacher"})  # fmt: skip
+    stages = {c.stage for c in critic.recorder.calls}
+    assert stages == {"summarise", "compare"}, stages
+    assert {c.stage for c in run.backend.recorder.calls} == {"rollout"}
+    assert [e.text for e in decode_library(Path(result["library"]).read_bytes()).experiences] == [GOOD]
+    report = json.loads(Path(result["report"]).read_text())
+    assert report["cost"]["calls"] == len(run.backend.recorder.calls) + len(critic.recorder.calls)
+    for bad, words in [
+        ({"critic_model": "teacher"}, "go together"),
+        ({"critic_base_url": "ftp://x", "critic_model": "m"}, "http"),
+    ]:
+        with pytest.raises(ValidationError, match=words):
+            TfGrpoSpec.parse({**spec, **bad})

@@ -48,6 +48,22 @@ class Base:
         )
 
 
+def critic_of(spec: TfGrpoSpec, llm: LLM) -> LLM | None:
+    """The critic's model when the spec names an endpoint for it (None: the policy model critiques), on the
+    policy's ledger so the run's cost counts both."""
+    if spec.critic_base_url is None or spec.critic_model is None:
+        return None
+    import os
+
+    from zoo.inference.openai_backend import OpenAIBackend
+
+    backend = OpenAIBackend(
+        spec.critic_base_url, spec.critic_model, os.environ.get("ZOO_NODE_CRITIC_API_KEY"),
+        max_concurrency=spec.concurrency,
+    )  # fmt: skip
+    return LLM(backend, spec.concurrency, ledger=llm.ledger)
+
+
 def validated_with(serving: ServingDefaults, factors: bool = False) -> str:
     """The serving conditions a library was validated under, as its description records them."""
     said = (
@@ -89,9 +105,14 @@ async def run_tf_grpo(
     async def checkpoint(step: int, train_state: dict[str, Any], event: tuple[str, dict[str, Any]]) -> None:
         await save(step, {**wrapper, "train": train_state}, event)
 
-    ctx = Context(llm=llm, embedder=embedder, base=start, author=author, created_at=created_at)
+    ctx = Context(llm=llm, embedder=embedder, base=start, author=author, created_at=created_at,
+                  critic=critic_of(spec, llm))  # fmt: skip
     run = TfGrpoRun(spec, train, validation, ctx, emit=emit, checkpoint=checkpoint)
-    final = await run.run(state)
+    try:
+        final = await run.run(state)
+    finally:
+        if ctx.critic is not None:
+            await ctx.critic.backend.close()
 
     summary = f"TF-GRPO: {spec.epochs} epoch(s), G={spec.group_size}, {len(train)} training tasks"
     draft = Library.create(

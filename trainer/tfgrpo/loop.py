@@ -81,6 +81,7 @@ class Context:
     base: Library  # the library the run starts from (its experiences; version and parent are the caller's)
     author: str  # "job:<id>": provenance of the lessons it writes
     created_at: datetime  # provenance timestamp of the lessons it writes (fixed per run: resumable)
+    critic: LLM | None = None  # who summarises, compares and merges (None: the policy model itself)
 
 
 @dataclass
@@ -338,6 +339,8 @@ class TfGrpoRun:
         self.validation = list(validation)
         self.ctx = ctx
         self.llm = ctx.llm
+        # The critic's calls count in the run's one ledger, whichever model answers them.
+        self.critic = ctx.critic or ctx.llm
         self.emit = emit
         self.checkpoint = checkpoint
         self.base_model = ctx.base.base_model
@@ -452,6 +455,7 @@ class TfGrpoRun:
             state = TrainState(library=list(self.ctx.base.experiences), ledger=self.llm.ledger)
         else:
             self.llm.ledger = state.ledger  # a resumed run keeps counting where the checkpoint stopped
+            self.critic.ledger = state.ledger
         await self.emit(
             "started" if fresh else "resumed",
             {
@@ -618,7 +622,7 @@ class TfGrpoRun:
             summaries = await asyncio.gather(
                 *(
                     critic.summarise(
-                        self.llm,
+                        self.critic,
                         g.task.question,
                         c,
                         r.score,
@@ -633,7 +637,7 @@ class TfGrpoRun:
             )
             graded = [(r.score, summary) for r, summary in zip(g.results, summaries, strict=True)]
             ops = await critic.compare(
-                self.llm,
+                self.critic,
                 g.task.question,
                 reference,
                 graded,
@@ -680,7 +684,7 @@ class TfGrpoRun:
         async def merge(texts: Sequence[str]) -> str | None:
             merges[0] += 1
             return await critic.merge(
-                self.llm,
+                self.critic,
                 texts,
                 stats=merge_stats,
                 max_retries=spec.max_json_retries,

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import fields, replace
-from typing import Literal
+from typing import Literal, Self
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from zoo.inference.defaults import LessonPosition, ServingDefaults
 from zoo.trainer.tasks.source import TaskSource
@@ -71,6 +71,16 @@ class TfGrpoSpec(TaskSource):
     revert_tolerance: float = Field(default=0.0, ge=0.0, le=1.0)
     merge_threshold: float = Field(default=0.85, ge=0.0, le=1.0, description="cosine to call two lessons one")
     max_json_retries: int = Field(default=2, ge=0, le=10)
+    critic_base_url: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=2000,
+        description="an OpenAI-compatible endpoint (http(s)://…/v1) that writes the lessons instead of the "
+        "policy model: a stronger model teaching a small one (key from $ZOO_NODE_CRITIC_API_KEY)",
+    )
+    critic_model: str | None = Field(
+        default=None, min_length=1, max_length=200, description="the critic endpoint's model name"
+    )
     distill_factors: bool = Field(
         default=False,
         description="distill token-level expert factors (local models) and decode rollouts with them",
@@ -115,3 +125,16 @@ class TfGrpoSpec(TaskSource):
         if value is not None and not math.isfinite(value):
             raise ValueError("must be a finite number")
         return value
+
+    @field_validator("critic_base_url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL of an OpenAI-compatible API")
+        return value
+
+    @model_validator(mode="after")
+    def _critic_pair(self) -> Self:
+        if (self.critic_base_url is None) != (self.critic_model is None):
+            raise ValueError("critic_base_url and critic_model go together")
+        return self
