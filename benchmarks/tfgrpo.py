@@ -32,7 +32,12 @@ Every score is measured as `zoo-node eval` measures it (trainer/evaluate.py: the
 k and budget, greedy), on tasks no method trains or validates on. Report honestly whatever it shows.
 
 Run: ./zoo bench tfgrpo [--family lengths,habitats] [--ablations both,lessons,examples,g1] [--seeds 3]
-         [--methods lookup,sft,tfgrpo,distill,gspo]
+         [--methods lookup,sft,rft,tfgrpo,distill,gspo] [--label-free]
+
+`--family functions` (verifier-only: no reference answers) has no lookup or sft; rft (rejection-sampling
+fine-tuning: sample, keep what the unit tests pass, fine-tune) is its plain alternative. `--label-free`
+hides the labels: TF-GRPO scores rollouts by majority vote, and lookup and sft learn the model's own
+majority answers (5 samples a task), the best a user without labels could do the simple way.
          [--epochs 1] [--group-size 5] [--backend transformers|openai --base-url URL --model NAME]
          [--dataset F --validation F --test F] [--parallel N] [--out DIR]
 
@@ -58,21 +63,23 @@ from typing import Any
 from zoo.inference.adapters import AdapterDirectory
 from zoo.inference.embedder import SentenceTransformerEmbedder
 from zoo.registry.canonical import decode_library
+from zoo.registry.errors import ValidationError
 from zoo.registry.experience import Library
-from zoo.trainer.baselines import lookup_library
+from zoo.trainer.baselines import lookup_library, majority_labelled
 from zoo.trainer.evaluate import Scorer
 from zoo.trainer.gspo.job import run_gspo
 from zoo.trainer.gspo.spec import GspoSpec
 from zoo.trainer.prompting import PromptPath
+from zoo.trainer.rewards import get_reward
 from zoo.trainer.sft.job import run_sft
 from zoo.trainer.sft.spec import SftSpec
 from zoo.trainer.tasks import families
-from zoo.trainer.tasks.schema import Task, load_jsonl
+from zoo.trainer.tasks.schema import Task, load_jsonl, write_jsonl
 from zoo.trainer.tfgrpo.job import run_tf_grpo
 from zoo.trainer.tfgrpo.llm import LLM
 from zoo.trainer.tfgrpo.spec import TfGrpoSpec
 
-METHODS = ("lookup", "sft", "tfgrpo", "distill", "gspo")
+METHODS = ("lookup", "sft", "rft", "tfgrpo", "distill", "gspo")
 ABLATIONS = {
     "both": {"experience_kinds": "both"},
     "lessons": {"experience_kinds": "lessons"},
@@ -222,6 +229,7 @@ async def run_family(name: str, paths: dict[str, Path], args: argparse.Namespace
         "critic_max_tokens": args.critic_max_tokens,
         "concurrency": args.concurrency,
         "k": args.k,
+        "label_free": args.label_free,
     }
     if results.get("zero_shot") is None:
         zero = await measure.score()
@@ -229,18 +237,28 @@ async def run_family(name: str, paths: dict[str, Path], args: argparse.Namespace
         results["test_tasks"] = len(test)
         checkpoint()
     print(f"\n[{name}] {len(test)} held-out tasks; zero-shot score {results['zero_shot']:.3f}", flush=True)
-    if "lookup" in methods and results.get("lookup") is None:
-        library = lookup_library(load_jsonl(paths["train"]), backend.model_id)
+    labelled = await baseline_tasks(name, paths, args, backend, out, results, checkpoint)
+    if {"lookup", "sft"} & methods and labelled is None:
+        print(f"  [{name}] no reference answers: lookup and sft have nothing to learn from", flush=True)
+    if "lookup" in methods and labelled is not None and results.get("lookup") is None:
+        library = lookup_library(load_jsonl(labelled), backend.model_id)
         results["lookup"] = {**await measure.score(library), "experiences": len(library.experiences)}
         checkpoint()
         print(f"  [{name}] lookup ({len(library.experiences)} worked examples): "
               f"{results['lookup']['score']:.3f}", flush=True)  # fmt: skip
     adapters = Adapters(out / "adapters", backend.model_id)
     lora_base = {"dataset": str(paths["train"]), "validation": str(paths["validation"])}
-    if "sft" in methods:
+    if "sft" in methods and labelled is not None:
         for seed in range(args.seeds):
-            train = adapters.supervised(SftSpec.parse({**lora_base, "seed": seed}))
+            train = adapters.supervised(SftSpec.parse({**lora_base, "dataset": str(labelled), "seed": seed}))
             await lora_run(results, "sft", seed, name, out, measure, adapters, checkpoint, train)
+    if "rft" in methods:
+        for seed in range(args.seeds):
+            tokens = args.rollout_max_tokens
+            spec = SftSpec.parse({**lora_base, "kind": "rft", "seed": seed, "max_new_tokens": tokens,
+                                  "validation_max_tokens": tokens})  # fmt: skip
+            await lora_run(results, "rft", seed, name, out, measure, adapters, checkpoint,
+                           adapters.supervised(spec))  # fmt: skip
     runs = results.setdefault("runs", {})
     todo = [
         (ablation, seed)
@@ -276,6 +294,31 @@ async def run_family(name: str, paths: dict[str, Path], args: argparse.Namespace
                            lambda d, spec=spec: run_gspo(spec, adapters.model, d))  # fmt: skip
 
 
+async def baseline_tasks(name: str, paths: dict[str, Path], args: argparse.Namespace, backend: Any, out: Path,
+                         results: dict[str, Any], checkpoint: Any) -> Path | None:  # fmt: skip
+    """The labelled training tasks lookup and sft learn from: the train split; with --label-free, the same
+    tasks labelled with the model's own majority answers (what a label-free user has); None without labels."""
+    train = load_jsonl(paths["train"])
+    if not args.label_free:
+        return paths["train"] if any(t.answer is not None for t in train) else None
+    path = out / name / "majority-train.jsonl"
+    if not path.exists():
+        voted = await majority_labelled(LLM(backend, args.concurrency), train, samples=args.group_size,
+                                        max_tokens=args.rollout_max_tokens)  # fmt: skip
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_jsonl(path, voted)
+        truth = {t.id: t for t in train}
+        exact = get_reward("exact_match")
+        right = sum(exact.score(truth[t.id], f"Answer: {t.answer}").score == 1.0 for t in voted
+                    if truth[t.id].answer is not None)  # fmt: skip
+        results["majority_labels"] = {"tasks": len(train), "labelled": len(voted), "right": right}
+        checkpoint()
+    m = results.get("majority_labels", {})
+    print(f"  [{name}] label-free: {m.get('labelled')} of {m.get('tasks')} training tasks have a majority "
+          f"answer, {m.get('right')} of them right (lookup and sft learn those)", flush=True)  # fmt: skip
+    return path if load_jsonl(path) else None
+
+
 class Adapters:
     """Trained adapters installed under unique names, so the one loaded model serves them side by side."""
 
@@ -309,7 +352,18 @@ async def lora_run(results: dict[str, Any], method: str, seed: int, family: str,
     run_dir = out / family / f"{method}-{seed}"
     shutil.rmtree(run_dir, ignore_errors=True)
     started = time.perf_counter()
-    result = await asyncio.to_thread(train, run_dir)
+    try:
+        result = await asyncio.to_thread(train, run_dir)
+    except ValidationError as e:
+        if "nothing to train on" not in str(e):
+            raise
+        # No pair at all (rft: no sample passed its verifier): there is nothing to fine-tune, so what a
+        # user gets is the base model, which scores zero-shot.
+        base = {"score": results["zero_shot"], "prompt_tokens": results.get("zero_shot_prompt_tokens")}
+        done.append({"seed": seed, **base, "train_s": time.perf_counter() - started, "steps": 0, "pairs": 0})
+        checkpoint()
+        print(f"  [{family}] {method} seed {seed}: nothing to train on ({e}); the base model", flush=True)
+        return
     train_s = time.perf_counter() - started
     ref = adapters.install(f"{family}-{method}-{seed}", Path(result["adapter"]))
     held_out = await measure.score(adapter=ref)
@@ -335,7 +389,7 @@ def method_rows(results: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]]
     ]
     if results.get("lookup"):
         rows.append(("lookup", [results["lookup"]]))
-    rows += [(m, results[m]) for m in ("sft",) if results.get(m)]
+    rows += [(m, results[m]) for m in ("sft", "rft") if results.get(m)]
     rows += [(f"tf-grpo {a}", runs) for a, runs in results.get("runs", {}).items()]
     rows += [(m, results[m]) for m in ("distill", "gspo") if results.get(m)]
     return rows
@@ -425,6 +479,9 @@ async def main() -> None:
                     help="what to measure beside zero-shot: lookup, sft, tfgrpo (the ablations), distill "
                     "(each 'both' run's library into an adapter), gspo")  # fmt: skip
     ap.add_argument("--gspo-lr", type=float, default=1e-4, help="gspo: learning rate")
+    ap.add_argument("--label-free", action="store_true",
+                    help="labels hidden: TF-GRPO scores by majority vote, lookup and sft learn the model's "
+                    "own majority answers")  # fmt: skip
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--group-size", type=int, default=5)

@@ -1,6 +1,8 @@
 """The simplest alternative to a learned library: `lookup`, every labelled training task as a worked example
 (its question, its reasoning if any, its reference answer), with no loop and no LLM call. Every learning
-figure is stated beside it (and beside LoRA SFT on the same tasks: trainer/sft).
+figure is stated beside it (and beside LoRA SFT on the same tasks: trainer/sft). Where labels are hidden
+(label-free learning), `majority_labelled` gives the tasks the model's own majority answers instead, which
+the same two baselines are then built from.
 
     python -m zoo.trainer.baselines --dataset train.jsonl --out lookup.json [--base-model ID]
 
@@ -10,13 +12,18 @@ writes it as a library file that `zoo-node eval --library` and `zoo-node train d
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterable
+import asyncio
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from zoo.registry.canonical import encode_library
 from zoo.registry.experience import MAX_ANSWER_CHARS, MAX_QUESTION_CHARS, Experience, Library
 from zoo.registry.fsutil import write_atomic
+from zoo.trainer.prompting import bare_messages
+from zoo.trainer.rewards import get_reward
+from zoo.trainer.schedule import seed_of
 from zoo.trainer.tasks.schema import Task, load_jsonl
 
 LOOKUP_AUTHOR = "job:lookup"
@@ -40,6 +47,29 @@ def lookup_experiences(
         )  # fmt: skip
         out.setdefault(e.id, e)
     return list(out.values())
+
+
+async def majority_labelled(
+    llm: Any, tasks: Sequence[Task], *, samples: int = 5, max_tokens: int = 64, temperature: float = 0.7
+) -> list[Task]:
+    """The tasks labelled with the model's own majority answer over `samples` sampled completions (the
+    bare prompt; majority_vote's rule: at least two agree), reasoning dropped; tasks without a majority
+    are left out. No reference answer is read."""
+    vote = get_reward("majority_vote")
+
+    async def one(task: Task) -> Task | None:
+        replies = await asyncio.gather(*(
+            llm.chat(bare_messages(task), role="majority", max_tokens=max_tokens, temperature=temperature,
+                     seed=seed_of("majority", task.id, j))
+            for j in range(samples)
+        ))  # fmt: skip
+        majority = vote.group_scores(task, [r.text for r in replies])[0].details.get("majority")
+        if not majority:
+            return None
+        return task.model_copy(update={"answer": str(majority), "reasoning": None})
+
+    labelled = await asyncio.gather(*(one(t) for t in tasks))
+    return [t for t in labelled if t is not None]
 
 
 def lookup_library(tasks: Iterable[Task], base_model: str) -> Library:
