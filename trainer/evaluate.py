@@ -23,7 +23,7 @@ import numpy as np
 
 from zoo.registry.experience import Experience
 from zoo.trainer.prompting import PromptPath
-from zoo.trainer.rewards import BaseReward, ascore_group, get_reward
+from zoo.trainer.rewards import RewardCache, ascore_group
 from zoo.trainer.schedule import seed_of
 from zoo.trainer.tasks.schema import Task
 from zoo.trainer.tfgrpo.llm import LLM
@@ -49,15 +49,7 @@ class Scorer:
         self.llm = llm
         self.prompts = prompts
         self.max_tokens = max_tokens
-        self.reward = reward  # overrides every task's verifier
-        self._rewards: dict[str, BaseReward] = {}
-
-    def _reward_for(self, task: Task) -> BaseReward:
-        name = self.reward or task.verifier
-        if name not in self._rewards:
-            options: dict[str, Any] = {"judge": self._judge} if name == "llm_judge" else {}
-            self._rewards[name] = get_reward(name, **options)
-        return self._rewards[name]
+        self._reward_for = RewardCache(reward, judge=self._judge)  # reward: overrides every verifier
 
     async def _judge(self, prompt: str) -> str:
         reply = await self.llm.chat([{"role": "user", "content": prompt}], role="judge", max_tokens=256)

@@ -147,16 +147,32 @@ def run_gspo_foreground(
     """Run GSPO on the configured local model, in this process or in `processes` accelerate workers (with
     `deepspeed`, a DeepSpeed config, always in workers: under ZeRO); returns the exit code (0 when it
     completed)."""
-    from zoo.inference.models import ModelUnavailable
-    from zoo.node.components.models import resolve_model_path
     from zoo.trainer.gspo.job import run_gspo
 
     out_dir = out_dir.expanduser().resolve()
     spec = gspo_spec_for(out_dir, spec_fields, resume)
+    path, deepspeed = _local_model(cfg, "GSPO trains LoRA adapters", spec, deepspeed)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(out_dir / SPEC_FILE, json.dumps(spec.to_json(), indent=2).encode())
+    with view:
+        view.start(spec)
+        if processes > 1 or deepspeed is not None:
+            return _gspo_processes(out_dir, path, cfg.model.device, processes, view, deepspeed)
+        result = run_gspo(spec, path, out_dir, device=cfg.model.device, on_step=view.step)
+        view.done(result)
+    return 0
+
+
+def _local_model(cfg: NodeConfig, what: str, spec: Any, deepspeed: str | None) -> tuple[Path, str | None]:
+    """The local model a LoRA run trains on (TrainingError for a remote backend or a model that cannot be
+    prepared), the checked DeepSpeed config, and the configured thread count applied."""
+    from zoo.inference.models import ModelUnavailable
+    from zoo.node.components.models import resolve_model_path
+
     if cfg.model.backend != "transformers":
         raise TrainingError(
-            f"GSPO trains LoRA adapters on a local model: model.backend is {cfg.model.backend!r}, "
-            "it must be 'transformers' (with model.path, or unset for the bundled model)"
+            f"{what} on a local model: model.backend is {cfg.model.backend!r}, it must be 'transformers' "
+            "(with model.path, or unset for the bundled model)"
         )
     try:
         path = resolve_model_path(cfg)
@@ -169,15 +185,7 @@ def run_gspo_foreground(
         import torch
 
         torch.set_num_threads(cfg.model.threads)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(out_dir / SPEC_FILE, json.dumps(spec.to_json(), indent=2).encode())
-    with view:
-        view.start(spec)
-        if processes > 1 or deepspeed is not None:
-            return _gspo_processes(out_dir, path, cfg.model.device, processes, view, deepspeed)
-        result = run_gspo(spec, path, out_dir, device=cfg.model.device, on_step=view.step)
-        view.done(result)
-    return 0
+    return path, deepspeed
 
 
 def _checked_zero_config(source: str, spec: Any) -> str:
@@ -274,8 +282,7 @@ def run_sft_foreground(
 ) -> int:
     """Run a supervised LoRA job (sft, rft or distill) on the configured local model, in this process or in
     `processes` accelerate workers (under ZeRO with `deepspeed`); returns the exit code."""
-    from zoo.inference.models import ModelUnavailable
-    from zoo.node.components.models import model_id, resolve_model_path
+    from zoo.node.components.models import model_id
     from zoo.trainer.sft.job import ADAPTER_DIR, run_sft
     from zoo.trainer.sft.spec import SftSpec
 
@@ -289,22 +296,7 @@ def run_sft_foreground(
         spec = SftSpec.parse(fields)
     except ZooError as e:
         raise TrainingError(str(e)) from None
-    if cfg.model.backend != "transformers":
-        raise TrainingError(
-            f"{kind} trains a LoRA adapter on a local model: model.backend is {cfg.model.backend!r}, "
-            "it must be 'transformers' (with model.path, or unset for the bundled model)"
-        )
-    try:
-        path = resolve_model_path(cfg)
-    except ModelUnavailable as e:
-        raise TrainingError(str(e)) from None
-    assert path is not None
-    if deepspeed is not None:
-        deepspeed = _checked_zero_config(deepspeed, spec)
-    if cfg.model.threads:
-        import torch
-
-        torch.set_num_threads(cfg.model.threads)
+    path, deepspeed = _local_model(cfg, f"{kind} trains a LoRA adapter", spec, deepspeed)
     serving = cfg.inference.serving_defaults()
     embedder_dir = None
     if kind == "distill" and spec.rollouts:

@@ -38,7 +38,7 @@ from zoo.trainer.gspo.policy import LoraPolicy
 from zoo.trainer.gspo.processes import Processes
 from zoo.trainer.gspo.rollouts import Rollouts, generate, stack
 from zoo.trainer.gspo.spec import GspoSpec
-from zoo.trainer.rewards import BaseReward, get_reward, score_group
+from zoo.trainer.rewards import RewardCache, score_group
 from zoo.trainer.schedule import batches, seed_of, total_steps
 from zoo.trainer.tasks.schema import Task
 
@@ -86,7 +86,7 @@ class GspoRun:
             policy.trainable_parameters(), lr=spec.learning_rate, weight_decay=spec.weight_decay
         )
         self.processes.prepare(policy.model, self.optimizer, spec)
-        self._rewards: dict[str, BaseReward] = {}
+        self.reward_for = RewardCache(spec.reward)
         self.step = 0
         self.curve: list[dict[str, Any]] = []
         self.baseline_validation_score: float | None = None
@@ -94,12 +94,6 @@ class GspoRun:
         self.wall_s = 0.0
 
     # -- rollouts and rewards --------------------------------------------------------------------------
-
-    def reward_for(self, task: Task) -> BaseReward:
-        name = self.spec.reward or task.verifier
-        if name not in self._rewards:
-            self._rewards[name] = get_reward(name)
-        return self._rewards[name]
 
     def group_scores(self, task: Task, completions: Sequence[str]) -> list[float]:
         return [r.score for r in score_group(self.reward_for(task), task, completions)]

@@ -18,7 +18,31 @@ from zoo.trainer.tasks.source import TaskSource
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-class GspoSpec(TaskSource):
+class LoraSpec(TaskSource):
+    """The LoRA adapters a job trains (GSPO's, and the supervised kinds' in trainer/sft)."""
+
+    lora_rank: int = Field(default=8, ge=1, le=1024)
+    lora_alpha: float = Field(default=16.0, gt=0.0, le=4096.0)
+    lora_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    target_modules: tuple[str, ...] = Field(default=DEFAULT_TARGET_MODULES, min_length=1, max_length=64)
+
+    @field_validator("lora_alpha")
+    @classmethod
+    def _finite_alpha(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("must be a finite number")
+        return value
+
+    @field_validator("target_modules")
+    @classmethod
+    def _module_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if not name or not name.replace("_", "").replace(".", "").isalnum():
+                raise ValueError(f"{name!r} is not a module name (letters, digits, '_' and '.')")
+        return value
+
+
+class GspoSpec(LoraSpec):
     """What a GSPO run does."""
 
     epochs: int = Field(default=1, ge=1, le=100)
@@ -38,11 +62,6 @@ class GspoSpec(TaskSource):
         default=None, min_length=1, max_length=4000, description="system turn for tasks without their own"
     )
     reward: str | None = Field(default=None, description="override every task's verifier")
-
-    lora_rank: int = Field(default=8, ge=1, le=1024)
-    lora_alpha: float = Field(default=16.0, gt=0.0, le=4096.0)
-    lora_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
-    target_modules: tuple[str, ...] = Field(default=DEFAULT_TARGET_MODULES, min_length=1, max_length=64)
 
     eps_low: float = Field(default=3e-4, ge=0.0, lt=1.0, description="clip below at 1 - eps_low")
     eps_high: float = Field(default=4e-4, ge=0.0, le=10.0, description="clip above at 1 + eps_high")
@@ -84,17 +103,9 @@ class GspoSpec(TaskSource):
     )
     description: str = Field(default="", max_length=1000)
 
-    @field_validator("temperature", "top_p", "lora_alpha", "eps_low", "eps_high", "beta", "learning_rate")
+    @field_validator("temperature", "top_p", "eps_low", "eps_high", "beta", "learning_rate")
     @classmethod
     def _finite(cls, value: float) -> float:
         if not math.isfinite(value):
             raise ValueError("must be a finite number")
-        return value
-
-    @field_validator("target_modules")
-    @classmethod
-    def _module_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for name in value:
-            if not name or not name.replace("_", "").replace(".", "").isalnum():
-                raise ValueError(f"{name!r} is not a module name (letters, digits, '_' and '.')")
         return value

@@ -135,6 +135,23 @@ def get_reward(name: str, **options: Any) -> BaseReward:
     return reward_class(name)(**options)
 
 
+class RewardCache:
+    """The reward of each task: `override` for every task when set, else the task's own verifier; each
+    built once. `judge` (an async prompt -> reply) is what llm_judge asks."""
+
+    def __init__(self, override: str | None = None, judge: Any = None) -> None:
+        self.override = override
+        self.judge = judge
+        self._built: dict[str, BaseReward] = {}
+
+    def __call__(self, task: Task) -> BaseReward:
+        name = self.override or task.verifier
+        if name not in self._built:
+            options = {"judge": self.judge} if name == "llm_judge" and self.judge is not None else {}
+            self._built[name] = get_reward(name, **options)
+        return self._built[name]
+
+
 def check_task(task: Task) -> None:
     """Check that the task's verifier exists and accepts the task (used when tasks are loaded)."""
     reward_class(task.verifier).check_task(task)

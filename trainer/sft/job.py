@@ -34,7 +34,7 @@ from zoo.trainer.gspo.policy import LoraPolicy
 from zoo.trainer.gspo.processes import Processes
 from zoo.trainer.prompting import PromptPath
 from zoo.trainer.report import write_report
-from zoo.trainer.rewards import BaseReward, get_reward
+from zoo.trainer.rewards import RewardCache
 from zoo.trainer.sft.collect import Collected, PolicyTokens, verified_pairs
 from zoo.trainer.sft.pairs import PAIRS_FILE, Pair, example_pairs, example_task, task_pairs, write_pairs
 from zoo.trainer.sft.spec import SftSpec
@@ -56,18 +56,6 @@ def load_library(path: str | None) -> Library:
         return decode_library(p.read_bytes())
     except ValidationError as e:
         raise ValidationError("spec.experiences", f"{p} is not a library: {e}") from None
-
-
-class Rewards:
-    def __init__(self, spec: SftSpec) -> None:
-        self.spec = spec
-        self._cache: dict[str, BaseReward] = {}
-
-    def __call__(self, task: Task) -> BaseReward:
-        name = self.spec.reward or task.verifier
-        if name not in self._cache:
-            self._cache[name] = get_reward(name)
-        return self._cache[name]
 
 
 def _sharded(processes: Processes, tasks: list[Task], collect: Any) -> tuple[list[Pair], dict[str, Any]]:
@@ -93,7 +81,7 @@ def make_pairs(
     processes: Processes,
 ) -> tuple[list[Pair], dict[str, Any]]:
     """The run's training pairs and what making them found (sampled, passed)."""
-    rewards = Rewards(spec)
+    rewards = RewardCache(spec.reward)
     if spec.kind == "sft":
         pairs = task_pairs(train, spec.instruction)
         if not pairs:

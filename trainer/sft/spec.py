@@ -12,11 +12,10 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from zoo.trainer.gspo.spec import DEFAULT_TARGET_MODULES
-from zoo.trainer.tasks.source import TaskSource
+from zoo.trainer.gspo.spec import LoraSpec
 
 
-class SftSpec(TaskSource):
+class SftSpec(LoraSpec):
     """A supervised LoRA run: the model learns to write each pair's completion after its prompt.
 
     `sft`: the labelled training tasks, each answered as a worked example shows it (reasoning, if the task
@@ -37,10 +36,6 @@ class SftSpec(TaskSource):
     max_length: int = Field(
         default=1024, ge=16, le=131_072, description="tokens of prompt and completion; longer pairs fail"
     )
-    lora_rank: int = Field(default=8, ge=1, le=1024)
-    lora_alpha: float = Field(default=16.0, gt=0.0, le=4096.0)
-    lora_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
-    target_modules: tuple[str, ...] = Field(default=DEFAULT_TARGET_MODULES, min_length=1, max_length=64)
     bf16: bool = Field(default=False, description="bf16 autocast for forward passes (GPU); fp32 otherwise")
     instruction: str | None = Field(
         default=None, min_length=1, max_length=4000, description="system turn for tasks without their own"
@@ -69,17 +64,9 @@ class SftSpec(TaskSource):
     )
     description: str = Field(default="", max_length=1000)
 
-    @field_validator("learning_rate", "lora_alpha", "temperature")
+    @field_validator("learning_rate", "temperature")
     @classmethod
     def _finite(cls, value: float) -> float:
         if not math.isfinite(value):
             raise ValueError("must be a finite number")
-        return value
-
-    @field_validator("target_modules")
-    @classmethod
-    def _module_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for name in value:
-            if not name or not name.replace("_", "").replace(".", "").isalnum():
-                raise ValueError(f"{name!r} is not a module name (letters, digits, '_' and '.')")
         return value

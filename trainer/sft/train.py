@@ -31,7 +31,7 @@ from zoo.registry.errors import ValidationError
 from zoo.trainer.gspo.policy import LoraPolicy
 from zoo.trainer.gspo.processes import Processes
 from zoo.trainer.gspo.rollouts import generate
-from zoo.trainer.rewards import BaseReward, get_reward, score_group
+from zoo.trainer.rewards import RewardCache, score_group
 from zoo.trainer.schedule import batches, seed_of, total_steps
 from zoo.trainer.sft.pairs import Pair
 from zoo.trainer.sft.spec import SftSpec
@@ -93,7 +93,7 @@ class SftRun:
             policy.trainable_parameters(), lr=spec.learning_rate, weight_decay=spec.weight_decay
         )
         self.processes.prepare(policy.model, self.optimizer, spec)
-        self._rewards: dict[str, BaseReward] = {}
+        self.reward_for = RewardCache(spec.reward)
         self.step = 0
         self.curve: list[dict[str, Any]] = []
         self.baseline_validation_score: float | None = None
@@ -101,12 +101,6 @@ class SftRun:
         self.wall_s = 0.0
 
     # -- validation ------------------------------------------------------------------------------------
-
-    def _reward(self, task: Task) -> BaseReward:
-        name = self.spec.reward or task.verifier
-        if name not in self._rewards:
-            self._rewards[name] = get_reward(name)
-        return self._rewards[name]
 
     def evaluate(self, tag: str) -> float | None:
         """The mean greedy score on the validation tasks (None without any), shared out over processes."""
@@ -127,7 +121,7 @@ class SftRun:
                 greedy=True,
             )
             for task, completion in zip(mine, rows.completions, strict=True):
-                local += [r.score for r in score_group(self._reward(task), task, [completion])]
+                local += [r.score for r in score_group(self.reward_for(task), task, [completion])]
         return statistics.fmean(self.processes.gather(local))
 
     # -- the optimisation ------------------------------------------------------------------------------

@@ -56,7 +56,7 @@ from zoo.inference.retrieval import Hit, RetrievalIndex
 from zoo.registry.canonical import decode_library, encode_library
 from zoo.registry.experience import MAX_ANSWER_CHARS, MAX_QUESTION_CHARS, Experience, ExpertFactors, Library
 from zoo.trainer.prompting import PromptPath
-from zoo.trainer.rewards import BaseReward, RewardResult, ascore_group, get_reward
+from zoo.trainer.rewards import RewardCache, RewardResult, ascore_group
 from zoo.trainer.schedule import batches, seed_of, total_steps
 from zoo.trainer.tasks.schema import Task
 from zoo.trainer.tfgrpo import critic
@@ -344,7 +344,7 @@ class TfGrpoRun:
         self.emit = emit
         self.checkpoint = checkpoint
         self.base_model = ctx.base.base_model
-        self._rewards: dict[str, BaseReward] = {}
+        self.reward_for = RewardCache(spec.reward, judge=self._judge)
         self.steps_total = total_steps(len(self.train), spec.batch_size, spec.epochs)
         self.per_epoch = math.ceil(len(self.train) / spec.batch_size)
         # Unset, the serving defaults: a library is validated under the conditions it is served in.
@@ -367,15 +367,6 @@ class TfGrpoRun:
         )
 
     # -- rewards and prompts ------------------------------------------------------------------------
-
-    def reward_for(self, task: Task) -> BaseReward:
-        name = self.spec.reward or task.verifier
-        if name not in self._rewards:
-            options: dict[str, Any] = {}
-            if name == "llm_judge":
-                options["judge"] = self._judge
-            self._rewards[name] = get_reward(name, **options)
-        return self._rewards[name]
 
     async def _judge(self, prompt: str) -> str:
         reply = await self.llm.chat(
