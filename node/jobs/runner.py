@@ -64,16 +64,12 @@ def parse_spec(kind: str, spec: dict[str, Any]) -> Any:
         parsed = GspoSpec.parse(spec)
     elif kind in SUPERVISED:
         from zoo.trainer.sft.spec import SftSpec
-        from zoo.trainer.tasks.source import SHIPPED
 
         parsed = SftSpec.parse({**spec, "kind": kind})
-        if kind == "distill":
-            if parsed.experiences is None:
-                raise ValidationError(
-                    "spec.experiences", "distill needs a library: 'current', a job id or a file"
-                )
-            if parsed.dataset == SHIPPED:  # the library's own examples: no dataset to check
-                return parsed
+        if kind == "distill" and parsed.experiences is None:
+            raise ValidationError(
+                "spec.experiences", "distill needs a library: 'current', a job id or a file"
+            )
     else:
         raise ValidationError("kind", f"unknown job kind {kind!r}; valid kinds: {', '.join(KINDS)}")
     load_tasks(parsed)  # a missing or malformed dataset is the submitter's error, reported now

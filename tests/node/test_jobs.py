@@ -207,8 +207,9 @@ def test_tf_grpo_and_gspo_jobs_with_the_bundled_model(tmp_path: Path) -> None:
         # node installs and serves, tagged with the library's root.
         library = lookup_library(load_jsonl(Path(spec["dataset"])), model_id)
         (tmp_path / "lookup.json").write_bytes(encode_library(library))
-        distill = {"epochs": 1, "samples": 1, "max_new_tokens": 8, "lora_rank": 2,
-                   "target_modules": ["q_proj"], "validation_max_tokens": 8}  # fmt: skip
+        distill = {"epochs": 1, "samples": 1, "max_new_tokens": 8, "lora_rank": 2, "dataset": spec["dataset"],
+                   "validation": spec["validation"], "target_modules": ["q_proj"],
+                   "validation_max_tokens": 8}  # fmt: skip
         out = subprocess.run(
             [sys.executable, "-m", "zoo.node.cli", "job", "submit", "distill", "--data-dir", str(data_dir),
              "--experiences", str(tmp_path / "lookup.json"),

@@ -125,6 +125,7 @@ def test_distill_answers_as_the_library_did_without_it(model_path: Path, tmp_pat
     (tmp_path / "lib.json").write_bytes(encode_library(library))
     spec = SftSpec.parse({"kind": "distill", "experiences": str(tmp_path / "lib.json"), "epochs": 4,
                           "learning_rate": 1e-3, "samples": 2, "max_new_tokens": 32,
+                          "dataset": str(lengths("train", 8, tmp_path)),
                           "validation": str(lengths("validation", 8, tmp_path)),
                           "validation_max_tokens": 32})  # fmt: skip
     result = run_sft(spec, model_path, tmp_path / "out", model_id=MODEL,
@@ -135,7 +136,7 @@ def test_distill_answers_as_the_library_did_without_it(model_path: Path, tmp_pat
     assert provenance["kind"] == "distill" and provenance["library_root"] == root
     report = json.loads(Path(result["report"]).read_text())
     assert report["pairs"]["example"] == 8 and report["pairs"].get("rollout", 0) >= 4, report["pairs"]
-    assert report["rollouts"]["tasks"] == 8
+    assert report["rollouts"]["tasks"] == 8  # the dataset asks the examples' own questions: each once
     for p in read_pairs(tmp_path / "out" / PAIRS_FILE):  # learned without the library in the prompt
         assert len(p.messages) == 2 and "Worked examples" not in p.messages[0]["content"]
     # Eight held-out tasks: none right before, most after (0.5 and 1.0 seen over library and data changes).

@@ -10,8 +10,8 @@ training pairs (kind by kind: pairs.py, collect.py), trains (train.py), and leav
     report.json    spec, per-step loss, validation before and after, pair counts, cost
     curve.png      loss and validation per step
 
-`distill` with the dataset "shipped" (the default) rolls out on the library's own worked examples only (a
-validation file, if given, scores the adapter); a dataset file adds its training tasks.
+`distill` rolls out on the library's own worked examples and the dataset's training tasks (the shipped set by
+default), each only where the library offers it something past the relevance gate.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from zoo.trainer.sft.pairs import PAIRS_FILE, Pair, example_pairs, example_task,
 from zoo.trainer.sft.spec import SftSpec
 from zoo.trainer.sft.train import OnStep, SftRun
 from zoo.trainer.tasks.schema import Task
-from zoo.trainer.tasks.source import SHIPPED, load_tasks
+from zoo.trainer.tasks.source import load_tasks
 
 ADAPTER_DIR = "adapter"
 
@@ -109,7 +109,12 @@ def make_pairs(
             max_tokens=spec.max_new_tokens,
         )
         index = path.index(library.experiences)
-        tasks = [example_task(e) for e in library.experiences if e.kind == "example"] + train
+        examples_asked = [example_task(e) for e in library.experiences if e.kind == "example"]
+        asked = {t.question for t in examples_asked}
+        # Only tasks the library has something for (past the relevance gate): a rollout with nothing from
+        # the library in its prompt would teach the model's own answers, not the library's.
+        tasks = [t for t in [*examples_asked, *(t for t in train if t.question not in asked)]
+                 if path.offered(t, library.experiences, index)]  # fmt: skip
 
         def with_library(t: Task) -> list[dict[str, str]]:
             return path.messages(t, path.offered(t, library.experiences, index))[0]
@@ -142,12 +147,7 @@ def run_sft(
     processes = processes or Processes()
     started = time.perf_counter()
     library = load_library(spec.experiences) if spec.kind == "distill" else None
-    if spec.kind == "distill" and spec.dataset == SHIPPED:
-        # The library's own examples only; a validation file still scores the adapter.
-        train: list[Task] = []
-        validation = load_tasks(spec)[1] if spec.validation not in (None, SHIPPED) else []
-    else:
-        train, validation = load_tasks(spec)
+    train, validation = load_tasks(spec)
     serving = serving or ServingDefaults()
     if spec.k is not None:
         serving = ServingDefaults(**{**serving.__dict__, "k": spec.k})
