@@ -180,3 +180,33 @@ def test_two_processes_train_the_adapter_of_one(model_path: Path, tmp_path: Path
     assert_same_training(
         adapter_weights(Path(one["adapter"])), adapter_weights(Path(two["adapter"])), initial
     )
+
+
+def test_zero2_over_two_processes_trains_the_adapter_of_one(model_path: Path, tmp_path: Path) -> None:
+    """--deepspeed zero2: 3 pairs a step over 2 processes in micro-batches of 1, so one process runs a
+    zero-weight padding backward each step (ZeRO-2 reduces on every backward); the adapter is a single
+    process's."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is a dev dependency: ./zoo installs it")
+    from zoo.trainer.gspo.launch import launch_command, launch_env
+    from zoo.trainer.gspo.zero import SHIPPED
+
+    write_jsonl(tmp_path / "train.jsonl", habitats(3))
+    spec = SftSpec.parse({"dataset": str(tmp_path / "train.jsonl"), "validation_fraction": 0, "epochs": 2,
+                          "batch_size": 3, "micro_batch_size": 1, "learning_rate": 1e-3})  # fmt: skip
+    one = run_sft(spec, model_path, tmp_path / "one", model_id=MODEL)
+    (tmp_path / "spec.json").write_text(json.dumps(spec.to_json()))
+    command = launch_command(tmp_path / "spec.json", model_path, tmp_path / "two", 2, "cpu",
+                             deepspeed=SHIPPED, job="sft", job_args=("--model-id", MODEL))  # fmt: skip
+    done = subprocess.run(command, env=launch_env(2), capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    two = lines[-1]["result"]
+    curve_one = json.loads(Path(one["report"]).read_text())["curve"]
+    curve_two = json.loads(Path(two["report"]).read_text())["curve"]
+    assert [p["loss"] for p in curve_two] == pytest.approx([p["loss"] for p in curve_one], rel=1e-4)
+    torch.manual_seed(spec.seed)
+    LoraPolicy.load(model_path, spec).save_adapter(tmp_path / "initial")
+    initial = adapter_weights(tmp_path / "initial")
+    assert_same_training(
+        adapter_weights(Path(one["adapter"])), adapter_weights(Path(two["adapter"])), initial
+    )
