@@ -570,7 +570,7 @@ def _eval_proposal(dao: Dao, result: Any, tasks: Path) -> None:
     import asyncio
     import tempfile
 
-    from zoo.node.cli.eval import Configuration, EvalError, render
+    from zoo.node.cli.eval import Configuration, EvalError, difference_line, render
     from zoo.node.cli.eval import evaluate as evaluate_configurations
     from zoo.node.cli.job import fail
     from zoo.registry.canonical import encode_library
@@ -592,10 +592,7 @@ def _eval_proposal(dao: Dao, result: Any, tasks: Path) -> None:
             raise fail(f"--eval: {e}", 2) from None
     out.print("evaluation: A is the parent version, B the proposed one")
     out.print(render(scored))
-    d = scored["difference"]
-    lo, hi = d["ci95"]
-    out.print(f"B - A: {d['difference']:+.3f}, 95% interval [{lo:.3f}, {hi:.3f}] (paired bootstrap over "
-              f"{d['n']} tasks; B better on {d['better']}, worse on {d['worse']})")  # fmt: skip
+    out.print(difference_line(scored["difference"]))
 
 
 @app.command()

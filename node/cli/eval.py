@@ -193,6 +193,14 @@ def _interval(ci: list[float]) -> str:
     return f"[{ci[0]:.3f}, {ci[1]:.3f}]"
 
 
+def difference_line(d: dict[str, Any]) -> str:
+    """The paired difference B - A in words: its mean, interval and the tasks each side wins."""
+    return (
+        f"B - A: {d['difference']:+.3f}, 95% interval {_interval(d['ci95'])} (paired bootstrap over "
+        f"{d['n']} tasks; B better on {d['better']}, worse on {d['worse']})"
+    )
+
+
 def render(result: dict[str, Any]) -> Table:
     other = result.get("compare")
     table = Table(title=f"{result['n']} tasks", title_justify="left")
@@ -251,11 +259,7 @@ def eval_command(
         out.print(f"B: {c['library']}, adapter {c['adapter']}")
     out.print(render(result))
     if "difference" in result:
-        d = result["difference"]
-        out.print(
-            f"B - A: {d['difference']:+.3f}, 95% interval {_interval(d['ci95'])} (paired bootstrap over "
-            f"{d['n']} tasks; B better on {d['better']}, worse on {d['worse']})"
-        )
+        out.print(difference_line(result["difference"]))
     err.print(
         f"{result['wall_s']:.1f} s; per task {result['prompt_tokens']:.0f} prompt tokens, "
         f"{result['experiences']:.1f} experiences in the prompt",

@@ -22,7 +22,6 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -226,7 +225,3 @@ class SftRun:
             "wall_s": round(self.wall_s, 3),
             "processes": self.processes.world,
         }
-
-
-def save_adapter(policy: LoraPolicy, directory: Path) -> None:
-    policy.save_adapter(directory)
