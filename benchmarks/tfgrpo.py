@@ -12,14 +12,15 @@ brings with --dataset/--validation/--test) and in one process with one loaded mo
 2. for each ablation and each of --seeds seeds, a TF-GRPO run on the train split (the validation split
    decides keep or revert), then the test score of the learned library, and the test score after every
    step (from the step's checkpointed library):
-   - both: lessons and worked examples (the default of a job),
+   - both: lessons and worked examples, starting from the lookup library (the default of a job),
+   - cold: the same from an empty library (`lookup_start` off: what the loop learns on its own),
    - lessons: critic rules only, examples: worked examples only (no critic calls),
    - g1: both kinds with G = 1 (no group computation: each lone rollout is critiqued on its own).
 
-3. distill (per seed, with --methods distill): the "both" run's learned library distilled into a LoRA
-   adapter (`zoo-node train distill`: its worked examples and its successful rollouts on the train split),
-   scored with no experiences in the prompt; gspo (per seed): a GSPO run on the train split, its adapter
-   scored the same way.
+3. distill (per seed, with --methods distill): each "both" run's learned library (and each "cold" one's, as
+   distill-cold) distilled into a LoRA adapter (`zoo-node train distill`: its worked examples and its
+   successful rollouts on the train split), scored with no experiences in the prompt; gspo (per seed): a
+   GSPO run on the train split, its adapter scored the same way.
 
 Printed per family: every method's test score (mean and standard deviation over seeds), its difference
 from zero-shot and from lookup, and the prompt tokens per task it needs; then the TF-GRPO detail:
@@ -31,7 +32,7 @@ score per step, mean over seeds, per ablation) and results.json in --out.
 Every score is measured as `zoo-node eval` measures it (trainer/evaluate.py: the node's prompt assembly,
 k and budget, greedy), on tasks no method trains or validates on. Report honestly whatever it shows.
 
-Run: ./zoo bench tfgrpo [--family lengths,habitats] [--ablations both,lessons,examples,g1] [--seeds 3]
+Run: ./zoo bench tfgrpo [--family lengths,habitats] [--ablations both,cold,lessons,examples,g1] [--seeds 3]
          [--methods lookup,sft,rft,tfgrpo,distill,gspo] [--label-free]
 
 `--family functions` (verifier-only: no reference answers) has no lookup or sft; rft (rejection-sampling
@@ -82,10 +83,14 @@ from zoo.trainer.tfgrpo.spec import TfGrpoSpec
 METHODS = ("lookup", "sft", "rft", "tfgrpo", "distill", "gspo")
 ABLATIONS = {
     "both": {"experience_kinds": "both"},
+    "cold": {"experience_kinds": "both", "lookup_start": False},
     "lessons": {"experience_kinds": "lessons"},
     "examples": {"experience_kinds": "examples"},
     "g1": {"experience_kinds": "both", "group_size": 1},
 }
+
+# The TF-GRPO runs whose libraries --methods distill turns into adapters, and the method each is reported as.
+DISTILLED = {"both": "distill", "cold": "distill-cold"}
 
 
 async def held_out_score(
@@ -280,11 +285,12 @@ async def run_family(name: str, paths: dict[str, Path], args: argparse.Namespace
     if "tfgrpo" in methods:
         await asyncio.gather(*(one(a, s) for a, s in todo))
     if "distill" in methods:
-        for run in runs.get("both", []):
-            spec = SftSpec.parse({**lora_base, "kind": "distill", "experiences": run["library"],
-                                  "seed": run["seed"], "k": args.k})  # fmt: skip
-            train = adapters.supervised(spec, embedder)
-            await lora_run(results, "distill", run["seed"], name, out, measure, adapters, checkpoint, train)
+        for ablation, method in DISTILLED.items():
+            for run in runs.get(ablation, []):
+                spec = SftSpec.parse({**lora_base, "kind": "distill", "experiences": run["library"],
+                                      "seed": run["seed"], "k": args.k})  # fmt: skip
+                train = adapters.supervised(spec, embedder)
+                await lora_run(results, method, run["seed"], name, out, measure, adapters, checkpoint, train)
     if "gspo" in methods:
         for seed in range(args.seeds):
             spec = GspoSpec.parse({**lora_base, "seed": seed, "learning_rate": args.gspo_lr,
@@ -391,7 +397,7 @@ def method_rows(results: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]]
         rows.append(("lookup", [results["lookup"]]))
     rows += [(m, results[m]) for m in ("sft", "rft") if results.get(m)]
     rows += [(f"tf-grpo {a}", runs) for a, runs in results.get("runs", {}).items()]
-    rows += [(m, results[m]) for m in ("distill", "gspo") if results.get(m)]
+    rows += [(m, results[m]) for m in (*DISTILLED.values(), "gspo") if results.get(m)]
     return rows
 
 
@@ -411,7 +417,6 @@ def summary(name: str, results: dict[str, Any]) -> None:
               f"{statistics.fmean(train) if train else 0:>9.0f}")  # fmt: skip
     if not results.get("runs"):
         return
-    print(f"\n{name}: TF-GRPO detail (gain over zero-shot {zero:.3f})")
     print(f"\n{name}: held-out score (mean ± std over seeds) and gain over zero-shot {zero:.3f}")
     print(
         f"  {'run':<10}{'seeds':>6}{'score':>14}{'gain':>8}{'s/step':>8}{'calls/step':>11}{'JSON ok':>9}"

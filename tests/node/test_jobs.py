@@ -304,6 +304,7 @@ def test_scripted_job_succeeds_and_cancel_after_the_end_is_refused(node: NodePro
         "batch_size": 2,
         "group_size": 3,
         "experience_kinds": "lessons",  # the scripted critic's lesson is what this test counts
+        "lookup_start": False,
     }
     with NodeClient(node.address, admin_token=node.admin_token) as c:
         job = submit(c, spec)
@@ -412,6 +413,7 @@ def test_kill_9_mid_job_resumes_from_the_last_checkpoint(tmp_path: Path) -> None
             "concurrency": 1,
             "merge_threshold": 0.999,
             "experience_kinds": "lessons",
+            "lookup_start": False,
         }
         node = scripted_node(tmp_path, server.url)
         with NodeClient(node.address, admin_token=node.admin_token) as c:

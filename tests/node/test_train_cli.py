@@ -246,6 +246,7 @@ def learn(data_dir: Path, tmp: Path, embedder: Any, base: StoredVersion | None) 
             "batch_size": 2,
             "group_size": 3,
             "experience_kinds": "lessons",  # what it learns is the scripted critic's one lesson
+            "lookup_start": False,
         }
     )
 

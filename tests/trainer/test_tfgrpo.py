@@ -22,6 +22,7 @@ from tests.trainer.scripted import Call, ScriptedBackend, arithmetic_policy, box
 from zoo.inference.embedder import SentenceTransformerEmbedder
 from zoo.registry.canonical import decode_library
 from zoo.registry.experience import Experience, Library
+from zoo.trainer.baselines import LOOKUP_AUTHOR
 from zoo.trainer.rewards import RewardResult
 from zoo.trainer.tasks.schema import Task, instruction_for, write_jsonl
 from zoo.trainer.tfgrpo.job import run_tf_grpo
@@ -91,8 +92,9 @@ def run_job(
     out: str = "out",
 ) -> tuple[Run, dict[str, Any]]:
     run = Run(ScriptedBackend(policy, MODEL))
-    # The critic's lesson mechanics are what most tests here examine; tests of worked examples say so.
-    spec = {"experience_kinds": "lessons", **spec}
+    # The critic's lesson mechanics, learned from nothing, are what most tests here examine; tests of worked
+    # examples and of the lookup start say so.
+    spec = {"experience_kinds": "lessons", "lookup_start": False, **spec}
     result = asyncio.run(
         run_tf_grpo(
             TfGrpoSpec.parse(spec),
@@ -455,7 +457,7 @@ def factor_run(
     run = Run(backend)
     parsed = TfGrpoSpec.parse({"dataset": str(tasks_file(tmp_path, 4)), "epochs": 1, "batch_size": 2,
                                "group_size": 3, "distill_factors": True, "experience_kinds": "lessons",
-                               **spec})  # fmt: skip
+                               "lookup_start": False, **spec})  # fmt: skip
     result = asyncio.run(run_tf_grpo(parsed, LLM(backend), embedder, None, "", author="job:f",
                                      out_dir=tmp_path / "f", emit=run.emit, save=run.save))  # fmt: skip
     return run, result
@@ -741,6 +743,37 @@ def code_spec(tmp_path: Path, **changes: Any) -> dict[str, Any]:
         "experience_kinds": "both",
         **changes,
     }
+
+
+def test_a_run_starts_where_lookup_is_and_keeps_only_what_beats_it(tmp_path: Path, embedder) -> None:
+    # Greedy answers are right exactly when a worked example is in the prompt; sampled ones never are.
+    policy = convention_policy(sampled_right_every=None)
+    _, result = run_job(tmp_path, embedder, policy, code_spec(tmp_path, lookup_start=True))
+    library = decode_library(Path(result["library"]).read_bytes())
+    seeded = [e for e in library.experiences if e.provenance.author == LOOKUP_AUTHOR]
+    assert result["lookup_start"] == 4
+    assert sorted(e.answer for e in seeded) == [f"ITEM-{i}" for i in range(4)]
+    assert all(e.kind == "example" for e in seeded)
+    # It began at lookup's validation score, and nothing that did not beat it came in.
+    assert result["baseline_validation_score"] == 1.0 == result["validation_score"]
+    assert len(library.experiences) == 4, [e.text for e in library.experiences]
+    assert "started from 4 of them as worked examples" in library.description
+    # The same run from nothing starts at zero: the lookup start is what put it at 1.0.
+    _, cold = run_job(tmp_path, embedder, policy, code_spec(tmp_path, lookup_start=False), out="cold")
+    assert cold["lookup_start"] == 0 and cold["baseline_validation_score"] == 0.0
+
+
+def test_the_lookup_start_reads_no_label_under_label_free_and_keeps_the_size_cap(
+    tmp_path: Path, embedder
+) -> None:
+    policy = convention_policy(sampled_right_every=None)
+    spec = code_spec(tmp_path, lookup_start=True, label_free=True, validate_steps=False)
+    _, free = run_job(tmp_path, embedder, policy, spec, out="free")
+    assert free["lookup_start"] == 0
+    spec = code_spec(tmp_path, lookup_start=True, max_library_size=2)
+    _, capped = run_job(tmp_path, embedder, policy, spec, out="capped")
+    assert capped["lookup_start"] == 2
+    assert capped["experiences"] <= 2
 
 
 def test_a_clear_winner_becomes_a_worked_example_that_validation_keeps(tmp_path: Path, embedder) -> None:

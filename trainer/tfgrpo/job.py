@@ -1,6 +1,8 @@
 """A TF-GRPO job from spec to outputs: what the daemon's job runner and `zoo-node train` both call.
 
-It loads the tasks, resumes from a checkpoint when given one, runs the loop and leaves in `out_dir`:
+It loads the tasks, resumes from a checkpoint when given one, runs the loop and leaves in `out_dir`. A fresh
+run starts from the base library plus, by default (`lookup_start`), every labelled training task as a worked
+example: the lookup baseline, which the loop then has to beat on validation to change anything. It leaves:
     library.json   the learned library as a draft version (canonical bytes): version = base + 1, parent =
                    the base version's root, tagged with the model the rollouts ran on
     report.json    learning curve, operations, lesson statistics, cost
@@ -11,7 +13,7 @@ on the same parent even if the node's current library moved on meanwhile.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,10 +22,12 @@ from typing import Any
 from zoo.inference.defaults import ServingDefaults
 from zoo.inference.embedder import Embedder
 from zoo.registry.canonical import encode_library
-from zoo.registry.experience import Library
+from zoo.registry.experience import Experience, Library
 from zoo.registry.fsutil import write_atomic
 from zoo.registry.merkle import library_root
+from zoo.trainer.baselines import lookup_experiences
 from zoo.trainer.report import write_report
+from zoo.trainer.tasks.schema import Task
 from zoo.trainer.tasks.source import load_tasks
 from zoo.trainer.tfgrpo.llm import LLM
 from zoo.trainer.tfgrpo.loop import Context, TfGrpoRun, TrainState, report
@@ -64,6 +68,21 @@ def critic_of(spec: TfGrpoSpec, llm: LLM) -> LLM | None:
     return LLM(backend, spec.concurrency, ledger=llm.ledger)
 
 
+def lookup_start(
+    spec: TfGrpoSpec, train: Sequence[Task], base_model: str, held: Sequence[Experience]
+) -> list[Experience]:
+    """The worked examples a run adds to its starting library under `lookup_start`: every labelled training
+    task the library does not hold yet, in task order, up to the size cap. The run begins where the lookup
+    baseline is, and validation (which lets a growing library in only on a strictly better score) keeps only
+    what beats it. Label-free runs read no reference answer, so they add none."""
+    if not spec.lookup_start or spec.label_free:
+        return []
+    have = {e.id for e in held}
+    room = max(spec.max_library_size - len(held), 0)
+    fresh = [e for e in lookup_experiences(train, base_model) if e.id not in have]
+    return fresh[:room]
+
+
 def validated_with(serving: ServingDefaults, factors: bool = False) -> str:
     """The serving conditions a library was validated under, as its description records them."""
     said = (
@@ -92,6 +111,7 @@ async def run_tf_grpo(
         base = Base(**resume["base"])
         created_at = datetime.fromisoformat(resume["created_at"])
         state: TrainState | None = TrainState.from_json(resume["train"])
+        examples_added = int(resume.get("lookup_start", 0))
         # The lesson text the job already learned lives in the state; the base only gives the lineage.
         start = Library.create(version=max(base.version, 1), base_model=llm.model_id)
     else:
@@ -99,8 +119,11 @@ async def run_tf_grpo(
         created_at = datetime.now(UTC).replace(microsecond=0)
         state = None
         experiences = current.experiences if current is not None and spec.base == "current" else ()
+        seeded = lookup_start(spec, train, llm.model_id, experiences)
+        examples_added = len(seeded)
+        experiences = (*experiences, *seeded)
         start = Library.create(version=max(base.version, 1), base_model=llm.model_id, experiences=experiences)
-    wrapper = {"base": asdict(base), "created_at": created_at.isoformat()}
+    wrapper = {"base": asdict(base), "created_at": created_at.isoformat(), "lookup_start": examples_added}
 
     async def checkpoint(step: int, train_state: dict[str, Any], event: tuple[str, dict[str, Any]]) -> None:
         await save(step, {**wrapper, "train": train_state}, event)
@@ -115,6 +138,8 @@ async def run_tf_grpo(
             await ctx.critic.backend.close()
 
     summary = f"TF-GRPO: {spec.epochs} epoch(s), G={spec.group_size}, {len(train)} training tasks"
+    if examples_added:
+        summary += f", started from {examples_added} of them as worked examples"
     draft = Library.create(
         version=base.version + 1,
         parent_root=base.root,
@@ -140,6 +165,7 @@ async def run_tf_grpo(
         "parent_root": base.root,
         "root": root,
         "experiences": len(draft.experiences),
+        "lookup_start": examples_added,
         "steps": final.step,
         "baseline_validation_score": final.baseline_validation_score,
         "validation_score": final.validation_score,

@@ -97,6 +97,12 @@ class TfGrpoSpec(TaskSource):
     base: Literal["current", "empty"] = Field(
         default="current", description="start from the node's current library or from an empty one"
     )
+    lookup_start: bool = Field(
+        default=True,
+        description="add every labelled training task as a worked example (the lookup baseline) to the "
+        "library the run starts from, so that it keeps only what beats lookup on validation (no effect "
+        "under label_free or on tasks without a reference answer)",
+    )
     description: str = Field(default="", max_length=1000)
 
     def with_serving_defaults(self, defaults: ServingDefaults) -> TfGrpoSpec:
