@@ -17,6 +17,7 @@ from typing import Any
 
 from zoo.inference.defaults import DEFAULT_LESSON_POSITION, LESSON_POSITIONS, LessonPosition
 from zoo.registry.errors import ValidationError
+from zoo.registry.experience import is_code_answer
 
 INSTRUCTION = (
     "Below are experiences: lessons verified by this network. Apply the ones that fit the question and "
@@ -62,9 +63,11 @@ def experience_block(hits: Sequence[Any]) -> str:
 
 
 def worked_answer(answer: str, reasoning: str | None = None) -> str:
-    """A worked example's assistant turn: its reasoning (if any), then the line "Answer: …". Supervised
-    fine-tuning targets take the same form, so a tuned model answers as an example shows it."""
-    return f"Answer: {answer}" if not reasoning else f"{reasoning}\nAnswer: {answer}"
+    """A worked example's assistant turn: its reasoning (if any), then the line "Answer: …", or the code block
+    itself when the answer is one. Supervised fine-tuning targets take the same form, so a tuned model answers
+    as an example shows it."""
+    final = answer if is_code_answer(answer) else f"Answer: {answer}"
+    return final if not reasoning else f"{reasoning}\n{final}"
 
 
 def example_turns(hits: Sequence[Any]) -> Messages:

@@ -2,7 +2,8 @@
 
 An experience is of one of two kinds. A `lesson` is a rule, one sentence opening with its trigger ("When
 ..."): larger models follow rules. An `example` is a worked example: a question (`text`), its short correct
-`answer` and optional brief `reasoning`: small models follow examples (on the bundled 135M model a correct
+`answer` (one line, or for code a fenced block that keeps its indentation) and optional brief `reasoning`:
+small models follow examples (on the bundled 135M model a correct
 rule in the prompt moves a held-out score by 0.00, one worked example by 0.50). Both are retrieved, ranked
 and cited alike; prompt assembly puts lessons in the system turn (or before the question) and examples as
 earlier turns.
@@ -129,6 +130,24 @@ def normalise_text(text: object, where: str = "text") -> str:
     if not isinstance(text, str):
         raise Problem(where, f"must be a string (got {type(text).__name__})", text)
     return clean_string(" ".join(text.split()), where=where)
+
+
+def is_code_answer(answer: str) -> bool:
+    """An example's answer that is a fenced code block (``` … ```, over several lines): a verified solution
+    written the way the task asks for it, whose lines keep their indentation."""
+    return answer.startswith("```") and answer.endswith("```") and "\n" in answer
+
+
+def normalise_answer(value: object) -> str:
+    """The stored form of an example's answer: one line with whitespace runs collapsed, or a fenced code block
+    whose lines keep their indentation (trailing whitespace and outer blank lines dropped). Raises Problem."""
+    if not isinstance(value, str):
+        raise Problem("answer", f"must be a string (got {type(value).__name__})", value)
+    block = value.strip()
+    if is_code_answer(block):
+        lines = [line.rstrip() for line in clean_string(block, multiline=True, where="answer").split("\n")]
+        return "\n".join(lines)
+    return normalise_text(value, "answer")
 
 
 def content_id(kind: str, domain: str, text: str, answer: str | None) -> str:
@@ -276,7 +295,7 @@ def _question(value: object) -> str:
 def _answer(value: object) -> str:
     if value is None:
         raise Problem("answer", "an example needs its answer")
-    answer = normalise_text(value, "answer")
+    answer = normalise_answer(value)
     if not 0 < len(answer) <= MAX_ANSWER_CHARS:
         raise Problem("answer", f"an example's answer must have 1 to {MAX_ANSWER_CHARS} characters")
     return answer
@@ -538,10 +557,10 @@ class Experience(Struct, kw_only=True, omit_defaults=True, **_STRUCT):  # type: 
             answer = self.answer
             if answer is None:
                 raise Problem("answer", "an example needs its answer")
-            _check_clean(answer, "answer")
-            if not 0 < len(answer) <= MAX_ANSWER_CHARS or " ".join(answer.split()) != answer:
+            _check_clean(answer, "answer", multiline=is_code_answer(answer))
+            if not 0 < len(answer) <= MAX_ANSWER_CHARS or normalise_answer(answer) != answer:
                 raise Problem("answer", f"an example's answer must have 1 to {MAX_ANSWER_CHARS} characters, "
-                                        "single-spaced")  # fmt: skip
+                                        "single-spaced or a fenced code block")  # fmt: skip
             reasoning = self.reasoning
             if reasoning is UNSET:
                 raise Problem("reasoning", "an example states its reasoning (null when it has none)")

@@ -137,6 +137,16 @@ def test_examples_are_earlier_turns_and_lessons_stay_in_the_system_turn() -> Non
     assert [h.score for h in a.used] == [0.95, 0.9, 0.6]
 
 
+def test_a_code_example_is_the_assistants_whole_turn() -> None:
+    code = "```python\ndef triple(x):\n    return x * 3\n```"
+    hit = Hit(example("Write a Python function `triple(x)`.", code), 0.9)
+    a = assemble(USER, [hit], words, experience_budget=1000, context_length=4096, max_tokens=64)
+    assert a.messages[1:3] == [
+        {"role": "user", "content": "Write a Python function `triple(x)`."},
+        {"role": "assistant", "content": code},  # no "Answer:" line: the code block as the task asks for it
+    ]
+
+
 def test_examples_share_the_budget_and_are_dropped_whole() -> None:
     hits = [HITS[0], *EXAMPLES]
     without_last = words(with_experiences(USER, hits[:2])) - words(USER)

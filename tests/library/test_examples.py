@@ -76,6 +76,23 @@ def test_bad_examples_name_the_field(changes: dict, field: str, words: str) -> N
     assert caught.value.field == field and words in str(caught.value)
 
 
+def test_a_code_answer_keeps_its_lines_and_a_one_line_answer_is_single_spaced() -> None:
+    code = "```python\ndef f(x):   \n    return  x * 3\n```"
+    e = example(question="Write f.", answer=f"\n  {code}\n\n")
+    assert e.answer == "```python\ndef f(x):\n    return  x * 3\n```"  # indentation and inner spaces kept
+    assert decode_experience(encode_experience(e)) == e
+    assert example(answer="3000\n  m").answer == "3000 m", "not a fenced block: one line, as before"
+    # A canonical document must hold the normal form: trailing spaces in a code line are not canonical.
+    spaced = encode_experience(e).replace(b"def f(x):\\n", b"def f(x):  \\n")
+    assert spaced != encode_experience(e)
+    with pytest.raises(ValidationError) as caught:
+        decode_experience(spaced)
+    assert "answer" in str(caught.value)
+    with pytest.raises(ValidationError) as caught:
+        example(answer="```python\n" + "x = 1\n" * 60 + "```")
+    assert caught.value.field == "answer" and "1 to 300" in str(caught.value)
+
+
 def test_a_lesson_cannot_carry_an_answer_or_reasoning(make_experience: Make) -> None:
     lesson = make_experience(0)
     for field in ("answer", "reasoning"):

@@ -11,7 +11,7 @@ import json
 import math
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ import pytest
 
 from tests.trainer.scripted import Call, ScriptedBackend, arithmetic_policy, boxed, one_wrong_in, ops_json
 from zoo.inference.embedder import SentenceTransformerEmbedder
+from zoo.inference.prompt import worked_answer
 from zoo.registry.canonical import decode_library
 from zoo.registry.experience import Experience, Library
 from zoo.trainer.baselines import LOOKUP_AUTHOR
@@ -790,6 +791,55 @@ def test_a_clear_winner_becomes_a_worked_example_that_validation_keeps(tmp_path:
     report = json.loads(Path(result["report"]).read_text())
     added = [op for op in report["operations"] if op.get("kind") == "example"]
     assert added and all(op["op"] == "add" and op["answer"].startswith("ITEM-") for op in added)
+
+
+def program_tasks(tmp_path: Path, factors: Sequence[int], name: str) -> Path:
+    """Verifier-only tasks: write `times_N(x)`, checked by real unit tests; no reference answer exists."""
+    tasks = [
+        Task(id=f"times-{n}", answer=None,
+             question=f"Write a Python function `times_{n}(x)` that returns x multiplied by {n}.",
+             domain="code.functions", verifier="unit_tests",
+             verifier_args={"tests": f"from solution import times_{n}\n\n\ndef test_0():\n"
+                                     f"    assert times_{n}(2) == {2 * n}\n"})
+        for n in factors
+    ]  # fmt: skip
+    write_jsonl(tmp_path / name, tasks)
+    return tmp_path / name
+
+
+def program_policy() -> Callable[[Call], str]:
+    """Greedy rollouts write working code exactly when a worked code example is among the turns; of each
+    task's sampled ones every third works, the first included (so every group splits)."""
+    seen: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def policy(call: Call) -> str:
+        n = int(m.group(1)) if (m := re.search(r"times_(\d+)", call.user)) else 0
+        if call.temperature == 0:
+            right = any(t["role"] == "assistant" and "```python" in t["content"] for t in call.messages[:-1])
+        else:
+            with lock:
+                k = seen[call.user] = seen.get(call.user, -1) + 1
+            right = k % 3 == 0
+        body = f"x * {n}" if right else f"x + {n}"
+        return f"Here it is:\n```python\ndef times_{n}(x):\n    return {body}\n```"
+
+    return policy
+
+
+def test_a_passing_program_becomes_a_worked_code_example_without_any_reference(
+    tmp_path: Path, embedder
+) -> None:
+    spec = {"dataset": str(program_tasks(tmp_path, [3, 4], "programs.jsonl")),
+            "validation": str(program_tasks(tmp_path, [7], "programs-val.jsonl")), "epochs": 1,
+            "batch_size": 2, "group_size": 3, "experience_kinds": "examples"}  # fmt: skip
+    run, result = run_job(tmp_path, embedder, program_policy(), spec)
+    assert result["baseline_validation_score"] == 0.0 and result["validation_score"] == 1.0
+    (example, *_) = decode_library(Path(result["library"]).read_bytes()).experiences
+    # The code block as the rollout wrote it, indentation kept, shown as the assistant's whole turn.
+    assert example.kind == "example" and example.answer.startswith("```python\ndef times_")
+    assert "\n    return x * " in example.answer and worked_answer(example.answer, None) == example.answer
+    assert run.steps()[0]["decision"] == "kept"
 
 
 def test_a_group_that_failed_wholly_learns_from_its_reference(tmp_path: Path, embedder) -> None:

@@ -17,7 +17,8 @@ Per epoch the training tasks are shuffled (seeded) and cut into batches; one bat
 4. Stage 1 summarises every rollout of those groups; stage 2 compares each group and proposes at most
    `max_ops_per_group` lesson operations. Beside them, every short-answer group proposes a worked example:
    its best rollout's question and final answer when it has a clear winner, the question and its reference
-   when it failed wholly (`experience_kinds` picks lessons, examples or both). Stage 3 consolidates the
+   when it failed wholly; a group of programs (unit tests, no reference) whose rollouts split proposes its
+   first fully passing code block (`experience_kinds` picks lessons, examples or both). Stage 3 consolidates the
    batch's operations (operations.py), then prunes: mostly harmful experiences after `drop_after_uses`
    uses, and the lowest-valued ones over `max_library_size`.
 5. Validation: the changed library is scored on the validation split (greedy, one completion a task);
@@ -54,9 +55,17 @@ from zoo.inference.factors import processor_builder
 from zoo.inference.prompt import parse_citations
 from zoo.inference.retrieval import Hit, RetrievalIndex
 from zoo.registry.canonical import decode_library, encode_library
-from zoo.registry.experience import MAX_ANSWER_CHARS, MAX_QUESTION_CHARS, Experience, ExpertFactors, Library
+from zoo.registry.experience import (
+    MAX_ANSWER_CHARS,
+    MAX_QUESTION_CHARS,
+    Experience,
+    ExpertFactors,
+    Library,
+    normalise_answer,
+)
 from zoo.trainer.prompting import PromptPath
 from zoo.trainer.rewards import RewardCache, RewardResult, ascore_group
+from zoo.trainer.rewards.unit_tests import extract_code
 from zoo.trainer.schedule import batches, seed_of, total_steps
 from zoo.trainer.tasks.schema import Task
 from zoo.trainer.tfgrpo import critic
@@ -204,6 +213,8 @@ class StepWork:
 
 # Verifiers whose reference and extracted answers are short final answers, fit for a worked example.
 EXAMPLE_VERIFIERS = ("exact_match", "majority_vote")
+# Verifiers that check a program: a rollout that passes every test is a worked example of its code block.
+CODE_VERIFIERS = ("unit_tests",)
 
 
 def failed_with_reference(group: Group, spec: TfGrpoSpec) -> bool:
@@ -224,6 +235,8 @@ def example_candidate(group: Group, spec: TfGrpoSpec) -> Proposal | None:
     """
     task = group.task
     verifier = "majority_vote" if spec.label_free else (spec.reward or task.verifier)
+    if verifier in CODE_VERIFIERS:
+        return code_example(group)
     if verifier not in EXAMPLE_VERIFIERS:
         return None
     reference = None if spec.label_free else task.answer
@@ -245,6 +258,26 @@ def example_candidate(group: Group, spec: TfGrpoSpec) -> Proposal | None:
         return None
     reasoning = task.reasoning.strip() if reference is not None and task.reasoning else ""
     return Proposal("add", task.question, "", task.domain, task.id, -1, "example", answer, reasoning)
+
+
+def code_example(group: Group) -> Proposal | None:
+    """The worked example a group of programs teaches: the code block of its first rollout that passed every
+    test, when some rollout failed (a clear winner; a group that all passed teaches nothing new) and the
+    code fits an example. No reference answer exists or is read: the verifier is the only teacher, as in
+    rejection-sampling fine-tuning, but the solution goes into the library instead of the weights."""
+    scores = [r.score for r in group.results]
+    if min(scores) >= 1.0 or max(scores) < 1.0:
+        return None
+    best = scores.index(max(scores))
+    code = extract_code(group.completions[best]).strip()
+    try:
+        answer = normalise_answer(f"```python\n{code}\n```")
+    except ValueError:  # a character an experience cannot hold
+        return None
+    task = group.task
+    if not code or len(answer) > MAX_ANSWER_CHARS or len(task.question) > MAX_QUESTION_CHARS:
+        return None
+    return Proposal("add", task.question, "", task.domain, task.id, -1, "example", answer, "")
 
 
 def advantages_of(scores: Sequence[float]) -> list[float]:
