@@ -3,10 +3,9 @@
 An experience is of one of two kinds. A `lesson` is a rule, one sentence opening with its trigger ("When
 ..."): larger models follow rules. An `example` is a worked example: a question (`text`), its short correct
 `answer` (one line, or for code a fenced block that keeps its indentation) and optional brief `reasoning`:
-small models follow examples (on the bundled 135M model a correct
-rule in the prompt moves a held-out score by 0.00, one worked example by 0.50). Both are retrieved, ranked
-and cited alike; prompt assembly puts lessons in the system turn (or before the question) and examples as
-earlier turns.
+small models follow examples (on the bundled 135M model a correct rule in the prompt moves a held-out score
+by 0.00, one worked example by 0.50). Both are retrieved, ranked and cited alike; prompt assembly puts
+lessons in the system turn (or before the question) and examples as earlier turns.
 
 The classes are msgspec Structs whose fields are the canonical document itself (canonical.py): declared
 in sorted key order under their JSON names, so msgspec's encoder writes the canonical bytes and its typed

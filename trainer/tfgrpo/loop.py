@@ -18,9 +18,9 @@ Per epoch the training tasks are shuffled (seeded) and cut into batches; one bat
    `max_ops_per_group` lesson operations. Beside them, every short-answer group proposes a worked example:
    its best rollout's question and final answer when it has a clear winner, the question and its reference
    when it failed wholly; a group of programs (unit tests, no reference) whose rollouts split proposes its
-   first fully passing code block (`experience_kinds` picks lessons, examples or both). Stage 3 consolidates the
-   batch's operations (operations.py), then prunes: mostly harmful experiences after `drop_after_uses`
-   uses, and the lowest-valued ones over `max_library_size`.
+   first fully passing code block (`experience_kinds` picks lessons, examples or both). Stage 3
+   consolidates the batch's operations (operations.py), then prunes: mostly harmful experiences after
+   `drop_after_uses` uses, and the lowest-valued ones over `max_library_size`.
 5. Validation: the changed library is scored on the validation split (greedy, one completion a task);
    if the score drops by more than `revert_tolerance` the step is reverted (the library stays as it was).
    The paper asks for this; its public implementation does not do it. A step that proposes both kinds
