@@ -14,8 +14,9 @@ brings with --dataset/--validation/--test) and in one process with one loaded mo
    step (from the step's checkpointed library):
    - both: lessons and worked examples, starting from the lookup library (the default of a job),
    - cold: the same from an empty library (`lookup_start` off: what the loop learns on its own),
-   - lessons: critic rules only, examples: worked examples only (no critic calls),
-   - g1: both kinds with G = 1 (no group computation: each lone rollout is critiqued on its own).
+   - lessons: critic rules only, examples: worked examples only (no critic calls), from an empty library,
+   - g1: both kinds with G = 1 (no group computation: each lone rollout is critiqued on its own), from an
+     empty library.
 
 3. distill (per seed, with --methods distill): each "both" run's learned library (and each "cold" one's, as
    distill-cold) distilled into a LoRA adapter (`zoo-node train distill`: its worked examples and its
@@ -84,9 +85,10 @@ METHODS = ("lookup", "sft", "rft", "tfgrpo", "distill", "gspo")
 ABLATIONS = {
     "both": {"experience_kinds": "both"},
     "cold": {"experience_kinds": "both", "lookup_start": False},
-    "lessons": {"experience_kinds": "lessons"},
-    "examples": {"experience_kinds": "examples"},
-    "g1": {"experience_kinds": "both", "group_size": 1},
+    # What the loop learns on its own, kind by kind, from an empty library (as "cold"):
+    "lessons": {"experience_kinds": "lessons", "lookup_start": False},
+    "examples": {"experience_kinds": "examples", "lookup_start": False},
+    "g1": {"experience_kinds": "both", "group_size": 1, "lookup_start": False},
 }
 
 # The TF-GRPO runs whose libraries --methods distill turns into adapters, and the method each is reported as.

@@ -12,7 +12,9 @@ Rules (the encoding is a JSON text):
   Integers (version, token ids, block size) stay below 2**53.
 - A library lists its experiences sorted by id and carries a schema tag. A library of lessons only is
   "zoo.experience-library/1", exactly as before worked examples existed; one that holds an example is
-  "zoo.experience-library/2" (a reader of format 1 must refuse it: it cannot show examples). A lesson's
+  "zoo.experience-library/2" (a reader of format 1 must refuse it: it cannot show examples); one whose
+  example answers with a code block that keeps its lines is "zoo.experience-library/3" (a reader of format 2
+  must refuse it: it holds answers only single-spaced). A lesson's
   document is the same in both, so its Merkle leaf, and the root of every format-1 library, never change;
   an example's document adds "kind": "example", "answer" and "reasoning" (null when it has none).
 
@@ -44,6 +46,7 @@ from zoo.registry.experience import (
     CONFIDENCE_SCALE,
     SCHEMA_V1,
     SCHEMA_V2,
+    SCHEMA_V3,
     Experience,
     Library,
     Problem,
@@ -52,7 +55,7 @@ from zoo.registry.experience import (
 )
 from zoo.registry.gc_pause import gc_paused
 
-SCHEMA = SCHEMA_V2  # the newest; a library is written in the oldest format that can hold it
+SCHEMA = SCHEMA_V3  # the newest; a library is written in the oldest format that can hold it
 DEFAULT_MAX_LIBRARY_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_EXPERIENCE_BYTES = 256 * 1024
 _CONFIDENCE_RE = re.compile(r"(0\.[0-9]{6}|1\.000000)")
@@ -80,6 +83,7 @@ __all__ = [
     "SCHEMA",
     "SCHEMA_V1",
     "SCHEMA_V2",
+    "SCHEMA_V3",
     "canonical_json",
     "decode_experience",
     "decode_library",
@@ -273,8 +277,10 @@ def _check_size(data: Any, max_size: int, what: str) -> None:
 def _library_input(doc: Any) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise ValidationError("library", "must be a JSON object")
-    if doc.get("schema") not in (SCHEMA_V1, SCHEMA_V2):
-        message = f"must be {SCHEMA_V1!r} or {SCHEMA_V2!r} (got {str(doc.get('schema'))[:80]!r})"
+    if doc.get("schema") not in (SCHEMA_V1, SCHEMA_V2, SCHEMA_V3):
+        message = (
+            f"must be {SCHEMA_V1!r}, {SCHEMA_V2!r} or {SCHEMA_V3!r} (got {str(doc.get('schema'))[:80]!r})"
+        )
         raise ValidationError("schema", message)
     experiences = doc.get("experiences")
     if not isinstance(experiences, list):

@@ -79,6 +79,7 @@ MAX_REASONING_CHARS = 1000
 _LESSON_HAS_NO_ANSWER = "only an example has an answer (a lesson's rule is its text)"
 SCHEMA_V1 = "zoo.experience-library/1"
 SCHEMA_V2 = "zoo.experience-library/2"
+SCHEMA_V3 = "zoo.experience-library/3"
 
 # Unicode category Cc is exactly U+0000-U+001F and U+007F-U+009F (checked in the tests).
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -134,7 +135,22 @@ def normalise_text(text: object, where: str = "text") -> str:
 def is_code_answer(answer: str) -> bool:
     """An example's answer that is a fenced code block (``` … ```, over several lines): a verified solution
     written the way the task asks for it, whose lines keep their indentation."""
-    return answer.startswith("```") and answer.endswith("```") and "\n" in answer
+    lines = answer.split("\n")
+    return (
+        len(lines) >= 3
+        and lines[0].startswith("```")
+        and lines[-1] == "```"
+        and any(line.strip() for line in lines[1:-1])
+    )
+
+
+def schema_for(experiences: Iterable[Experience]) -> str:
+    """The oldest library format that holds these experiences: 1 for lessons only, 2 with worked examples,
+    3 when an example's answer is a code block (a reader of format 2 would refuse its lines)."""
+    answers = [e.answer for e in experiences if e.kind == EXAMPLE]
+    if not answers:
+        return SCHEMA_V1
+    return SCHEMA_V3 if any(a is not None and is_code_answer(a) for a in answers) else SCHEMA_V2
 
 
 def normalise_answer(value: object) -> str:
@@ -142,8 +158,8 @@ def normalise_answer(value: object) -> str:
     whose lines keep their indentation (trailing whitespace and outer blank lines dropped). Raises Problem."""
     if not isinstance(value, str):
         raise Problem("answer", f"must be a string (got {type(value).__name__})", value)
-    block = value.strip()
-    if is_code_answer(block):
+    block = value.replace("\r\n", "\n").strip()  # a block pasted from Windows keeps its lines
+    if is_code_answer("\n".join(line.rstrip() for line in block.split("\n"))):
         lines = [line.rstrip() for line in clean_string(block, multiline=True, where="answer").split("\n")]
         return "\n".join(lines)
     return normalise_text(value, "answer")
@@ -738,7 +754,7 @@ class Library(Struct, **_STRUCT):  # type: ignore[call-arg]
                 raise Problem("experiences", "must be sorted by id")
             previous = e.id
             has_example = has_example or e.kind == EXAMPLE
-        schema = SCHEMA_V2 if has_example else SCHEMA_V1
+        schema = schema_for(experiences) if has_example else SCHEMA_V1
         if self.schema != schema:
             raise Problem("schema", f"must be {schema!r} for these experiences (got {self.schema[:80]!r})")
 
@@ -772,7 +788,7 @@ class Library(Struct, **_STRUCT):  # type: ignore[call-arg]
         if version == 0 and root:
             p.found.append(Problem("parent_root", "version 0 cannot have a parent root"))
         p.raise_if_any()
-        schema = SCHEMA_V2 if any(e.kind == EXAMPLE for e in ordered) else SCHEMA_V1
+        schema = schema_for(ordered)
         return _build(cls, "", base_model=name, description=text, experiences=ordered, parent_root=root,
                       schema=schema, version=version)  # fmt: skip
 

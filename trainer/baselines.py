@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from zoo.registry.canonical import encode_library
-from zoo.registry.experience import MAX_ANSWER_CHARS, MAX_QUESTION_CHARS, Experience, Library
+from zoo.registry.errors import ValidationError
+from zoo.registry.experience import Experience, Library
 from zoo.registry.fsutil import write_atomic
 from zoo.trainer.prompting import bare_messages
-from zoo.trainer.rewards import get_reward
+from zoo.trainer.rewards import SHORT_ANSWER_VERIFIERS, get_reward
 from zoo.trainer.schedule import seed_of
 from zoo.trainer.tasks.schema import Task, load_jsonl
 
@@ -31,20 +32,25 @@ LOOKUP_CONFIDENCE = 0.5
 
 
 def lookup_experiences(
-    tasks: Iterable[Task], base_model: str, created_at: datetime | None = None
+    tasks: Iterable[Task], base_model: str, created_at: datetime | None = None, *, reward: str | None = None
 ) -> list[Experience]:
-    """Each labelled task (one that fits an experience) as a worked example, in task order."""
+    """Each labelled short-answer task (its verifier, or `reward` when given, checks a final answer) that
+    fits an experience, as a worked example, in task order. A task an experience cannot hold (a control
+    character in its question, an answer too long) is left out, not fatal."""
     when = created_at or datetime(2026, 1, 1, tzinfo=UTC)  # fixed: the same tasks give the same library
     out: dict[str, Experience] = {}
     for t in tasks:
-        if t.answer is None or len(t.question) > MAX_QUESTION_CHARS or len(t.answer) > MAX_ANSWER_CHARS:
+        if t.answer is None or (reward or t.verifier) not in SHORT_ANSWER_VERIFIERS:
             continue
         reasoning = {"reasoning": t.reasoning} if t.reasoning else {}
-        e = Experience.create(
-            text=t.question, domain=t.domain, kind="example", answer=" ".join(t.answer.split()),
-            confidence=LOOKUP_CONFIDENCE, author=LOOKUP_AUTHOR, base_model=base_model, created_at=when,
-            **reasoning,  # type: ignore[arg-type]
-        )  # fmt: skip
+        try:
+            e = Experience.create(
+                text=t.question, domain=t.domain, kind="example", answer=" ".join(t.answer.split()),
+                confidence=LOOKUP_CONFIDENCE, author=LOOKUP_AUTHOR, base_model=base_model, created_at=when,
+                **reasoning,  # type: ignore[arg-type]
+            )  # fmt: skip
+        except ValidationError:
+            continue
         out.setdefault(e.id, e)
     return list(out.values())
 

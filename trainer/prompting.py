@@ -74,13 +74,29 @@ class PromptPath:
         lib = Library.create(version=1, base_model=self.base_model, experiences=library)
         return RetrievalIndex.build(lib, self.embedder, self._vectors)  # type: ignore[arg-type]
 
-    def offered(self, task: Task, library: Sequence[Experience], index: RetrievalIndex | None) -> list[Hit]:
-        """The experiences retrieved for `task`, best first, those below the relevance gate left out."""
+    def offered(
+        self,
+        task: Task,
+        library: Sequence[Experience],
+        index: RetrievalIndex | None,
+        *,
+        leave_out_own: bool = False,
+    ) -> list[Hit]:
+        """The experiences retrieved for `task`, best first, those below the relevance gate left out. With
+        `leave_out_own`, a worked example of this very question is left out too (the next one moves up):
+        training rollouts that could copy their own reference answer would all succeed and teach nothing."""
         if self.k == 0 or not library:
             return []
+        own = task.question.strip() if leave_out_own else None
+
+        def mine(h: Hit) -> bool:
+            return h.experience.kind == "example" and h.experience.text == own
+
         if index is None:
-            return [Hit(e, 1.0) for e in library]
-        return index.search(task.question, k=self.k, min_score=self.serving.min_similarity)
+            return [h for e in library if not mine(h := Hit(e, 1.0))]
+        extra = 1 if leave_out_own else 0
+        hits = index.search(task.question, k=self.k + extra, min_score=self.serving.min_similarity)
+        return [h for h in hits if not mine(h)][: self.k]
 
     def messages(self, task: Task, hits: Sequence[Hit]) -> tuple[Messages, list[Experience]]:
         """The prompt for `task` with `hits` assembled into it, and the experiences that fitted."""

@@ -71,8 +71,12 @@ _SPEC_OPTIONS: list[tuple[str, str, Any, str]] = [
     ("--critic-model", "critic_model", str, "The critic endpoint's model (key: $ZOO_NODE_CRITIC_API_KEY)."),
     ("--min-similarity", "min_similarity", float, "Relevance gate (default: inference.min_similarity)."),
     ("--base", "base", str, "Start from the 'current' library or an 'empty' one."),
-    ("--lookup-start/--no-lookup-start", "lookup_start", bool,
-     "Start with every labelled training task as a worked example (default: on)."),
+    (
+        "--lookup-start/--no-lookup-start",
+        "lookup_start",
+        bool,
+        "Start with every labelled training task as a worked example (default: on).",
+    ),
     ("--seed", "seed", int, "Seed of shuffling, splitting and sampling."),
     ("--description", "description", str, "Description of the learned library version."),
 ]

@@ -11,6 +11,7 @@ import pytest
 from zoo.registry.canonical import (
     SCHEMA_V1,
     SCHEMA_V2,
+    SCHEMA_V3,
     decode_experience,
     decode_library,
     encode_experience,
@@ -82,12 +83,20 @@ def test_a_code_answer_keeps_its_lines_and_a_one_line_answer_is_single_spaced() 
     assert e.answer == "```python\ndef f(x):\n    return  x * 3\n```"  # indentation and inner spaces kept
     assert decode_experience(encode_experience(e)) == e
     assert example(answer="3000\n  m").answer == "3000 m", "not a fenced block: one line, as before"
+    assert example(answer=code.replace("\n", "\r\n")).answer == e.answer
+    assert example(answer="```\n  \n```").answer == "``` ```", "a block with no code is not a code answer"
     # A canonical document must hold the normal form: trailing spaces in a code line are not canonical.
     spaced = encode_experience(e).replace(b"def f(x):\\n", b"def f(x):  \\n")
     assert spaced != encode_experience(e)
     with pytest.raises(ValidationError) as caught:
         decode_experience(spaced)
     assert "answer" in str(caught.value)
+    # A library holding it is format 3: a format-2 reader, which holds answers single-spaced, must refuse it.
+    lib = Library.create(version=1, base_model="m", experiences=[e, example()])
+    assert lib.schema == SCHEMA_V3 and decode_library(encode_library(lib)) == lib
+    with pytest.raises(ValidationError, match=r"must be 'zoo\.experience-library/3' for these experiences"):
+        decode_library(encode_library(lib).replace(SCHEMA_V3.encode(), SCHEMA_V2.encode()))
+    assert Library.create(version=1, base_model="m", experiences=[example()]).schema == SCHEMA_V2
     with pytest.raises(ValidationError) as caught:
         example(answer="```python\n" + "x = 1\n" * 60 + "```")
     assert caught.value.field == "answer" and "1 to 300" in str(caught.value)
@@ -146,7 +155,7 @@ def test_schema_tags_must_match_the_content(library: Library) -> None:
     with pytest.raises(ValidationError, match=r"must be 'zoo\.experience-library/2' for these experiences"):
         decode_library(as_v1)
     with pytest.raises(ValidationError) as caught:
-        decode_library(encode_library(library).replace(SCHEMA_V1.encode(), b"zoo.experience-library/3"))
+        decode_library(encode_library(library).replace(SCHEMA_V1.encode(), b"zoo.experience-library/9"))
     assert caught.value.field == "schema"
 
 

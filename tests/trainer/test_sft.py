@@ -19,16 +19,17 @@ from zoo.inference.models import prepare_bundled_chat_model
 from zoo.node.config import default_cache_dir
 from zoo.registry.canonical import encode_library
 from zoo.registry.errors import ValidationError
+from zoo.registry.experience import Experience
 from zoo.registry.merkle import library_root
 from zoo.trainer.baselines import lookup_library
 from zoo.trainer.gspo.policy import LoraPolicy
 from zoo.trainer.rewards import get_reward, score_group
 from zoo.trainer.sft.job import run_sft
-from zoo.trainer.sft.pairs import PAIRS_FILE, example_pairs, read_pairs, task_pairs
+from zoo.trainer.sft.pairs import PAIRS_FILE, example_pairs, read_pairs, task_pairs, verifiable
 from zoo.trainer.sft.spec import SftSpec
 from zoo.trainer.sft.train import IGNORE, SftRun, encode
 from zoo.trainer.tasks import families
-from zoo.trainer.tasks.schema import Task, load_jsonl, write_jsonl
+from zoo.trainer.tasks.schema import VERIFIER_INSTRUCTIONS, Task, load_jsonl, write_jsonl
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -54,6 +55,19 @@ def test_pairs_answer_as_a_worked_example_and_skip_what_has_no_answer() -> None:
     lib = lookup_library(tasks, MODEL)
     examples = example_pairs(lib.experiences)
     assert [p.completion for p in examples] == [pairs[0].completion] and examples[0].source == "example"
+
+
+def test_a_code_example_is_learned_as_its_code_under_the_code_instruction() -> None:
+    code = "```python\ndef triple(x):\n    return x * 3\n```"
+    e = Experience.create(text="Write a Python function `triple(x)`.", domain="code.functions",
+                          kind="example", answer=code, confidence=0.5, author="job:t",
+                          base_model=MODEL)  # fmt: skip
+    (pair,) = example_pairs([e])
+    assert pair.completion == code
+    assert pair.messages[0]["content"] == VERIFIER_INSTRUCTIONS["unit_tests"]
+    # Its unit tests are not in the library: distillation cannot score a new program against it.
+    assert not verifiable(e) and verifiable(lookup_library(
+        [Task(id="a", question="A rope is 2 m long.", answer="200")], MODEL).experiences[0])  # fmt: skip
 
 
 def test_only_the_completion_and_its_end_of_turn_are_learned(model_path: Path) -> None:

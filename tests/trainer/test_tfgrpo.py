@@ -749,8 +749,14 @@ def code_spec(tmp_path: Path, **changes: Any) -> dict[str, Any]:
 def test_a_run_starts_where_lookup_is_and_keeps_only_what_beats_it(tmp_path: Path, embedder) -> None:
     # Greedy answers are right exactly when a worked example is in the prompt; sampled ones never are.
     policy = convention_policy(sampled_right_every=None)
-    _, result = run_job(tmp_path, embedder, policy, code_spec(tmp_path, lookup_start=True))
+    run, result = run_job(tmp_path, embedder, policy, code_spec(tmp_path, lookup_start=True))
     library = decode_library(Path(result["library"]).read_bytes())
+    # A training rollout sees the other tasks' worked examples, never its own (it would copy the answer).
+    sampled = [c for c in run.backend.recorder.calls if c.stage == "rollout" and c.temperature > 0]
+    assert sampled
+    for c in sampled:
+        shown = [m["content"] for m in c.messages[:-1] if m["role"] == "user"]
+        assert shown and c.user not in shown, (c.user, shown)
     seeded = [e for e in library.experiences if e.provenance.author == LOOKUP_AUTHOR]
     assert result["lookup_start"] == 4
     assert sorted(e.answer for e in seeded) == [f"ITEM-{i}" for i in range(4)]

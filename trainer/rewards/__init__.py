@@ -16,13 +16,14 @@ from zoo.trainer.rewards.base import (
     reward_names,
     score_group,
 )
-from zoo.trainer.rewards.exact import ExactMatch, MajorityVote
+from zoo.trainer.rewards.exact import SHORT_ANSWER_VERIFIERS, ExactMatch, MajorityVote
 from zoo.trainer.rewards.judge import LlmJudge
 from zoo.trainer.rewards.patch import PatchSimilarity
 from zoo.trainer.rewards.unit_tests import UnitTests
 
 __all__ = [
     "REWARDS",
+    "SHORT_ANSWER_VERIFIERS",
     "BaseReward",
     "ExactMatch",
     "LlmJudge",

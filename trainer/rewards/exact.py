@@ -19,6 +19,9 @@ from zoo.trainer.rewards.answers import _key_text, answer_key, answers_match, ex
 from zoo.trainer.rewards.base import BaseReward, RewardResult, _require_answer, _show, register
 from zoo.trainer.tasks.schema import Task
 
+# The verifiers whose reference and extracted answers are short final answers: what a worked example shows.
+SHORT_ANSWER_VERIFIERS = ("exact_match", "majority_vote")
+
 
 @register("exact_match")
 class ExactMatch(BaseReward):

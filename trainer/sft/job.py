@@ -36,7 +36,15 @@ from zoo.trainer.prompting import PromptPath
 from zoo.trainer.report import write_report
 from zoo.trainer.rewards import RewardCache
 from zoo.trainer.sft.collect import Collected, PolicyTokens, verified_pairs
-from zoo.trainer.sft.pairs import PAIRS_FILE, Pair, example_pairs, example_task, task_pairs, write_pairs
+from zoo.trainer.sft.pairs import (
+    PAIRS_FILE,
+    Pair,
+    example_pairs,
+    example_task,
+    task_pairs,
+    verifiable,
+    write_pairs,
+)
 from zoo.trainer.sft.spec import SftSpec
 from zoo.trainer.sft.train import OnStep, SftRun
 from zoo.trainer.tasks.schema import Task
@@ -109,7 +117,7 @@ def make_pairs(
             max_tokens=spec.max_new_tokens,
         )
         index = path.index(library.experiences)
-        examples_asked = [example_task(e) for e in library.experiences if e.kind == "example"]
+        examples_asked = [example_task(e) for e in library.experiences if verifiable(e)]
         asked = {t.question for t in examples_asked}
         # Only tasks the library has something for (past the relevance gate): a rollout with nothing from
         # the library in its prompt would teach the model's own answers, not the library's.

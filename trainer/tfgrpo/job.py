@@ -79,7 +79,7 @@ def lookup_start(
         return []
     have = {e.id for e in held}
     room = max(spec.max_library_size - len(held), 0)
-    fresh = [e for e in lookup_experiences(train, base_model) if e.id not in have]
+    fresh = [e for e in lookup_experiences(train, base_model, reward=spec.reward) if e.id not in have]
     return fresh[:room]
 
 

@@ -64,7 +64,7 @@ from zoo.registry.experience import (
     normalise_answer,
 )
 from zoo.trainer.prompting import PromptPath
-from zoo.trainer.rewards import RewardCache, RewardResult, ascore_group
+from zoo.trainer.rewards import SHORT_ANSWER_VERIFIERS, RewardCache, RewardResult, ascore_group
 from zoo.trainer.rewards.unit_tests import extract_code
 from zoo.trainer.schedule import batches, seed_of, total_steps
 from zoo.trainer.tasks.schema import Task
@@ -211,8 +211,6 @@ class StepWork:
         return "no_change" if not self.candidates else ("reverted" if self.chosen is None else "kept")
 
 
-# Verifiers whose reference and extracted answers are short final answers, fit for a worked example.
-EXAMPLE_VERIFIERS = ("exact_match", "majority_vote")
 # Verifiers that check a program: a rollout that passes every test is a worked example of its code block.
 CODE_VERIFIERS = ("unit_tests",)
 
@@ -237,7 +235,7 @@ def example_candidate(group: Group, spec: TfGrpoSpec) -> Proposal | None:
     verifier = "majority_vote" if spec.label_free else (spec.reward or task.verifier)
     if verifier in CODE_VERIFIERS:
         return code_example(group)
-    if verifier not in EXAMPLE_VERIFIERS:
+    if verifier not in SHORT_ANSWER_VERIFIERS:
         return None
     reference = None if spec.label_free else task.answer
     scores = [r.score for r in group.results]
@@ -427,8 +425,17 @@ class TfGrpoRun:
     def _index(self, library: Sequence[Experience]) -> RetrievalIndex | None:
         return self.prompts.index(library)
 
-    def offered(self, task: Task, library: Sequence[Experience], index: RetrievalIndex | None) -> list[Hit]:
-        return self.prompts.offered(task, library, index)
+    def offered(
+        self,
+        task: Task,
+        library: Sequence[Experience],
+        index: RetrievalIndex | None,
+        *,
+        training: bool = False,
+    ) -> list[Hit]:
+        """What the prompt path retrieves for `task`; for a training rollout, never the task's own worked
+        example (under `lookup_start` every training task has one)."""
+        return self.prompts.offered(task, library, index, leave_out_own=training)
 
     def messages(self, task: Task, hits: Sequence[Hit]) -> tuple[list[dict[str, str]], list[Experience]]:
         return self.prompts.messages(task, hits)
@@ -565,7 +572,7 @@ class TfGrpoRun:
         done = [0]
 
         async def rollouts(task: Task) -> Group:
-            messages, offered = self.messages(task, self.offered(task, s.library, s.index))
+            messages, offered = self.messages(task, self.offered(task, s.library, s.index, training=True))
             processor = self.factors_for(offered)
 
             async def one(g: int) -> str:
