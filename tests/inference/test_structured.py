@@ -20,7 +20,7 @@ from zoo.registry.experience import Experience
 from zoo.trainer.tfgrpo.critic import OperationsReply, operations_schema
 
 IDS = ["exp-0123456789abcdef", "exp-fedcba9876543210"]
-LESSON_IDS = IDS[:1]  # the other one is a worked example: it may be deleted, never rewritten
+LESSON_IDS = IDS[:1]  # the other one is a worked example: the critic may neither rewrite nor delete it
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def ops_request(seed: int = 0, temperature: float = 0.0) -> GenerationRequest:
             f"Library: [{IDS[0]}] When multiplying, check the table. [{IDS[1]}] When adding, carry.",
         },
     ]
-    schema = json.dumps(operations_schema(LESSON_IDS, IDS, max_ops=3))
+    schema = json.dumps(operations_schema(LESSON_IDS, max_ops=3))
     return GenerationRequest(
         messages, max_tokens=200, temperature=temperature, seed=seed,
         response_format=ResponseFormat("json_schema", schema),
@@ -57,7 +57,7 @@ def check_operations(text: str) -> OperationsReply:
     reply = OperationsReply.model_validate(json.loads(text))  # parses, and has the pydantic shape
     assert len(reply.operations) <= 3
     for op in reply.operations:
-        assert op.id in (("",) if op.op == "add" else LESSON_IDS if op.op == "modify" else IDS)
+        assert op.id in (("",) if op.op == "add" else LESSON_IDS)  # a worked example is not the critic's
         if op.op != "delete":  # a lesson the registry accepts: trigger first, 3 to 32 words
             Experience.create(text=op.text, domain="math", confidence=0.5, author="job:t", base_model="m")
     return reply

@@ -8,6 +8,7 @@ import pytest
 
 from zoo.inference.embedder import SentenceTransformerEmbedder
 from zoo.registry.experience import Experience
+from zoo.trainer.tfgrpo.critic import operations_schema
 from zoo.trainer.tfgrpo.operations import Proposal, consolidate, screen_lesson
 
 BASE = "scripted"
@@ -43,7 +44,12 @@ def run(library: list[Experience], proposals: list[Proposal], embedder: Sentence
     )
 
 
-def test_a_worked_example_is_kept_or_deleted_whole(embedder: SentenceTransformerEmbedder) -> None:
+NOT_THE_CRITICS = "a worked example is not the critic's to rewrite or delete"
+
+
+def test_a_worked_example_is_never_the_critics_to_rewrite_or_delete(
+    embedder: SentenceTransformerEmbedder,
+) -> None:
     worked = example("When converting 3 km to the house unit, what do you get?", "3000 m")
     rule = lesson("When converting kilometres to the house unit, write the answer in metres.")
     # A new rule worded like the example's question is a new lesson, not a rewrite of the example.
@@ -57,17 +63,26 @@ def test_a_worked_example_is_kept_or_deleted_whole(embedder: SentenceTransformer
         embedder,
     )
     assert worked in out.experiences, "the example was changed"
-    assert [r["reason"] for r in out.rejected] == ["a worked example cannot be rewritten (delete it instead)"]
+    assert [r["reason"] for r in out.rejected] == [
+        "a worked example is not the critic's to rewrite or delete"
+    ]
     kinds = sorted((e.kind, e.text) for e in out.experiences)
     assert ("example", worked.text) in kinds
     # The added rule merged into the similar rule, or was added beside it; either way it is a lesson.
     assert all(e.kind == "lesson" for e in out.experiences if e.id != worked.id)
 
-    deleted = run([worked, rule], [Proposal(op="delete", target=worked.id, source="t3")], embedder)
-    assert deleted.experiences == [rule]
-    assert deleted.applied == [
-        {"op": "delete", "id": worked.id, "kind": "example", "text": worked.text, "sources": ["t3"]}
+    kept = run([worked, rule], [Proposal(op="delete", target=worked.id, source="t3")], embedder)
+    assert kept.experiences == sorted([worked, rule], key=lambda e: e.id) and kept.applied == []
+    assert [r["reason"] for r in kept.rejected] == [
+        "a worked example is not the critic's to rewrite or delete"
     ]
+    # The critic's grammar offers no example id at all: only lessons can be modified or deleted.
+    shapes = operations_schema([rule.id], 3)["properties"]["operations"]["items"]["anyOf"]
+    assert {s["properties"]["op"]["const"]: s["properties"].get("id", {}).get("enum") for s in shapes} == {
+        "add": None,
+        "modify": [rule.id],
+        "delete": [rule.id],
+    }
 
 
 def test_prune_drops_experiences_whose_rollouts_did_worse_than_their_groups() -> None:

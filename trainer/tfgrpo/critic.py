@@ -73,10 +73,11 @@ LESSON_PATTERN = (
 LESSON_TEXT: dict[str, Any] = {"type": "string", "pattern": LESSON_PATTERN}
 
 
-def operations_schema(lesson_ids: Sequence[str], ids: Sequence[str], max_ops: int) -> dict[str, Any]:
-    """The compare stage's reply as a JSON Schema: at most max_ops operations, each a valid lesson text;
-    a modify names an existing lesson (a worked example is never rewritten), a delete any existing
-    experience (without any, only additions are possible)."""
+def operations_schema(lesson_ids: Sequence[str], max_ops: int) -> dict[str, Any]:
+    """The compare stage's reply as a JSON Schema: at most max_ops operations, each a valid lesson text; a
+    modify or delete names an existing lesson (without any, only additions are possible). Worked examples
+    are not the critic's: a reference or a verifier vouches for each, and only validation credit or the size
+    cap removes one."""
 
     def shape(op: str, **fields: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -89,8 +90,7 @@ def operations_schema(lesson_ids: Sequence[str], ids: Sequence[str], max_ops: in
     shapes = [shape("add", text=LESSON_TEXT)]
     if lesson_ids:
         shapes.append(shape("modify", id={"enum": sorted(lesson_ids)}, text=LESSON_TEXT))
-    if ids:
-        shapes.append(shape("delete", id={"enum": sorted(ids)}))
+        shapes.append(shape("delete", id={"enum": sorted(lesson_ids)}))
     return {
         "type": "object",
         "properties": {
@@ -314,9 +314,7 @@ async def compare(
         max_retries=max_retries,
         max_tokens=max_tokens,
         seed=seed,
-        schema=operations_schema(
-            [e.id for e in experiences if e.kind == "lesson"], [e.id for e in experiences], max_ops
-        ),
+        schema=operations_schema([e.id for e in experiences if e.kind == "lesson"], max_ops),
     )
     return None if reply is None else reply.operations[:max_ops]
 

@@ -190,9 +190,10 @@ async def consolidate(
             raise ValueError("consolidate() takes lesson operations; add worked examples with add_examples()")
         if p.op in ("modify", "delete") and p.target not in by_id:
             outcome.rejected.append({"op": p.op, "id": p.target, "source": p.source, "reason": "unknown id"})
-        elif p.op == "modify" and by_id[p.target].kind != "lesson":
-            # A critic rewrites rules; a worked example is kept or deleted whole, never turned into a rule.
-            reason = "a worked example cannot be rewritten (delete it instead)"
+        elif p.op in ("modify", "delete") and by_id[p.target].kind != "lesson":
+            # A critic edits rules. A worked example is a reference or a verified solution: validation
+            # credit (prune) or the size cap may remove it, a small model's opinion may not.
+            reason = "a worked example is not the critic's to rewrite or delete"
             outcome.rejected.append({"op": p.op, "id": p.target, "source": p.source, "reason": reason})
         elif p.op == "delete":
             deletes.setdefault(p.target, []).append(p)
