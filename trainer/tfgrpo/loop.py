@@ -266,14 +266,15 @@ def code_example(group: Group) -> Proposal | None:
     scores = [r.score for r in group.results]
     if min(scores) >= 1.0 or max(scores) < 1.0:
         return None
-    best = scores.index(max(scores))
-    code = extract_code(group.completions[best]).strip()
+    task = group.task
+    code = extract_code(group.completions[scores.index(max(scores))]).strip()
+    if not code or len(task.question) > MAX_QUESTION_CHARS:
+        return None
     try:
         answer = normalise_answer(f"```python\n{code}\n```")
     except ValueError:  # a character an experience cannot hold
         return None
-    task = group.task
-    if not code or len(answer) > MAX_ANSWER_CHARS or len(task.question) > MAX_QUESTION_CHARS:
+    if len(answer) > MAX_ANSWER_CHARS:
         return None
     return Proposal("add", task.question, "", task.domain, task.id, -1, "example", answer, "")
 
