@@ -367,6 +367,14 @@ def _onchain_roots(wiring: Wiring) -> Any:
 
 async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: float) -> int:
     """Run the node until SIGINT/SIGTERM; returns the process exit code."""
+    # The handlers go in before anything can see the node: a signal that arrives while it starts (a
+    # client that read node.json, say) is a stop request, honoured with the same drain as any other.
+    # Installed later, such a signal met asyncio.run's own handler, which cancelled this task mid-start
+    # and left the servers undrained (or the process stuck on a thread it never stopped).
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     admin_token = (
         cfg.server.admin_token.get_secret_value() if cfg.server.admin_token else data_dir.admin_token()
     )
@@ -489,7 +497,6 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
         )
         servicer.p2p = p2p
 
-    loop = asyncio.get_running_loop()
     supervisor.on_change(lambda _s: loop.create_task(health.update()))
     await health.update()
     await server.start()
@@ -517,9 +524,6 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
     )
     _print_banner(address, metrics_url, http_url, cfg, tls)
 
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     await stop.wait()
 
     log.info("shutting down", grace_period_s=cfg.server.grace_period_s)

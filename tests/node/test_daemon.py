@@ -204,6 +204,49 @@ def test_sigterm_exits_zero_within_grace(start_node) -> None:
     assert again.stop(signal.SIGINT) == 0
 
 
+# Runs the real CLI in a child process whose node sends itself a signal the instant it writes
+# node.json: the moment a client (or the test helpers) first sees it, before it announces itself.
+_SIGNAL_AT_NODE_INFO = """
+import os, signal, sys
+from zoo.node.datadir import DataDir
+from zoo.node.cli.main import app
+
+write, sig, config = DataDir.write_node_info, getattr(signal, sys.argv[1]), sys.argv[2]
+
+def write_then_signal(self, info):
+    write(self, info)
+    os.kill(os.getpid(), sig)
+
+DataDir.write_node_info = write_then_signal
+sys.argv = ["zoo-node", "start", "--config", config]
+app()
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_the_instant_the_node_is_visible_still_drains_and_exits_zero(
+    tmp_path: Path, sig: str
+) -> None:
+    # A client that reads node.json and sends a signal at once used to meet asyncio's own SIGINT
+    # handler, which cancelled the start half-way: no drain, servers left for the garbage collector,
+    # and once (in a full suite run) a process that ignored the signal for 30 s.
+    data_dir = tmp_path / "d"
+    cfg = write_config(tmp_path / "c.toml", base_config(data_dir, {"p2p": {"enabled": False}}))
+    log_file = tmp_path / "node.log"
+    with log_file.open("wb") as out:
+        proc = subprocess.run(
+            [sys.executable, "-c", _SIGNAL_AT_NODE_INFO, sig, str(cfg)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=60,
+        )
+    log = log_file.read_text()
+    assert proc.returncode == 0, log
+    assert log.index('msg="zoo-node listening"') < log.index('msg="shutting down"') < log.index("msg=stopped")
+    assert "never awaited" not in log and "Traceback" not in log, log
+    assert not (data_dir / "node.json").exists()
+
+
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [
