@@ -20,7 +20,11 @@ if TYPE_CHECKING:  # torch is imported by the model's loader; the API's schemas 
     import torch
 
 MAX_SCHEMA_CHARS = 64 * 1024
-_CACHE_SIZE = 64
+# Compiled grammars kept for reuse, by count and by their own reported size: a grammar carries token-mask
+# tables for the whole vocabulary (about 6 MB for the bundled model's operations schema), and every distinct
+# schema a client sends compiles a new one.
+CACHE_ENTRIES = 64
+CACHE_BYTES = 256 * 2**20
 
 
 def parse_response_format(kind: str, schema: str, field: str = "response_format") -> ResponseFormat | None:
@@ -75,15 +79,19 @@ class JsonConstraint:
 
 
 class GrammarCache:
-    """Compiles response formats for one tokenizer; the last few compiled grammars are kept."""
+    """Compiles response formats for one tokenizer; the most recently used grammars are kept, within
+    CACHE_ENTRIES and CACHE_BYTES. This is the only cache: xgrammar's own compiler cache has no bound by
+    default and would keep every grammar ever compiled (a node fed a new schema per request grew without
+    limit), so it is switched off."""
 
     def __init__(self, tokenizer: Any, vocab_size: int) -> None:
         import xgrammar as xgr
 
         self.vocab_size = vocab_size
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
-        self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
         self._compiled: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self.bytes = 0  # the cached grammars' size, as xgrammar reports it
         self._lock = threading.Lock()
 
     def constraint(self, fmt: ResponseFormat) -> JsonConstraint:
@@ -106,7 +114,15 @@ class GrammarCache:
                 "response_format.json_schema", f"cannot be used for constrained decoding: {reason}"
             ) from None
         with self._lock:
-            self._compiled[key] = compiled
-            while len(self._compiled) > _CACHE_SIZE:
-                self._compiled.popitem(last=False)
+            if key not in self._compiled:  # two threads may compile the same schema at once
+                self._compiled[key] = compiled
+                self.bytes += compiled.memory_size_bytes
+            while len(self._compiled) > 1 and (
+                len(self._compiled) > CACHE_ENTRIES or self.bytes > CACHE_BYTES
+            ):
+                _, evicted = self._compiled.popitem(last=False)
+                self.bytes -= evicted.memory_size_bytes
         return compiled
+
+    def __len__(self) -> int:
+        return len(self._compiled)

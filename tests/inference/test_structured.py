@@ -141,3 +141,29 @@ def test_good_response_formats() -> None:
     assert parse_response_format("json_object", "") == ResponseFormat("json_object")
     fmt = parse_response_format("json_schema", '{"type": "object",  "required": []}')
     assert fmt is not None and json.loads(fmt.schema) == {"type": "object", "required": []}
+
+
+def test_compiled_grammars_are_kept_within_a_byte_bound_and_nowhere_else(
+    backend: TransformersBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every distinct schema compiles a grammar of several MB (token-mask tables over the vocabulary).
+    # xgrammar's own compiler cache is unbounded by default: a node fed a new schema per request grew
+    # without limit (a benchmark process reached 24 GB). Only the node's cache may hold them, within bounds.
+    from zoo.inference import structured
+
+    cache = structured.GrammarCache(backend.tokenizer, int(backend.model.config.vocab_size))
+    one = cache.compile(ResponseFormat("json_schema", json.dumps(operations_schema(["exp-a"], 3))))
+    monkeypatch.setattr(structured, "CACHE_BYTES", int(2.5 * one.memory_size_bytes))
+    formats = [
+        ResponseFormat("json_schema", json.dumps(operations_schema([f"exp-{i:04d}"], 3))) for i in range(6)
+    ]
+    for fmt in formats:
+        cache.compile(fmt)
+        assert cache.bytes <= structured.CACHE_BYTES
+    assert len(cache) == 2  # the two most recently used
+    assert cache.bytes == sum(g.memory_size_bytes for g in cache._compiled.values())
+    assert cache._compiler.get_cache_size_bytes() == 0
+    assert cache.compile(formats[-1]) is cache.compile(formats[-1])  # a kept grammar is reused
+    again = cache.compile(formats[0])  # an evicted one compiles again and still constrains
+    constraint = structured.JsonConstraint(again, cache.vocab_size)
+    assert not constraint.is_terminated()
