@@ -209,7 +209,7 @@ async def run_one(name: str, ablation: str, seed: int, base: dict[str, Any], arg
         "curve_validation": [p["validation_score"] for p in report["curve"]],
         "llm_calls_per_step": report["cost"]["llm_calls_per_step"],
         "s_per_step": report["cost"]["wall_s_per_step"], "json_failures": compare["failures"],
-        "json_retries": compare["retries"], "report": result["report"],
+        "json_retries": compare["retries"], "json_cut": compare.get("cut", 0), "report": result["report"],
         "compares": sum(p["groups"] - p["groups_skipped"] for p in report["curve"]),
         "critic_ops": sum(p.get("critic_operations", 0) for p in report["curve"]),
         "critic_ops_usable": sum(p.get("critic_operations_usable", 0) for p in report["curve"]),

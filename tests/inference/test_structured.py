@@ -73,6 +73,40 @@ def test_operations_reply_always_parses_and_fits_the_schema(backend: Transformer
         check_operations(r.text)
 
 
+def test_a_constrained_reply_cut_by_the_token_limit_gives_its_finished_operations(
+    backend: TransformersBackend,
+) -> None:
+    # The schema bounds each lesson's length, not the sum of three: a small model writing long texts ran
+    # into the critic's token limit, its cut reply did not parse, and both retries were cut the same way
+    # (TF-GRPO on code.functions: 7 of 28 compare requests given up on one seed).
+    from zoo.trainer.tfgrpo.critic import JsonStats, ask_json
+    from zoo.trainer.tfgrpo.llm import LLM
+
+    request = ops_request()
+    whole = asyncio.run(generate(backend, request))
+    first = OperationsReply.model_validate(json.loads(whole.text)).operations
+    assert first, whole.text
+
+    # A limit that ends inside the second operation (or the first, if it is the only one).
+    def tokens(text: str) -> int:
+        return len(backend.tokenizer(text)["input_ids"])
+
+    one = json.dumps({"operations": [first[0].model_dump(exclude_defaults=True)]})
+    cut_at = min(tokens(one) + 2, tokens(whole.text) - 2)
+    llm = LLM(backend)
+    stats = JsonStats()
+    reply = asyncio.run(
+        ask_json(llm, request.messages, OperationsReply, "{}", role="compare", stats=stats, max_retries=2,
+                 max_tokens=cut_at, seed=0, schema=json.loads(request.response_format.schema))
+    )  # fmt: skip
+    assert reply is not None
+    assert (stats.cut, stats.retries, stats.failures, llm.ledger.calls) == (1, 0, 0, 1)
+    assert 0 < len(reply.operations) < len(first) or (len(first) == 1 and reply.operations == [])
+    for op in reply.operations:  # finished operations only, each exactly as the model wrote it
+        assert op in first
+    check_operations(json.dumps(reply.model_dump()))
+
+
 def test_unconstrained_model_does_not_manage_it_alone(backend: TransformersBackend) -> None:
     """What the constraint buys: the same request without it is not usable JSON."""
     free = ops_request()

@@ -158,3 +158,27 @@ QUESTION = "A fence is 1 m long. How long is the fence in the record?"
 def test_screen_lesson_turns_away_what_teaches_nothing(text: str, reason: str | None) -> None:
     found = screen_lesson(text, QUESTION)
     assert found == reason if reason is None else (found is not None and reason in found), found
+
+
+@pytest.mark.parametrize(
+    ("cut", "kept"),
+    [
+        # cut inside the second lesson's text: the unfinished string is dropped, never half-kept
+        ('{"operations": [{"op": "add", "text": "When a, do b."}, {"op": "add", "text": "When c', 1),
+        # a modify that named its lesson but had not begun its text
+        ('{"operations": [{"op": "delete", "id": "exp-1"}, {"op": "modify", "id": "exp-2", "te', 1),
+        # the last text finished, only the closing brackets are missing
+        ('{"operations": [{"op": "add", "text": "When a, do b."}, {"op": "add", "text": "When c, do d."', 2),
+        ('{"operations": [{"op": "ad', 0),
+    ],
+)
+def test_a_cut_reply_keeps_exactly_the_operations_it_finished(cut: str, kept: int) -> None:
+    from zoo.trainer.tfgrpo.critic import MergeReply, OperationsReply, finished_part, parse_json_reply
+
+    with pytest.raises(ValueError):
+        parse_json_reply(cut, OperationsReply)
+    reply = finished_part(cut, OperationsReply)
+    assert reply is not None and len(reply.operations) == kept
+    assert all(op.text or op.op == "delete" for op in reply.operations)
+    assert finished_part('{"text": "When a, do', MergeReply) is None  # nothing finished to use
+    assert finished_part("not json at all", OperationsReply) is None

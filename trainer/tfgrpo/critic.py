@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field
+import pydantic_core
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
 from zoo.inference.backend import ResponseFormat
 from zoo.registry.experience import MAX_TEXT_CHARS, MAX_WORDS, TRIGGER_WORDS, Experience
@@ -45,10 +46,30 @@ class OperationModel(BaseModel):
     text: str = ""
 
 
+# The fields an operation needs, by kind: what a reply cut by the token limit must have finished.
+_NEEDS = {"add": ("text",), "modify": ("id", "text"), "delete": ("id",)}
+
+
 class OperationsReply(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     operations: list[OperationModel] = Field(max_length=50)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _finished_operations_only(cls, value: Any, info: ValidationInfo) -> Any:
+        """Validating the prefix of a reply cut by the token limit (context {"cut": True}): keep only the
+        operations it finished; the one it was writing is dropped, never guessed."""
+        if info.context and info.context.get("cut") and isinstance(value, dict):
+            ops = value.get("operations")
+            if isinstance(ops, list):
+                done = [
+                    op
+                    for op in ops
+                    if isinstance(op, dict) and all(f in op for f in _NEEDS.get(str(op.get("op")), ("?",)))
+                ]
+                value = {**value, "operations": done}
+        return value
 
 
 class MergeReply(BaseModel):
@@ -111,13 +132,15 @@ MERGE_SCHEMA: dict[str, Any] = {
 
 @dataclass
 class JsonStats:
-    """Replies that needed a retry, and requests given up after every retry, per stage."""
+    """Replies that needed a retry, requests given up after every retry, and constrained replies cut by the
+    token limit whose finished part was used, per stage."""
 
     retries: int = 0
     failures: int = 0
+    cut: int = 0
 
     def to_json(self) -> dict[str, int]:
-        return {"retries": self.retries, "failures": self.failures}
+        return {"retries": self.retries, "failures": self.failures, "cut": self.cut}
 
 
 class JsonReplyError(ValueError):
@@ -143,6 +166,17 @@ def parse_json_reply(text: str, model: type[M]) -> M:
                 where = ".".join(str(p) for p in problem["loc"]) or "reply"
                 last_error = f"{where}: {problem['msg']}"
     raise JsonReplyError(last_error)
+
+
+def finished_part(text: str, model: type[M]) -> M | None:
+    """What a grammar-constrained reply cut by the token limit finished, or None. The grammar makes the
+    text a valid prefix of a schema-conforming reply, so it parses as partial JSON (pydantic's partial mode
+    drops the unfinished string); the model, told the reply was cut, keeps only finished items."""
+    try:
+        value = pydantic_core.from_json(text, allow_partial=True)
+        return model.model_validate(value, context={"cut": True})
+    except (ValueError, pydantic.ValidationError):
+        return None
 
 
 async def ask_json(
@@ -172,6 +206,12 @@ async def ask_json(
         try:
             return parse_json_reply(reply.text, model)
         except JsonReplyError as e:
+            # Under a grammar the only way to an unparsable reply is the token limit: its finished part is
+            # sound, and a retry would be cut the same way (the schema bounds each text, not their sum).
+            finished = finished_part(reply.text, model) if fmt and reply.finish_reason == "length" else None
+            if finished is not None:
+                stats.cut += 1
+                return finished
             convo = [
                 *messages,
                 {"role": "assistant", "content": reply.text[:2000]},

@@ -155,7 +155,7 @@ class TrainState:
             rejected=list(data.get("rejected") or []),
             reverted=list(data.get("reverted") or []),
             json_stats={
-                k: critic.JsonStats(int(v["retries"]), int(v["failures"]))
+                k: critic.JsonStats(int(v["retries"]), int(v["failures"]), int(v.get("cut", 0)))
                 for k, v in (data.get("json") or {}).items()
             },
             ledger=Ledger.from_json(data.get("ledger")),
