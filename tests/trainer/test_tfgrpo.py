@@ -230,7 +230,7 @@ def test_malformed_json_is_retried_with_a_stricter_instruction_and_counted(tmp_p
     assert len(retried) == informative
     assert "invalid JSON" in retried[0].last or "no JSON" in retried[0].last
     report = json.loads(Path(result["report"]).read_text())
-    assert report["json"]["compare"] == {"retries": informative, "failures": 0}
+    assert report["json"]["compare"] == {"retries": informative, "failures": 0, "cut": 0}
 
 
 def test_json_that_never_parses_is_given_up_and_reported_not_fatal(tmp_path: Path, embedder) -> None:
