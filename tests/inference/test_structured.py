@@ -17,7 +17,8 @@ from zoo.inference.transformers_backend import TransformersBackend
 from zoo.node.config import default_cache_dir
 from zoo.registry.errors import ValidationError
 from zoo.registry.experience import Experience
-from zoo.trainer.tfgrpo.critic import OperationsReply, operations_schema
+from zoo.trainer.tfgrpo.critic import JsonStats, OperationsReply, ask_json, operations_schema
+from zoo.trainer.tfgrpo.llm import LLM
 
 IDS = ["exp-0123456789abcdef", "exp-fedcba9876543210"]
 LESSON_IDS = IDS[:1]  # the other one is a worked example: the critic may neither rewrite nor delete it
@@ -78,10 +79,7 @@ def test_a_constrained_reply_cut_by_the_token_limit_gives_its_finished_operation
 ) -> None:
     # The schema bounds each lesson's length, not the sum of three: a small model writing long texts ran
     # into the critic's token limit, its cut reply did not parse, and both retries were cut the same way
-    # (TF-GRPO on code.functions: 7 of 28 compare requests given up on one seed).
-    from zoo.trainer.tfgrpo.critic import JsonStats, ask_json
-    from zoo.trainer.tfgrpo.llm import LLM
-
+    # (TF-GRPO on code.functions: 7 of 14 compare requests given up on one seed).
     request = ops_request()
     whole = asyncio.run(generate(backend, request))
     first = OperationsReply.model_validate(json.loads(whole.text)).operations

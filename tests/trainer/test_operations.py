@@ -8,7 +8,13 @@ import pytest
 
 from zoo.inference.embedder import SentenceTransformerEmbedder
 from zoo.registry.experience import Experience
-from zoo.trainer.tfgrpo.critic import operations_schema
+from zoo.trainer.tfgrpo.critic import (
+    MergeReply,
+    OperationsReply,
+    finished_part,
+    operations_schema,
+    parse_json_reply,
+)
 from zoo.trainer.tfgrpo.operations import Proposal, consolidate, screen_lesson
 
 BASE = "scripted"
@@ -173,8 +179,6 @@ def test_screen_lesson_turns_away_what_teaches_nothing(text: str, reason: str | 
     ],
 )
 def test_a_cut_reply_keeps_exactly_the_operations_it_finished(cut: str, kept: int) -> None:
-    from zoo.trainer.tfgrpo.critic import MergeReply, OperationsReply, finished_part, parse_json_reply
-
     with pytest.raises(ValueError):
         parse_json_reply(cut, OperationsReply)
     reply = finished_part(cut, OperationsReply)

@@ -50,6 +50,11 @@ class OperationModel(BaseModel):
 _NEEDS = {"add": ("text",), "modify": ("id", "text"), "delete": ("id",)}
 
 
+def _finished(op: dict[str, Any]) -> bool:
+    kind = op.get("op")
+    return kind in _NEEDS and all(name in op for name in _NEEDS[kind])
+
+
 class OperationsReply(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -63,11 +68,7 @@ class OperationsReply(BaseModel):
         if info.context and info.context.get("cut") and isinstance(value, dict):
             ops = value.get("operations")
             if isinstance(ops, list):
-                done = [
-                    op
-                    for op in ops
-                    if isinstance(op, dict) and all(f in op for f in _NEEDS.get(str(op.get("op")), ("?",)))
-                ]
+                done = [op for op in ops if isinstance(op, dict) and _finished(op)]
                 value = {**value, "operations": done}
         return value
 
