@@ -25,7 +25,7 @@ from zoo.trainer.baselines import lookup_library
 from zoo.trainer.gspo.policy import LoraPolicy
 from zoo.trainer.rewards import get_reward, score_group
 from zoo.trainer.sft.job import run_sft
-from zoo.trainer.sft.pairs import PAIRS_FILE, example_pairs, read_pairs, task_pairs, verifiable
+from zoo.trainer.sft.pairs import PAIRS_FILE, example_pairs, read_pairs, task_pairs
 from zoo.trainer.sft.spec import SftSpec
 from zoo.trainer.sft.train import IGNORE, SftRun, encode
 from zoo.trainer.tasks import families
@@ -65,9 +65,6 @@ def test_a_code_example_is_learned_as_its_code_under_the_code_instruction() -> N
     (pair,) = example_pairs([e])
     assert pair.completion == code
     assert pair.messages[0]["content"] == VERIFIER_INSTRUCTIONS["unit_tests"]
-    # Its unit tests are not in the library: distillation cannot score a new program against it.
-    assert not verifiable(e) and verifiable(lookup_library(
-        [Task(id="a", question="A rope is 2 m long.", answer="200")], MODEL).experiences[0])  # fmt: skip
 
 
 def test_only_the_completion_and_its_end_of_turn_are_learned(model_path: Path) -> None:
@@ -132,14 +129,18 @@ def test_rft_keeps_only_what_the_verifier_passes(model_path: Path, tmp_path: Pat
 
 
 def test_distill_answers_as_the_library_did_without_it(model_path: Path, tmp_path: Path) -> None:
-    """A library of eight worked length examples distilled with its rollouts (asked with the library in the
-    prompt, learned without it): the adapter answers held-out tasks with no experience in the prompt, and
-    names the library it came from."""
+    """A library of eight worked length examples distilled with its rollouts on eight other tasks (asked with
+    the library in the prompt, learned without it): the adapter answers held-out tasks with no experience in
+    the prompt, and names the library it came from."""
     library = lookup_library(load_jsonl(lengths("train", 8, tmp_path)), MODEL)
     (tmp_path / "lib.json").write_bytes(encode_library(library))
+    # The dataset: the examples' own questions (answered by the library already: no rollout there) and
+    # eight others.
+    others = load_jsonl(families.path("lengths", "train"))[14:22]
+    write_jsonl(tmp_path / "data.jsonl", load_jsonl(tmp_path / "lengths-train.jsonl") + others)
     spec = SftSpec.parse({"kind": "distill", "experiences": str(tmp_path / "lib.json"), "epochs": 4,
-                          "learning_rate": 1e-3, "samples": 2, "max_new_tokens": 32,
-                          "dataset": str(lengths("train", 8, tmp_path)),
+                          "learning_rate": 1e-3, "samples": 4, "max_new_tokens": 32,
+                          "dataset": str(tmp_path / "data.jsonl"),
                           "validation": str(lengths("validation", 8, tmp_path)),
                           "validation_max_tokens": 32})  # fmt: skip
     result = run_sft(spec, model_path, tmp_path / "out", model_id=MODEL,
@@ -149,10 +150,12 @@ def test_distill_answers_as_the_library_did_without_it(model_path: Path, tmp_pat
     provenance = json.loads((tmp_path / "out" / "adapter" / PROVENANCE_FILE).read_text())
     assert provenance["kind"] == "distill" and provenance["library_root"] == root
     report = json.loads(Path(result["report"]).read_text())
-    assert report["pairs"]["example"] == 8 and report["pairs"].get("rollout", 0) >= 4, report["pairs"]
-    assert report["rollouts"]["tasks"] == 8  # the dataset asks the examples' own questions: each once
+    assert report["pairs"]["example"] == 8 and report["pairs"].get("rollout", 0) >= 3, report["pairs"]
+    assert report["rollouts"]["tasks"] == 8  # the eight others: an example's own question has its answer
+    other_ids = {t.id for t in others}
     for p in read_pairs(tmp_path / "out" / PAIRS_FILE):  # learned without the library in the prompt
         assert len(p.messages) == 2 and "Worked examples" not in p.messages[0]["content"]
+        assert p.source == "example" or p.id in other_ids, p
     # Eight held-out tasks: none right before, most after (0.5 and 1.0 seen over library and data changes).
     assert result["baseline_validation_score"] <= 0.125 and result["validation_score"] >= 0.5, result
 

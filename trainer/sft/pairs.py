@@ -47,17 +47,11 @@ def task_pairs(tasks: Iterable[Task], instruction: str | None = None) -> list[Pa
 
 
 def example_task(e: Experience) -> Task:
-    """A worked example as a task: its question, its answer as the reference, exact-match verified. A code
-    example is asked under the code instruction, as the task it came from was (its unit tests are not in
-    the library, so no verifier can score a new program for it: see `verifiable`)."""
+    """A worked example as a task: its question, its answer as the reference. A code example is asked under
+    the code instruction, as the task it came from was."""
     code = VERIFIER_INSTRUCTIONS["unit_tests"] if e.answer is not None and is_code_answer(e.answer) else None
     return Task(id=f"ex-{e.id}", question=e.text, answer=e.answer, domain=e.domain, reasoning=e.reasoning,
                 instruction=code)  # fmt: skip
-
-
-def verifiable(e: Experience) -> bool:
-    """Whether a rollout on this example's question can be scored against it: short answers, not code."""
-    return e.kind == "example" and e.answer is not None and not is_code_answer(e.answer)
 
 
 def example_pairs(experiences: Iterable[Experience], instruction: str | None = None) -> list[Pair]:
