@@ -55,22 +55,6 @@ INSTRUCTIONS = {
 }
 
 
-def sums_files(out: Path) -> tuple[Path, Path]:
-    """The sums family: every single-digit pair once, shuffled (fixed seed), 24 train and 16 test tasks."""
-    import random
-
-    from zoo.trainer.tasks.schema import Task, write_jsonl
-
-    pairs = [(a, b) for a in range(1, 10) for b in range(1, 10)]
-    random.Random(13).shuffle(pairs)
-    tasks = [Task(id=f"sum-{a}-{b}", question=f"What is {a} + {b}?", answer=str(a + b), domain="math.sums")
-             for a, b in pairs]  # fmt: skip
-    train, test = out / "sums-train.jsonl", out / "sums-test.jsonl"
-    write_jsonl(train, tasks[:24])
-    write_jsonl(test, tasks[24:40])
-    return train, test
-
-
 def lookup_score(
     model: Path, train_file: Path, test_file: Path, args: argparse.Namespace
 ) -> dict[str, float]:
@@ -166,7 +150,8 @@ def main() -> None:
     out = args.out or Path(tempfile.mkdtemp(prefix="zoo-bench-gspo-learning-"))
     out.mkdir(parents=True, exist_ok=True)
     if args.family == "sums":
-        train_file, test_file = sums_files(out)
+        sums = families.write_sums(out)
+        train_file, test_file = sums["train"], sums["test"]
     else:
         train_file, test_file = families.path("habitats", "train"), families.path("habitats", "test")
     print(

@@ -33,15 +33,17 @@ score per step, mean over seeds, per ablation) and results.json in --out.
 Every score is measured as `zoo-node eval` measures it (trainer/evaluate.py: the node's prompt assembly,
 k and budget, greedy), on tasks no method trains or validates on. Report honestly whatever it shows.
 
-Run: ./zoo bench tfgrpo [--family lengths,habitats] [--ablations both,cold,lessons,examples,g1] [--seeds 3]
-         [--methods lookup,sft,rft,tfgrpo,distill,gspo] [--label-free]
+Run: ./zoo bench tfgrpo [--family lengths,habitats,functions,sums] [--ablations both,cold,lessons,examples,g1]
+         [--seeds 3] [--methods lookup,sft,rft,tfgrpo,distill,gspo] [--label-free]
+         [--epochs 1] [--group-size 5] [--backend transformers|openai --base-url URL --model NAME]
+         [--dataset F --validation F --test F] [--parallel N] [--out DIR]
 
 `--family functions` (verifier-only: no reference answers) has no lookup or sft; rft (rejection-sampling
 fine-tuning: sample, keep what the unit tests pass, fine-tune) is its plain alternative. `--label-free`
 hides the labels: TF-GRPO scores rollouts by majority vote, and lookup and sft learn the model's own
-majority answers (5 samples a task), the best a user without labels could do the simple way.
-         [--epochs 1] [--group-size 5] [--backend transformers|openai --base-url URL --model NAME]
-         [--dataset F --validation F --test F] [--parallel N] [--out DIR]
+majority answers (5 samples a task), the best a user without labels could do the simple way. Its family is
+`sums` (single-digit sums, families.sums): the convention families score 0 zero-shot, so the model's own
+majority answers there are all wrong, while on sums they are partly right.
 
 With --out, results.json is rewritten after every run and a later invocation with the same --out runs
 only what is missing (the whole matrix takes hours on CPU). --parallel N runs N TF-GRPO runs at once on
@@ -142,14 +144,20 @@ def load_backend(args: argparse.Namespace) -> Any:
     return TransformersBackend.load(path, "HuggingFaceTB/SmolLM2-135M-Instruct", "cpu", args.dtype)
 
 
-def task_sets(args: argparse.Namespace) -> dict[str, dict[str, Path]]:
+def task_sets(args: argparse.Namespace, out: Path) -> dict[str, dict[str, Path]]:
+    """Each family's split files: the shipped families', sums written into `out`, or the user's own."""
     if args.dataset:
         if not (args.validation and args.test):
             raise SystemExit("--dataset needs --validation and --test (the held-out tasks) too")
         return {
             Path(args.dataset).stem: {"train": args.dataset, "validation": args.validation, "test": args.test}
         }
-    return {f: {s: families.path(f, s) for s, _ in families.SPLITS} for f in args.family.split(",")}
+    names = args.family.split(",")
+    known = [*families.FAMILIES, *families.VERIFIER_ONLY, "sums"]
+    if unknown := sorted(set(names) - set(known)):
+        raise SystemExit(f"unknown families {unknown}: choose from {', '.join(known)}")
+    shipped = {f: {s: families.path(f, s) for s, _ in families.SPLITS} for f in names if f != "sums"}
+    return {f: families.write_sums(out) if f == "sums" else shipped[f] for f in names}
 
 
 def kinds_of(report: dict[str, Any]) -> Counter[str]:
@@ -537,7 +545,7 @@ async def main() -> None:
         tmp.write_text(json.dumps(everything, indent=2, default=str))
         tmp.replace(path)
 
-    for name, paths in task_sets(args).items():
+    for name, paths in task_sets(args, out).items():
         results = everything.setdefault(name, {})
         await run_family(name, paths, args, backend, embedder, out, results, checkpoint)
         plot(name, results, out / f"curves-{name}.png")

@@ -280,6 +280,20 @@ def test_convention_families_are_reproducible_balanced_and_disjoint(tmp_path: Pa
         assert eval(shown) == int(task.answer), task.reasoning
 
 
+def test_sums_are_every_single_digit_pair_in_disjoint_splits_written_where_asked(tmp_path: Path) -> None:
+    from zoo.trainer.tasks import families
+
+    paths = families.write_sums(tmp_path / "sums")
+    splits = {name: load_jsonl(p) for name, p in paths.items()}
+    assert {name: len(tasks) for name, tasks in splits.items()} == {"train": 24, "validation": 12, "test": 16}
+    questions = [t.question for tasks in splits.values() for t in tasks]
+    assert len(set(questions)) == 52, "no question in two splits"
+    for task in (t for tasks in splits.values() for t in tasks):
+        a, b = (int(x) for x in task.question.removeprefix("What is ").removesuffix("?").split(" + "))
+        assert 1 <= a <= 9 and 1 <= b <= 9 and task.answer == str(a + b)
+    assert splits == families.sums(), "the same every time: benchmarks' figures are on this split"
+
+
 def test_unset_prompt_settings_come_from_the_serving_side() -> None:
     from zoo.inference.defaults import ServingDefaults
     from zoo.trainer.tfgrpo.spec import TfGrpoSpec

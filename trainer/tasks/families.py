@@ -143,6 +143,29 @@ def functions(rng: random.Random) -> list[Task]:
     return out
 
 
+def sums() -> dict[str, list[Task]]:
+    """Every single-digit sum once ("What is 7 + 5?", answer 12), in a fixed shuffle: 24 train and 16 test
+    tasks (the GSPO learning benchmark's split since issue 13), then 12 for validation. Unlike the families
+    above, the bundled model gets these partly right zero-shot, so its own majority answers are partly
+    right: the labelled family that label-free learning (majority vote in place of the labels) is measured
+    on. Not shipped: the benchmarks write it where they run (`write_sums`)."""
+    pairs = [(a, b) for a in range(1, 10) for b in range(1, 10)]
+    random.Random(13).shuffle(pairs)
+    tasks = [Task(id=f"sum-{a}-{b}", question=f"What is {a} + {b}?", answer=str(a + b), domain="math.sums")
+             for a, b in pairs]  # fmt: skip
+    return {"train": tasks[:24], "validation": tasks[40:52], "test": tasks[24:40]}
+
+
+def write_sums(out_dir: Path) -> dict[str, Path]:
+    """The sums family's splits as sums-<split>.jsonl in `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for split_name, tasks in sums().items():
+        paths[split_name] = path("sums", split_name, out_dir)
+        write_jsonl(paths[split_name], tasks)
+    return paths
+
+
 FAMILIES = {"lengths": lengths, "habitats": habitats}
 # Families whose tasks have a verifier but no reference answer: what SFT cannot learn from, and where
 # TF-GRPO, GSPO and rejection-sampling fine-tuning compete.
