@@ -38,6 +38,7 @@ from zoo.trainer.tfgrpo.loop import (
     confidence_of,
     example_candidate,
 )
+from zoo.trainer.tfgrpo.operations import Outcome, add_examples
 from zoo.trainer.tfgrpo.spec import TfGrpoSpec
 
 GOOD = "When adding two numbers, add the ones digits first and then the tens digits."
@@ -943,6 +944,39 @@ def test_an_example_shows_the_reference_and_its_working(tmp_path: Path) -> None:
     agreed = example_candidate(group((0.0, "3"), (1.0, "300 feet")), label_free)
     assert agreed is not None and (agreed.answer, agreed.reasoning) == ("300 feet", "")
     assert example_candidate(group((0.0, "3"), (0.0, "30")), label_free) is None
+
+
+def test_a_group_of_programs_proposes_its_shortest_passing_one_and_a_long_one_is_refused_on_record(
+    tmp_path: Path,
+) -> None:
+    task = Task(id="fn", question="Write a Python function `triple(x)` that returns x times 3.",
+                verifier="unit_tests", verifier_args={"tests": "from solution import triple\n"})  # fmt: skip
+    spec = TfGrpoSpec.parse({"dataset": str(tasks_file(tmp_path, 1))})
+    short = "def triple(x):\n    return 3 * x"
+    long = "def triple(x):\n    # three times x, written out step by step\n    y = x + x\n    return y + x"
+    wrong = "def triple(x):\n    return x + 3"
+
+    def group(*graded: tuple[float, str]) -> Group:
+        n = len(graded)
+        return Group(task, [f"```python\n{code}\n```" for _, code in graded],
+                     [RewardResult(score, "") for score, _ in graded], [0.0] * n, [[]] * n, [])  # fmt: skip
+
+    chosen = example_candidate(group((1.0, long), (0.0, wrong), (1.0, short)), spec)
+    assert chosen is not None and chosen.answer == f"```python\n{short}\n```", "the shortest that passed"
+    assert example_candidate(group((1.0, short), (1.0, long)), spec) is None, "all passed: nothing to teach"
+    assert example_candidate(group((0.0, wrong), (0.0, wrong)), spec) is None, "nothing passed"
+    # A program too long for an example is proposed, and the library's check refuses it on the record.
+    body = "\n".join(f"    v{i} = x" for i in range(40))
+    huge = example_candidate(group((1.0, f"def triple(x):\n{body}\n    return 3 * x"), (0.0, wrong)), spec)
+    assert huge is not None and len(huge.answer) > 300
+
+    def make_example(p: Any) -> Experience:
+        return Experience.create(text=p.text, domain="code.functions", kind="example", answer=p.answer,
+                                 confidence=0.5, author="job:t", base_model=MODEL)  # fmt: skip
+
+    outcome = add_examples(Outcome([]), [huge], make_example)
+    assert outcome.experiences == [] and outcome.applied == []
+    assert [r["source"] for r in outcome.rejected] == ["fn"] and "300" in outcome.rejected[0]["reason"]
 
 
 def test_lessons_that_teach_nothing_are_screened_and_reported(tmp_path: Path, embedder) -> None:

@@ -18,7 +18,7 @@ Per epoch the training tasks are shuffled (seeded) and cut into batches; one bat
    `max_ops_per_group` lesson operations. Beside them, every short-answer group proposes a worked example:
    its best rollout's question and final answer when it has a clear winner, the question and its reference
    when it failed wholly; a group of programs (unit tests, no reference) whose rollouts split proposes its
-   first fully passing code block (`experience_kinds` picks lessons, examples or both). Stage 3
+   shortest fully passing code block (`experience_kinds` picks lessons, examples or both). Stage 3
    consolidates the batch's operations (operations.py), then prunes: mostly harmful experiences after
    `drop_after_uses` uses, and the lowest-valued ones over `max_library_size`.
 5. Validation: the changed library is scored on the validation split (greedy, one completion a task);
@@ -259,23 +259,28 @@ def example_candidate(group: Group, spec: TfGrpoSpec) -> Proposal | None:
 
 
 def code_example(group: Group) -> Proposal | None:
-    """The worked example a group of programs teaches: the code block of its first rollout that passed every
-    test, when some rollout failed (a clear winner; a group that all passed teaches nothing new) and the
-    code fits an example. No reference answer exists or is read: the verifier is the only teacher, as in
-    rejection-sampling fine-tuning, but the solution goes into the library instead of the weights."""
+    """The worked example a group of programs teaches: the shortest code block among its rollouts that
+    passed every test, when some rollout failed (a clear winner; a group that all passed teaches nothing
+    new). No reference answer exists or is read: the verifier is the only teacher, as in rejection-sampling
+    fine-tuning, but the solution goes into the library instead of the weights. A program too long for an
+    example is still proposed, so the library's own check refuses it with its reason in the run's report
+    instead of it vanishing uncounted."""
     scores = [r.score for r in group.results]
-    if min(scores) >= 1.0 or max(scores) < 1.0:
+    if min(scores) >= 1.0 or max(scores) < 1.0 or len(group.task.question) > MAX_QUESTION_CHARS:
         return None
+    answers = set()
+    for completion, score in zip(group.completions, scores, strict=True):
+        code = extract_code(completion).strip()
+        if score < 1.0 or not code:
+            continue
+        try:
+            answers.add(normalise_answer(f"```python\n{code}\n```"))
+        except ValueError:  # a character an experience cannot hold
+            continue
+    if not answers:
+        return None
+    answer = min(answers, key=lambda a: (len(a), a))  # the shortest; ties by text, so runs repeat
     task = group.task
-    code = extract_code(group.completions[scores.index(max(scores))]).strip()
-    if not code or len(task.question) > MAX_QUESTION_CHARS:
-        return None
-    try:
-        answer = normalise_answer(f"```python\n{code}\n```")
-    except ValueError:  # a character an experience cannot hold
-        return None
-    if len(answer) > MAX_ANSWER_CHARS:
-        return None
     return Proposal("add", task.question, "", task.domain, task.id, -1, "example", answer, "")
 
 
