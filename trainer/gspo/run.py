@@ -24,7 +24,7 @@ import random
 import shutil
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,8 @@ from zoo.trainer.gspo.policy import LoraPolicy
 from zoo.trainer.gspo.processes import Processes
 from zoo.trainer.gspo.rollouts import Rollouts, generate, stack
 from zoo.trainer.gspo.spec import GspoSpec
-from zoo.trainer.rewards import RewardCache, score_group
+from zoo.trainer.lora_run import LoraRun, OnStep
+from zoo.trainer.rewards import score_group
 from zoo.trainer.schedule import batches, seed_of, total_steps
 from zoo.trainer.tasks.schema import Task
 
@@ -46,7 +47,6 @@ CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.pt"
 STATE_VERSION = 1
 
-OnStep = Callable[[dict[str, Any]], None]
 METRIC_KEYS = ("loss", "ratio_mean", "clip_fraction", "clip_fraction_high", "clip_fraction_low", "kl")
 
 
@@ -54,7 +54,7 @@ def advantages_of_batch(scores: Sequence[float], group_size: int) -> torch.Tenso
     return group_advantages(torch.tensor(list(scores), dtype=torch.float32), group_size)[0]
 
 
-class GspoRun:
+class GspoRun(LoraRun):
     def __init__(
         self,
         spec: GspoSpec,
@@ -67,31 +67,18 @@ class GspoRun:
         processes: Processes | None = None,
         episodes: EpisodeGroups | None = None,
     ) -> None:
-        self.spec = spec
+        torch.manual_seed(spec.seed)
+        steps = total_steps(len(train), spec.batch_size, spec.epochs)
+        super().__init__(spec, policy, validation, steps_total=steps, on_step=on_step, processes=processes)
+        self.spec: GspoSpec = spec
         self.episodes = episodes  # multi-turn environment episodes instead of single completions
-        self.processes = processes or Processes()
-        self.policy = policy
         self.train = list(train)
-        self.validation = list(validation)
         self.out_dir = out_dir
-        self.on_step = on_step
-        self.steps_total = total_steps(len(self.train), spec.batch_size, spec.epochs)
         self.per_epoch = math.ceil(len(self.train) / spec.batch_size)
         self.loss_config = GspoLossConfig(spec.eps_low, spec.eps_high, spec.beta)
         # auto: the fused loss where its Triton kernels run (a CUDA GPU), plain torch elsewhere; "fused"
         # forces it (off a GPU its chunked-torch path: slower, but it never holds tokens x vocab logits).
         self.fused = spec.loss == "fused" or (spec.loss == "auto" and triton_available(policy.device))
-        torch.manual_seed(spec.seed)
-        self.optimizer = torch.optim.AdamW(
-            policy.trainable_parameters(), lr=spec.learning_rate, weight_decay=spec.weight_decay
-        )
-        self.processes.prepare(policy.model, self.optimizer, spec)
-        self.reward_for = RewardCache(spec.reward)
-        self.step = 0
-        self.curve: list[dict[str, Any]] = []
-        self.baseline_validation_score: float | None = None
-        self.validation_score: float | None = None
-        self.wall_s = 0.0
 
     # -- rollouts and rewards --------------------------------------------------------------------------
 
@@ -131,13 +118,8 @@ class GspoRun:
         groups = self.sample(tasks, tag, greedy=greedy)
         return [(g, self.group_scores(t, g.completions)) for t, g in zip(tasks, groups, strict=True)]
 
-    def evaluate(self, tag: str) -> float | None:
-        """The mean greedy score on the validation tasks (None without any), shared out over processes."""
-        if not self.validation:
-            return None
-        mine = self.processes.shard(self.validation)
-        local = [s for _, scores in self.rollout(mine, f"validation-{tag}", greedy=True) for s in scores]
-        return statistics.fmean(self.processes.gather(local))
+    def validation_scores(self, tasks: Sequence[Task], tag: str) -> list[float]:
+        return [s for _, scores in self.rollout(tasks, f"validation-{tag}", greedy=True) for s in scores]
 
     # -- the optimisation ------------------------------------------------------------------------------
 
@@ -281,8 +263,7 @@ class GspoRun:
             self.wall_s += point["wall_s"]
             if last or number % self.spec.checkpoint_every == 0:
                 self.checkpoint()
-            if self.on_step is not None and self.processes.is_main:
-                self.on_step(point)
+            self.notify(point)
 
     def checkpoint(self) -> Path | None:
         """Write the state after `self.step` as checkpoints/step-NNNNNN (whole, then renamed into place):

@@ -18,9 +18,8 @@ interrupted run starts over, and its adapter is written only once it is complete
 from __future__ import annotations
 
 import contextlib
-import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,13 +29,13 @@ from zoo.registry.errors import ValidationError
 from zoo.trainer.gspo.policy import LoraPolicy
 from zoo.trainer.gspo.processes import Processes
 from zoo.trainer.gspo.rollouts import generate
-from zoo.trainer.rewards import RewardCache, score_group
+from zoo.trainer.lora_run import LoraRun, OnStep
+from zoo.trainer.rewards import score_group
 from zoo.trainer.schedule import batches, seed_of, total_steps
 from zoo.trainer.sft.pairs import Pair
 from zoo.trainer.sft.spec import SftSpec
 from zoo.trainer.tasks.schema import Task
 
-OnStep = Callable[[dict[str, Any]], None]
 IGNORE = -100  # the label of a token that is not learned (the prompt, padding)
 
 
@@ -64,7 +63,7 @@ def encode(tokenizer: Any, pair: Pair, max_length: int) -> Encoded:
     return Encoded(ids, len(prompt_ids))
 
 
-class SftRun:
+class SftRun(LoraRun):
     """One supervised run of `policy`'s adapters on `pairs`; `validation` tasks are scored (greedy, the
     bare prompt, the task's verifier) before and after."""
 
@@ -80,48 +79,29 @@ class SftRun:
     ) -> None:
         if not pairs:
             raise ValidationError("spec.dataset", "gives nothing to train on (no pairs)")
-        self.spec = spec
-        self.policy = policy
         self.pairs = list(pairs)
+        # Encoded first: a pair over max_length is refused before any process prepares anything.
         self.encoded = {i: encode(policy.tokenizer, p, spec.max_length) for i, p in enumerate(self.pairs)}
-        self.validation = list(validation)
-        self.on_step = on_step
-        self.processes = processes or Processes()
-        self.steps_total = total_steps(len(self.pairs), spec.batch_size, spec.epochs)
-        self.optimizer = torch.optim.AdamW(
-            policy.trainable_parameters(), lr=spec.learning_rate, weight_decay=spec.weight_decay
-        )
-        self.processes.prepare(policy.model, self.optimizer, spec)
-        self.reward_for = RewardCache(spec.reward)
-        self.step = 0
-        self.curve: list[dict[str, Any]] = []
-        self.baseline_validation_score: float | None = None
-        self.validation_score: float | None = None
-        self.wall_s = 0.0
+        steps = total_steps(len(pairs), spec.batch_size, spec.epochs)
+        super().__init__(spec, policy, validation, steps_total=steps, on_step=on_step, processes=processes)
+        self.spec: SftSpec = spec
 
     # -- validation ------------------------------------------------------------------------------------
 
-    def evaluate(self, tag: str) -> float | None:
-        """The mean greedy score on the validation tasks (None without any), shared out over processes."""
-        if not self.validation:
-            return None
-        mine = self.processes.shard(self.validation)
-        local: list[float] = []
-        if mine:
-            rows = generate(
-                self.policy,
-                mine,
-                group_size=1,
-                max_new_tokens=self.spec.validation_max_tokens,
-                temperature=1.0,
-                top_p=1.0,
-                seeds=[seed_of(tag, self.spec.seed, t.id) for t in mine],
-                instruction=self.spec.instruction,
-                greedy=True,
-            )
-            for task, completion in zip(mine, rows.completions, strict=True):
-                local += [r.score for r in score_group(self.reward_for(task), task, [completion])]
-        return statistics.fmean(self.processes.gather(local))
+    def validation_scores(self, tasks: Sequence[Task], tag: str) -> list[float]:
+        rows = generate(
+            self.policy,
+            tasks,
+            group_size=1,
+            max_new_tokens=self.spec.validation_max_tokens,
+            temperature=1.0,
+            top_p=1.0,
+            seeds=[seed_of(tag, self.spec.seed, t.id) for t in tasks],
+            instruction=self.spec.instruction,
+            greedy=True,
+        )
+        return [r.score for task, completion in zip(tasks, rows.completions, strict=True)
+                for r in score_group(self.reward_for(task), task, [completion])]  # fmt: skip
 
     # -- the optimisation ------------------------------------------------------------------------------
 
@@ -205,8 +185,7 @@ class SftRun:
                     "wall_s": round(time.perf_counter() - step_started, 3),
                 }
                 self.curve.append(point)
-                if self.on_step is not None and self.processes.is_main:
-                    self.on_step(point)
+                self.notify(point)
         self.validation_score = self.evaluate("after")
         self.wall_s = time.perf_counter() - started
 
