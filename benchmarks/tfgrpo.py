@@ -20,7 +20,8 @@ brings with --dataset/--validation/--test) and in one process with one loaded mo
 
 3. distill (per seed, with --methods distill): each "both" run's learned library (and each "cold" one's, as
    distill-cold) distilled into a LoRA adapter (`zoo-node train distill`: its worked examples and its
-   successful rollouts on the train split), scored with no experiences in the prompt; gspo (per seed): a
+   successful rollouts on the training tasks no example answers), scored with no experiences in the
+   prompt; gspo (per seed): a
    GSPO run on the train split, its adapter scored the same way.
 
 Printed per family: every method's test score (mean and standard deviation over seeds), its difference

@@ -222,6 +222,6 @@ app.command("distill")(
         "Distil a library into a LoRA adapter: trained on its worked examples and on the rollouts its "
         "experiences made successful (asked with them, learned without), so the adapter answers as the "
         "library makes the model answer with no experiences in the prompt. --experiences current | a job id "
-        "| a library file; --dataset adds tasks to roll out on.",
+        "| a library file; --dataset names the tasks to roll out on (those no worked example answers).",
     )
 )

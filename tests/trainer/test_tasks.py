@@ -291,7 +291,9 @@ def test_sums_are_every_single_digit_pair_in_disjoint_splits_written_where_asked
     for task in (t for tasks in splits.values() for t in tasks):
         a, b = (int(x) for x in task.question.removeprefix("What is ").removesuffix("?").split(" + "))
         assert 1 <= a <= 9 and 1 <= b <= 9 and task.answer == str(a + b)
-    assert splits == families.sums(), "the same every time: benchmarks' figures are on this split"
+    # The split the benchmarks' sums figures were measured on (issue 13's shuffle): its first tasks pinned.
+    firsts = (splits["train"][0].id, splits["test"][0].id, splits["validation"][0].id)
+    assert firsts == ("sum-4-4", "sum-3-9", "sum-5-8")
 
 
 def test_unset_prompt_settings_come_from_the_serving_side() -> None:

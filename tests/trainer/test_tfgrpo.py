@@ -961,8 +961,9 @@ def test_a_group_of_programs_proposes_its_shortest_passing_one_and_a_long_one_is
         return Group(task, [f"```python\n{code}\n```" for _, code in graded],
                      [RewardResult(score, "") for score, _ in graded], [0.0] * n, [[]] * n, [])  # fmt: skip
 
-    chosen = example_candidate(group((1.0, long), (0.0, wrong), (1.0, short)), spec)
-    assert chosen is not None and chosen.answer == f"```python\n{short}\n```", "the shortest that passed"
+    for order in ((long, short), (short, long)):  # neither the first nor the last that passed: the shortest
+        chosen = example_candidate(group((1.0, order[0]), (0.0, wrong), (1.0, order[1])), spec)
+        assert chosen is not None and chosen.answer == f"```python\n{short}\n```", order
     assert example_candidate(group((1.0, short), (1.0, long)), spec) is None, "all passed: nothing to teach"
     assert example_candidate(group((0.0, wrong), (0.0, wrong)), spec) is None, "nothing passed"
     # A program too long for an example is proposed, and the library's check refuses it on the record.

@@ -117,12 +117,13 @@ def make_pairs(
         index = path.index(library.experiences)
         # A worked example is the reference answer to its own question: a rollout there adds only a
         # noisier copy of it (on lengths, passing rollouts such as "1 m = 1 × 100 = 10 cm. Answer: 100"
-        # taught wrong working: 0.938 with them, where SFT on the examples alone scored 1.000). So rollouts
+        # taught wrong working: 0.938 with them, where plain SFT on the same tasks scored 1.000). So rollouts
         # run on the other dataset tasks, and only those the library has something for (past the relevance
         # gate): a rollout with nothing from the library in its prompt would teach the model's own answers.
+        # An example's text is its question as the library stored it: stripped.
         answered = {e.text for e in library.experiences if e.kind == "example" and e.answer is not None}
-        tasks = [t for t in train
-                 if t.question not in answered and path.offered(t, library.experiences, index)]  # fmt: skip
+        tasks = [t for t in train if t.question.strip() not in answered
+                 and path.offered(t, library.experiences, index)]  # fmt: skip
 
         def with_library(t: Task) -> list[dict[str, str]]:
             return path.messages(t, path.offered(t, library.experiences, index))[0]

@@ -6,8 +6,8 @@ and one verifier-only family, whose tasks have unit tests but no reference answe
 
 They exist to show learning. Arithmetic a model already half knows moves little with experience; on
 these, zero-shot scores are near 0 (or chance for labels) on any model, and what a learned library holds
-is exactly what is missing. Two families, each split into train (what a run learns from), validation (what
-decides keep or revert) and test (held out: only the benchmark scores it):
+is exactly what is missing. Three families, each split into train (what a run learns from), validation
+(what decides keep or revert) and test (held out: only the benchmark scores it):
 
 - conventions.lengths (`lengths-*.jsonl`): lengths are recorded in centimetres. "A shelf is 3 m long. How
   long is the shelf in the record?" has the answer 300 (exact_match reads "300 cm" as 300, "3 m" as 3).

@@ -227,9 +227,9 @@ def example_candidate(group: Group, spec: TfGrpoSpec) -> Proposal | None:
     task's reference answer when the winner scored full marks (the verifier accepted "100 feet" as 100, but
     the example must show the answer as it should be written), else the final answer the rollout wrote. A
     group that failed wholly on a task with a reference teaches the reference. The task's own reasoning,
-    when it carries some, goes with the answer. Label-free runs never see a reference. Only short-answer
-    tasks make examples (not code or patches), and validation decides, as for every candidate, whether the
-    example stays.
+    when it carries some, goes with the answer. Label-free runs never see a reference. Short-answer tasks
+    make examples so, programs checked by unit tests through `code_example`, patches none; validation
+    decides, as for every candidate, whether the example stays.
     """
     task = group.task
     verifier = "majority_vote" if spec.label_free else (spec.reward or task.verifier)
