@@ -30,14 +30,14 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from zoo.inference.adapters import BASE, LoadedAdapters
-from zoo.inference.backend import GenerationRequest, GenerationResult, apply_stop
+from zoo.inference.backend import GenerationRequest
+from zoo.inference.decoding import BatchStats, DecodingState, Detokenizer, Emit
 
 logger = logging.getLogger(__name__)
 
@@ -97,75 +97,12 @@ def supports_ragged(config: Any) -> bool:
 # -- per-request state --------------------------------------------------------------------------------
 
 
-class Detokenizer:
-    """Incremental detokenization (TGI's prefix/read offsets): text appears once its bytes are complete,
-    never re-decoding more than the last few tokens."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-        self.ids: list[int] = []
-        self._prefix = 0
-        self._read = 0
-
-    def push(self, token_id: int) -> str:
-        self.ids.append(token_id)
-        decode = self.tokenizer.decode
-        prefix = decode(self.ids[self._prefix : self._read], skip_special_tokens=True)
-        text = decode(self.ids[self._prefix :], skip_special_tokens=True)
-        if len(text) > len(prefix) and not text.endswith("\ufffd"):
-            self._prefix, self._read = self._read, len(self.ids)
-            return text[len(prefix) :]
-        return ""
-
-
-def held_back(text: str, stops: list[str]) -> int:
-    """How many trailing characters of `text` could still become a stop string (not safe to emit)."""
-    hold = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), hold, -1):
-            if text.endswith(s[:k]):
-                hold = k
-                break
-    return hold
-
-
-Emit = Callable[[Any], None]  # receives text deltas (str), then a GenerationResult or an exception
-
-
 @dataclass
-class Sequence:
-    """One request in the scheduler: prompt, sampling state, what was generated and emitted."""
+class Sequence(DecodingState):
+    """One request in the batcher: its decoding state, sampling generator and adapter row."""
 
-    request: GenerationRequest
-    prompt_ids: list[int]
-    emit: Emit
-    detok: Detokenizer
-    constraint: Any = None  # a TokenConstraint (structured output), or None
     generator: torch.Generator | None = None
-    generated: list[int] = field(default_factory=list)
-    text: str = ""  # decoded so far (cut at a stop string)
-    sent: int = 0  # characters of `text` emitted
-    finish: str = ""
-    enqueued: float = field(default_factory=time.perf_counter)
     adapter_key: str = BASE  # the loaded LoRA adapter this row decodes with
-
-    @property
-    def length(self) -> int:
-        """Tokens of this sequence in the KV cache once its last generated token has been fed."""
-        return len(self.prompt_ids) + len(self.generated)
-
-
-@dataclass
-class BatchStats:
-    """What the scheduler is doing, for status and metrics."""
-
-    running: int = 0
-    waiting: int = 0
-    steps: int = 0
-    tokens: int = 0
-    last_batch: int = 0
-    prefill_seconds: float = 0.0
-    decode_seconds: float = 0.0
 
 
 class ContinuousBatcher:
@@ -257,8 +194,7 @@ class ContinuousBatcher:
                 logger.exception("batched forward pass failed")
                 for seq in [*self._rows, *admitted, *self._parked_rows()]:
                     if not seq.finish:
-                        seq.finish = "error"
-                        seq.emit(e)
+                        seq.fail(e)
                 self._rows, self._cache, self._shadow, self._parked = [], None, False, []
             self.stats.running = len(self._rows) + len(self._parked_rows())
         for seq in pending:
@@ -274,7 +210,7 @@ class ContinuousBatcher:
                 break
             self._waiting.popleft()
             if seq.request.cancel.is_set():
-                self._finish(seq, "cancelled")
+                seq.end("cancelled")
                 continue
             budget -= len(seq.prompt_ids)
             taken.append(seq)
@@ -303,10 +239,9 @@ class ContinuousBatcher:
                 logits = out.logits[0, -1]
                 token = self._sample(seq, logits)
             except Exception as e:  # one bad request (a processor that raises) fails alone
-                seq.finish = "error"
-                seq.emit(e)
+                seq.fail(e)
                 continue
-            if self._accept(seq, token):
+            if seq.accept(token, self.eos_ids, self.context_length):
                 joined.append((seq, cache))
         if joined:
             self._merge(joined)
@@ -336,15 +271,14 @@ class ContinuousBatcher:
         keep: list[int] = []
         for i, seq in enumerate(rows):
             if seq.request.cancel.is_set():
-                self._finish(seq, "cancelled")
+                seq.end("cancelled")
                 continue
             try:
                 token = self._sample(seq, logits[i])
             except Exception as e:
-                seq.finish = "error"
-                seq.emit(e)
+                seq.fail(e)
                 continue
-            if self._accept(seq, token):
+            if seq.accept(token, self.eos_ids, self.context_length):
                 keep.append(i)
         self.stats.steps += 1
         self.stats.last_batch = len(rows)
@@ -376,49 +310,6 @@ class ContinuousBatcher:
             scores = scores.masked_fill(remove.scatter(0, order, remove), float("-inf"))
         probs = scores.softmax(-1)
         return int(torch.multinomial(probs, 1, generator=seq.generator))
-
-    def _accept(self, seq: Sequence, token: int) -> bool:
-        """Record a sampled token and emit text; False when the sequence has finished."""
-        seq.generated.append(token)
-        req = seq.request
-        if seq.constraint is not None:
-            seq.constraint.accept(token)
-        if token in self.eos_ids:
-            return self._finish(seq, "stop")
-        seq.text += seq.detok.push(token)
-        if req.stop:
-            cut, hit = apply_stop(seq.text, req.stop)
-            if hit:
-                seq.text = cut
-                return self._finish(seq, "stop")
-            self._send(seq, len(seq.text) - held_back(seq.text, req.stop))
-        else:
-            self._send(seq, len(seq.text))
-        if seq.constraint is not None and seq.constraint.is_terminated():
-            return self._finish(seq, "stop")
-        if len(seq.generated) >= req.max_tokens or seq.length >= self.context_length:
-            return self._finish(seq, "length")
-        if req.cancel.is_set():
-            return self._finish(seq, "cancelled")
-        return True
-
-    def _send(self, seq: Sequence, upto: int) -> None:
-        if upto > seq.sent:
-            seq.emit(seq.text[seq.sent : upto])
-            seq.sent = upto
-
-    def _finish(self, seq: Sequence, reason: str) -> bool:
-        if reason != "cancelled":
-            # Text the incremental decoder still held (an unfinished character at the very end).
-            full = self.tokenizer.decode(seq.generated, skip_special_tokens=True)
-            full, hit = apply_stop(full, seq.request.stop) if seq.request.stop else (full, False)
-            if len(full) > len(seq.text) and full.startswith(seq.text):
-                seq.text = full
-            reason = "stop" if hit else reason
-        self._send(seq, len(seq.text))
-        seq.finish = reason
-        seq.emit(GenerationResult(seq.text, len(seq.prompt_ids), len(seq.generated), reason))
-        return False
 
     # -- the cache -----------------------------------------------------------------------------------
 

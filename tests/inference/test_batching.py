@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from zoo.inference.backend import GenerationRequest, generate
-from zoo.inference.batching import ContinuousBatcher, Detokenizer, held_back, supports_ragged
+from zoo.inference.batching import ContinuousBatcher, supports_ragged
+from zoo.inference.decoding import Detokenizer, held_back
 from zoo.inference.models import prepare_bundled_chat_model
 from zoo.inference.transformers_backend import TransformersBackend
 from zoo.node.config import default_cache_dir

@@ -1,0 +1,134 @@
+"""What happens to one request's tokens once they are chosen, whatever engine chose them: incremental
+detokenization, stop strings (and the text held back while it could still become one), token and context
+limits, grammar termination, cancellation, and the final result. Both local schedulers (the transformers
+batcher and the llama.cpp one) keep one `DecodingState` a request; this module imports no tensor library.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from zoo.inference.backend import GenerationRequest, GenerationResult, apply_stop
+
+Emit = Callable[[Any], None]  # receives text deltas (str), then a GenerationResult or an exception
+
+
+class Decoder(Protocol):
+    def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str: ...
+
+
+class Detokenizer:
+    """Incremental detokenization (TGI's prefix/read offsets): text appears once its bytes are complete,
+    never re-decoding more than the last few tokens."""
+
+    def __init__(self, tokenizer: Decoder) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self._prefix = 0
+        self._read = 0
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        decode = self.tokenizer.decode
+        prefix = decode(self.ids[self._prefix : self._read], skip_special_tokens=True)
+        text = decode(self.ids[self._prefix :], skip_special_tokens=True)
+        if len(text) > len(prefix) and not text.endswith("\ufffd"):
+            self._prefix, self._read = self._read, len(self.ids)
+            return text[len(prefix) :]
+        return ""
+
+
+def held_back(text: str, stops: list[str]) -> int:
+    """How many trailing characters of `text` could still become a stop string (not safe to emit)."""
+    hold = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), hold, -1):
+            if text.endswith(s[:k]):
+                hold = k
+                break
+    return hold
+
+
+@dataclass
+class DecodingState:
+    """One request in a scheduler: its prompt, what was generated, and what was emitted of it."""
+
+    request: GenerationRequest
+    prompt_ids: list[int]
+    emit: Emit
+    detok: Detokenizer
+    constraint: Any = None  # a grammar constraint (structured output), or None
+    generated: list[int] = field(default_factory=list)
+    text: str = ""  # decoded so far (cut at a stop string)
+    sent: int = 0  # characters of `text` emitted
+    finish: str = ""
+    enqueued: float = field(default_factory=time.perf_counter)
+
+    @property
+    def length(self) -> int:
+        """Tokens of this request in the KV cache once its last generated token has been fed."""
+        return len(self.prompt_ids) + len(self.generated)
+
+    def accept(self, token: int, eos_ids: set[int], context_length: int) -> bool:
+        """Record a sampled token and emit text; False when the request has finished."""
+        self.generated.append(token)
+        req = self.request
+        if self.constraint is not None:
+            self.constraint.accept(token)
+        if token in eos_ids:
+            return self.end("stop")
+        self.text += self.detok.push(token)
+        if req.stop:
+            cut, hit = apply_stop(self.text, req.stop)
+            if hit:
+                self.text = cut
+                return self.end("stop")
+            self.send(len(self.text) - held_back(self.text, req.stop))
+        else:
+            self.send(len(self.text))
+        if self.constraint is not None and self.constraint.is_terminated():
+            return self.end("stop")
+        if len(self.generated) >= req.max_tokens or self.length >= context_length:
+            return self.end("length")
+        if req.cancel.is_set():
+            return self.end("cancelled")
+        return True
+
+    def send(self, upto: int) -> None:
+        if upto > self.sent:
+            self.emit(self.text[self.sent : upto])
+            self.sent = upto
+
+    def end(self, reason: str) -> bool:
+        """Finish with `reason`: emit what is left and the result. Always False (the request is done)."""
+        if reason != "cancelled":
+            # Text the incremental decoder still held (an unfinished character at the very end).
+            full = self.detok.tokenizer.decode(self.generated, skip_special_tokens=True)
+            full, hit = apply_stop(full, self.request.stop) if self.request.stop else (full, False)
+            if len(full) > len(self.text) and full.startswith(self.text):
+                self.text = full
+            reason = "stop" if hit else reason
+        self.send(len(self.text))
+        self.finish = reason
+        self.emit(GenerationResult(self.text, len(self.prompt_ids), len(self.generated), reason))
+        return False
+
+    def fail(self, error: Exception) -> None:
+        self.finish = "error"
+        self.emit(error)
+
+
+@dataclass
+class BatchStats:
+    """What the scheduler is doing, for status and metrics."""
+
+    running: int = 0
+    waiting: int = 0
+    steps: int = 0
+    tokens: int = 0
+    last_batch: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
