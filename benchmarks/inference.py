@@ -8,8 +8,13 @@
    and whether it is healthy afterwards.
 4. Structured output: share of usable TF-GRPO operations JSON from the bundled model, constrained and
    free, and the grammar's cost per generated token.
+5. llama.cpp (issue 35): the llamacpp backend's single stream against llama-cpp-python's own
+   `Llama.create_chat_completion` on the same GGUF and threads (and the transformers backend), alternating.
+6. Launch to first answer with an empty library, and the serving node's resident memory, per backend.
 
-Usage: ./zoo bench inference [--only 1,2,3,4] [--runs 6] [--flood 200]
+Figures 1-4 run on --backend (default llamacpp, the CPU default; transformers for the earlier figures).
+
+Usage: ./zoo bench inference [--only 1,2,3,4,5,6] [--backend llamacpp|transformers] [--runs 6] [--flood 200]
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
@@ -47,24 +53,22 @@ THREADS = 2
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default="1,2,3,4", help="comma-separated figure numbers")
+    ap.add_argument("--only", default="1,2,3,4,5,6", help="comma-separated figure numbers")
+    ap.add_argument("--backend", choices=("llamacpp", "transformers"), default="llamacpp")
     ap.add_argument("--runs", type=int, default=6, help="alternating runs for latency ratios")
     ap.add_argument("--flood", type=int, default=200, help="concurrent requests in the flood")
     ap.add_argument("--structured-samples", type=int, default=12)
     args = ap.parse_args()
     only = {int(x) for x in args.only.split(",")}
 
-    import torch
-
-    torch.set_num_threads(THREADS)
-    path = prepare_bundled_chat_model(default_cache_dir()).path
-    backend = TransformersBackend.load(path, "local", max_batch_size=16)
+    backend = local_backend(args.backend)
     with tempfile.TemporaryDirectory() as tmp:
         # Throughput and overhead: a queue long enough that no client is refused, so rates compare.
         roomy = {"max_batch_size": 16, "max_queued": 256, "max_wait_s": 900}
+        print(f"figures 1-4 on the {args.backend} backend, {THREADS} threads")
         if only & {1, 2}:
             with (
-                running_node(Path(tmp) / "roomy", roomy) as node,
+                running_node(Path(tmp) / "roomy", roomy, args.backend) as node,
                 NodeClient(node.address, timeout_s=900) as c,
             ):
                 if 1 in only:
@@ -75,18 +79,35 @@ def main() -> None:
                     http_vs_grpc(node, c, args.runs)
         if 3 in only:  # the flood meets the default admission settings
             with (
-                running_node(Path(tmp) / "defaults", {}) as node,
+                running_node(Path(tmp) / "defaults", {}, args.backend) as node,
                 NodeClient(node.address, timeout_s=900) as c,
             ):
                 flood(node, c, args.flood)
-    if 4 in only:
-        structured(backend, args.structured_samples)
+        if 4 in only:
+            structured(backend, args.structured_samples)
+        if 5 in only:
+            llamacpp_single_stream(backend if args.backend == "llamacpp" else None, args.runs)
+        if 6 in only:
+            first_answer(Path(tmp), args.runs // 2 or 1)
+
+
+def local_backend(name: str) -> Any:
+    if name == "llamacpp":
+        from zoo.inference.llamacpp.backend import LlamaCppBackend
+        from zoo.inference.models import bundled_gguf
+
+        return LlamaCppBackend.load(bundled_gguf(), "local", max_batch_size=16, threads=THREADS)
+    import torch
+
+    torch.set_num_threads(THREADS)
+    path = prepare_bundled_chat_model(default_cache_dir()).path
+    return TransformersBackend.load(path, "local", max_batch_size=16)
 
 
 @contextlib.contextmanager
-def running_node(where: Path, inference: dict) -> Iterator[NodeProcess]:
+def running_node(where: Path, inference: dict, backend: str) -> Iterator[NodeProcess]:
     where.mkdir()
-    extra = {"model": {"threads": THREADS}, "inference": inference}
+    extra = {"model": {"threads": THREADS, "backend": backend}, "inference": inference}
     node = launch(write_config(where / "bench.toml", base_config(where / "data", extra)), where / "data")
     try:
         node.wait_listening()
@@ -108,14 +129,14 @@ def _grpc_once(client: NodeClient, tokens: int) -> tuple[float, str]:
     return time.perf_counter() - t0, r.text
 
 
-def _local_once(backend: TransformersBackend, tokens: int) -> tuple[float, str]:
+def _local_once(backend: Any, tokens: int) -> tuple[float, str]:
     req = GenerationRequest([{"role": "user", "content": PROMPT}], max_tokens=tokens)
     t0 = time.perf_counter()
     r = asyncio.run(generate(backend, req))
     return time.perf_counter() - t0, r.text
 
 
-def latency(client: NodeClient, backend: TransformersBackend, runs: int) -> None:
+def latency(client: NodeClient, backend: Any, runs: int) -> None:
     tokens = 32
     _grpc_once(client, tokens), _local_once(backend, tokens)  # warm both
     remote, local, same = [], [], True
@@ -259,7 +280,7 @@ def flood(node: NodeProcess, client: NodeClient, n: int) -> None:
     print(f"   afterwards: health {state}, a new request answered: {bool(answer)}")
 
 
-def structured(backend: TransformersBackend, samples: int) -> None:
+def structured(backend: Any, samples: int) -> None:
     from zoo.trainer.tasks.schema import load_shipped
     from zoo.trainer.tfgrpo.critic import OperationsReply, compare_messages, operations_schema
 
@@ -325,6 +346,101 @@ def structured(backend: TransformersBackend, samples: int) -> None:
     sample = asyncio.run(generate(backend, GenerationRequest(convos[0], max_tokens=160,
                                   response_format=ResponseFormat("json_schema", schema))))  # fmt: skip
     print(sample.text[:300])
+
+
+def llamacpp_single_stream(ours: Any, runs: int) -> None:
+    """The llamacpp backend against llama-cpp-python's own chat completion on the same GGUF, threads and
+    prompts, greedy, alternating; the transformers backend beside them. Both llama.cpp engines keep the
+    previous prompt's cache (llama-cpp-python reuses its last prompt's prefix; the backend its slots')."""
+    from llama_cpp import Llama
+
+    from zoo.inference.llamacpp.backend import LlamaCppBackend
+    from zoo.inference.models import bundled_gguf
+
+    gguf = bundled_gguf()
+    ours = ours or LlamaCppBackend.load(gguf, "local", max_batch_size=16, threads=THREADS)
+    ref = Llama(model_path=str(gguf), n_ctx=4096, n_threads=THREADS, n_threads_batch=THREADS, verbose=False)
+    hf = local_backend("transformers")
+    print(f"\n5) single stream on the bundled GGUF, greedy, {THREADS} threads, {runs} alternating runs")
+    for tokens, prompt in ((32, PROMPT), (256, LONG_PROMPT)):
+        messages = [{"role": "user", "content": prompt}]
+
+        def llama_cpp_python(messages: list = messages, tokens: int = tokens) -> tuple[float, int, str]:
+            t0 = time.perf_counter()
+            out = ref.create_chat_completion(messages=messages, max_tokens=tokens, temperature=0.0)
+            dt = time.perf_counter() - t0
+            return dt, out["usage"]["completion_tokens"], out["choices"][0]["message"]["content"]
+
+        def backend(b: Any, messages: list = messages, tokens: int = tokens) -> Any:
+            def once() -> tuple[float, int, str]:
+                t0 = time.perf_counter()
+                r = asyncio.run(generate(b, GenerationRequest(messages, max_tokens=tokens)))
+                return time.perf_counter() - t0, r.completion_tokens, r.text
+
+            return once
+
+        engines = {"llama-cpp-python Llama": llama_cpp_python, "llamacpp backend": backend(ours),
+                   "transformers backend": backend(hf)}  # fmt: skip
+        for fn in engines.values():
+            fn()  # warm: load, caches
+        timing: dict[str, list[tuple[float, int, str]]] = {name: [] for name in engines}
+        for i in range(runs):
+            order = list(engines) if i % 2 == 0 else list(reversed(engines))
+            for name in order:
+                timing[name].append(engines[name]())
+        rates = {n: statistics.median(k / dt for dt, k, _ in t) for n, t in timing.items()}
+        base = rates["llama-cpp-python Llama"]
+        print(f"   {tokens} new tokens ({prompt[:40]}...):")
+        for name, t in timing.items():
+            ms = statistics.median(dt for dt, _, _ in t) * 1000
+            ratio = rates[name] / base
+            print(f"     {name:24s} median {ms:8.1f} ms  {rates[name]:6.1f} tok/s  ratio {ratio:.2f}x")
+        text = {n: t[0][2] for n, t in timing.items()}
+        ours_text = text["llamacpp backend"]
+        print(f"     same text: backend = Llama {ours_text == text['llama-cpp-python Llama']}, "
+              f"backend = transformers {ours_text == text['transformers backend']}")  # fmt: skip
+
+
+def first_answer(tmp: Path, runs: int) -> None:
+    """Seconds from launching `zoo-node start` to the first chat answer over HTTP (empty library, no
+    chain), and the node's resident memory once it has answered, per backend, alternating."""
+    results: dict[str, list[tuple[float, float, float]]] = {"llamacpp": [], "transformers": []}
+    for i in range(runs):
+        for backend in ("llamacpp", "transformers") if i % 2 == 0 else ("transformers", "llamacpp"):
+            where = tmp / f"first-{backend}-{i}"
+            where.mkdir()
+            extra = {"model": {"threads": THREADS, "backend": backend}}
+            t0 = time.perf_counter()
+            node = launch(write_config(where / "n.toml", base_config(where / "data", extra)), where / "data")
+            try:
+                node.wait_listening()
+                url = str(node.info["http"]) + "/v1/chat/completions"
+                body = {"model": "HuggingFaceTB/SmolLM2-135M-Instruct", "max_tokens": 8,
+                        "messages": [{"role": "user", "content": "Say hi."}]}  # fmt: skip
+                while True:
+                    with contextlib.suppress(httpx.TransportError):
+                        if httpx.post(url, json=body, timeout=60).status_code == 200:
+                            break
+                    time.sleep(0.02)
+                took = time.perf_counter() - t0
+                time.sleep(2)  # what it holds once settled, not only at the answer
+                rss = _rss_mb(node.proc.pid)
+                results[backend].append((took, rss, _rss_peak_mb(node.proc.pid)))
+            finally:
+                node.stop()
+    print(f"\n6) launch -> first answer, empty library, {runs} launches each (goal for llamacpp: <= 3 s)")
+    for backend, rows in results.items():
+        took = statistics.median(r[0] for r in rows)
+        rss = statistics.median(r[1] for r in rows)
+        peak = statistics.median(r[2] for r in rows)
+        print(f"   {backend:12s} first answer {took:5.2f} s   resident {rss:6.0f} MB (peak {peak:.0f} MB)")
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 if __name__ == "__main__":

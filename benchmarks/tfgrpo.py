@@ -137,6 +137,11 @@ def load_backend(args: argparse.Namespace) -> Any:
         if not args.base_url or not args.model:
             raise SystemExit("--backend openai needs --base-url and --model")
         return OpenAIBackend(args.base_url, args.model, max_concurrency=args.concurrency)
+    if args.backend == "llamacpp":
+        from zoo.inference.llamacpp.backend import LlamaCppBackend
+        from zoo.inference.models import bundled_gguf
+
+        return LlamaCppBackend.load(bundled_gguf(), "HuggingFaceTB/SmolLM2-135M-Instruct", threads=2)
     from zoo.inference.models import prepare_bundled_chat_model
     from zoo.inference.transformers_backend import TransformersBackend
     from zoo.node.config import default_cache_dir
@@ -506,7 +511,7 @@ async def main() -> None:
     ap.add_argument("--rollout-max-tokens", type=int, default=48)
     ap.add_argument("--critic-max-tokens", type=int, default=192)
     ap.add_argument("--concurrency", type=int, default=8)
-    ap.add_argument("--backend", choices=("transformers", "openai"), default="transformers")
+    ap.add_argument("--backend", choices=("transformers", "llamacpp", "openai"), default="transformers")
     ap.add_argument("--base-url")
     ap.add_argument("--model")
     ap.add_argument("--dtype", default="auto")

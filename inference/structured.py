@@ -13,6 +13,8 @@ import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from zoo.inference.backend import ResponseFormat
 from zoo.registry.errors import ValidationError
 
@@ -70,6 +72,14 @@ class JsonConstraint:
         self._xgr.apply_token_bitmask_inplace(row, self.bitmask.to(row.device), vocab_size=self.vocab_size)
         return row[0]
 
+    def mask_array(self, scores: np.ndarray) -> np.ndarray:
+        """The same for numpy logits (the llama.cpp backend): disallowed tokens set to -inf in place."""
+        self.matcher.fill_next_token_bitmask(self.bitmask)
+        words = self.bitmask.numpy()[0].view(np.uint8)
+        allowed = np.unpackbits(words, bitorder="little")[: len(scores)].astype(bool)
+        scores[~allowed] = -np.inf
+        return scores
+
     def accept(self, token_id: int) -> None:
         if not self.matcher.accept_token(token_id):
             raise RuntimeError(f"token {token_id} violates the response format's grammar")
@@ -78,17 +88,24 @@ class JsonConstraint:
         return bool(self.matcher.is_terminated())
 
 
+def hf_tokenizer_info(tokenizer: Any, vocab_size: int) -> Any:
+    import xgrammar as xgr
+
+    return xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+
+
 class GrammarCache:
     """Compiles response formats for one tokenizer; the most recently used grammars are kept, within
     CACHE_ENTRIES and CACHE_BYTES. This is the only cache: xgrammar's own compiler cache has no bound by
     default and would keep every grammar ever compiled (a node fed a new schema per request grew without
     limit), so it is switched off."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+    def __init__(self, info: Any, vocab_size: int) -> None:
+        """info: the model's vocabulary as an xgrammar TokenizerInfo (`hf_tokenizer_info` for a
+        transformers tokenizer; the llama.cpp backend builds one from the GGUF)."""
         import xgrammar as xgr
 
         self.vocab_size = vocab_size
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
         self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
         self._compiled: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self.bytes = 0  # the cached grammars' size, as xgrammar reports it

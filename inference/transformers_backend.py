@@ -18,7 +18,7 @@ from zoo.inference.adapters import AdapterLoadError
 from zoo.inference.backend import BackendError, Chunk, GenerationRequest, GenerationResult, ResponseFormat
 from zoo.inference.batching import ContinuousBatcher
 from zoo.inference.model_loading import MODEL_LOADING
-from zoo.inference.structured import GrammarCache, JsonConstraint
+from zoo.inference.structured import GrammarCache, JsonConstraint, hf_tokenizer_info
 
 
 def _cpu_computes_bf16() -> bool:
@@ -128,7 +128,8 @@ class TransformersBackend:
         """A grammar constraint for one request (ValidationError naming the schema's problem)."""
         with self._grammars_lock:
             if self._grammars is None:
-                self._grammars = GrammarCache(self.tokenizer, int(self.model.config.vocab_size))
+                vocab = int(self.model.config.vocab_size)
+                self._grammars = GrammarCache(hf_tokenizer_info(self.tokenizer, vocab), vocab)
         return self._grammars.constraint(fmt)
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:

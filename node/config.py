@@ -205,19 +205,29 @@ class IpfsConfig(_Section):
     """How often IPFS health is probed."""
 
 
+def llamacpp_installed() -> bool:
+    """Whether llama-cpp-python is importable (found, not imported: its library loads only to serve)."""
+    import importlib.util
+
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
 class ModelConfig(_Section):
-    backend: Literal["transformers", "vllm", "openai"] = "transformers"
-    """Generation backend."""
+    backend: Literal["auto", "llamacpp", "transformers", "vllm", "openai"] = "auto"
+    """Generation backend. `llamacpp`: a GGUF model in process through llama-cpp-python (CPU). `auto`:
+    llamacpp for a GGUF model (the bundled one included) on a CPU when llama-cpp-python is installed,
+    transformers otherwise."""
     path: Path | None = None
-    """Local Hugging Face model directory. Unset: the bundled SmolLM2-135M-Instruct (converted once and
-    cached under the cache dir)."""
+    """The model: a GGUF file (llamacpp) or a Hugging Face model directory (transformers, vllm). Unset: the
+    bundled SmolLM2-135M-Instruct (its GGUF as shipped; for transformers, converted once into a cached
+    directory)."""
     device: str = "cpu"
     """torch device for the transformers backend (`cpu`, `cuda`, `cuda:1`)."""
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     """Weight dtype. `auto`: bfloat16 on a GPU (float16 where it lacks bf16), and on a CPU bfloat16 only
     where the CPU has bf16 units (AVX512-BF16/AMX), float32 otherwise, where bf16 runs ~6x slower."""
     threads: int = Field(0, ge=0, le=1024)
-    """CPU threads for torch (0 = torch's default)."""
+    """CPU threads for torch or llama.cpp (0: torch's default; llama.cpp: all usable cores)."""
     adapters_dir: Path | None = None
     """Named LoRA adapters (`<dir>/<name>/`, PEFT format) that requests may ask for; GSPO jobs install
     theirs here. Unset: `<data_dir>/adapters`."""
@@ -229,13 +239,31 @@ class ModelConfig(_Section):
     """openai backend: model name to request; vllm/transformers: the model id reported to clients."""
     api_key_env: str = "OPENAI_API_KEY"
     """openai backend: environment variable holding the API key (the key itself never sits in config)."""
-    context_length: int = Field(8192, ge=256, le=10_000_000)
-    """openai backend: the served model's context window (local backends read it from the model)."""
+    context_length: int | None = Field(None, ge=256, le=10_000_000)
+    """openai backend: the served model's context window (default 8192). llamacpp: the tokens each
+    concurrent request may hold (default 2048; the KV cache, allocated at start, is this x
+    inference.max_batch_size x the model's bytes per token: 23 KB for the bundled model, so 16 x 2048
+    takes 0.75 GB). transformers and vllm read it from the model."""
 
     @model_validator(mode="after")
     def _openai_needs_server(self) -> ModelConfig:
         if self.backend == "openai" and not (self.base_url and self.name):
             raise ValueError("base_url and name must be set when backend = 'openai'")
+        return self
+
+    @model_validator(mode="after")
+    def _resolve_auto_backend(self) -> ModelConfig:
+        """`auto` becomes the backend that serves this model best here, once, as the config loads."""
+        if self.backend == "auto":
+            gguf = self.path is None or self.path.suffix.lower() == ".gguf"
+            self.backend = (
+                "llamacpp" if gguf and self.device == "cpu" and llamacpp_installed() else "transformers"
+            )
+        if self.backend == "llamacpp":
+            if self.device != "cpu":
+                raise ValueError("the llamacpp backend runs on the CPU (device = 'cpu')")
+            if self.path is not None and self.path.suffix.lower() != ".gguf":
+                raise ValueError(f"the llamacpp backend serves a GGUF file; path {self.path} is not one")
         return self
 
 

@@ -26,7 +26,7 @@ from zoo.node.api.server import BindError, HealthBridge, build_server
 from zoo.node.api.serving import ServingRules
 from zoo.node.components.inference import RetrievalComponent, answer_metering, engine_provider
 from zoo.node.components.library import LibraryComponent
-from zoo.node.components.models import model_id, resolve_model_path
+from zoo.node.components.models import model_id, resolve_model_path, training_weights, trains_lora
 from zoo.node.components.probes import ChainComponent, IpfsComponent, ModelComponent
 from zoo.node.components.supervisor import Component, DisabledComponent, Supervisor
 from zoo.node.config import NodeConfig, parse_listen
@@ -197,7 +197,9 @@ def build_components(
         if wiring.ipfs_api
         else DisabledComponent("ipfs", "ipfs.api_url is not set")
     )
-    model = ModelComponent(cfg.model, model_path, model_id(cfg, model_path), cfg.inference.max_batch_size)
+    model = ModelComponent(
+        cfg.model, model_path, model_id(cfg, model_path), cfg.inference.max_batch_size, cfg.cache_dir
+    )
     store = LibraryStore(data_dir.path)
     p2p = _p2p_component(cfg, data_dir, wiring, store, metrics) if cfg.p2p.enabled else None
     factory = None
@@ -223,6 +225,7 @@ def build_components(
         data_dir.path / "embeddings.sqlite",
         cfg.inference.ann_threshold,
         index_dir=data_dir.path / "retrieval",
+        defer=cfg.model.backend == "llamacpp",
     )
     library.on_change = retrieval.library_changed
     if p2p is not None:
@@ -265,13 +268,17 @@ def _job_runner(
     retrieval: RetrievalComponent,
     metrics: NodeMetrics,
 ) -> JobRunner:
-    from zoo.node.jobs.store import JobStore
+    from zoo.node.jobs.store import JobState, JobStore
+
+    lora_jobs = trains_lora(cfg)
 
     def resources() -> Resources | None:
         # A job waits (queued) until the model and the embedder have loaded.
+        if retrieval.retriever is None and store.list(limit=1, states=[JobState.QUEUED]):
+            retrieval.want()  # a deferred embedder loads for the job that waits on it
         if model.backend is None or retrieval.retriever is None:
             return None
-        local = model.path if cfg.model.backend == "transformers" else None
+        local = training_weights(cfg) if lora_jobs else None
         return Resources(
             model.backend, retrieval.retriever.embedder, lambda: library.active, local, cfg.model.device
         )
@@ -286,9 +293,11 @@ def _job_runner(
         serving=cfg.inference.serving_defaults(),
         adapters=AdapterDirectory(cfg.adapters_dir),
         gspo_refusal=None
-        if cfg.model.backend == "transformers"
-        else "LoRA jobs (gspo, sft, rft, distill) train on local weights: model.backend is "
-        f"{cfg.model.backend!r}, it must be 'transformers'",
+        if lora_jobs
+        else "LoRA jobs (gspo, sft, rft, distill) train on local Hugging Face weights: this node serves "
+        f"{cfg.model.backend!r}"
+        + (f" from {cfg.model.path}" if cfg.model.path is not None else "")
+        + "; they run where model.backend is 'transformers', or on the bundled model",
     )
 
 
@@ -617,7 +626,7 @@ def _capabilities(
     from zoo.node.p2p.messages import Capabilities
 
     adapters = AdapterDirectory(cfg.adapters_dir)
-    gspo = cfg.model.backend == "transformers"
+    gspo = trains_lora(cfg)
 
     def now() -> Capabilities:
         stats = admission.stats()
@@ -637,8 +646,16 @@ def _capabilities(
 
 
 def _embedder(retrieval: RetrievalComponent) -> Any:
-    """A provider of the loaded embedder: None until the retrieval component has loaded it."""
-    return lambda: retrieval.retriever.embedder if retrieval.retriever is not None else None
+    """A provider of the loaded embedder: None until the retrieval component has loaded it (and asking
+    for it starts a deferred load)."""
+
+    def provide() -> Any:
+        if retrieval.retriever is None:
+            retrieval.want()
+            return None
+        return retrieval.retriever.embedder
+
+    return provide
 
 
 def _print_banner(address: str, metrics_url: str, http_url: str, cfg: NodeConfig, tls: bool) -> None:

@@ -186,7 +186,7 @@ def _backend(cfg: Any, base_url: str | None, model: str | None, adapters: bool) 
         path = resolve_model_path(cfg)
     except ModelUnavailable as e:
         raise EvalError(str(e)) from None
-    return load_backend(cfg.model, path, model_id(cfg, path), cfg.inference.max_batch_size)
+    return load_backend(cfg.model, path, model_id(cfg, path), cfg.inference.max_batch_size, cfg.cache_dir)
 
 
 def _interval(ci: list[float]) -> str:

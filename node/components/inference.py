@@ -99,8 +99,14 @@ class RetrievalComponent(Component):
         cache_file: Path,
         ann_threshold: int,
         index_dir: Path | None = None,
+        defer: bool = False,
     ):
         self.library = library
+        # Deferred: the embedder (sentence-transformers, so torch) loads only once something needs it: a
+        # library with experiences, an embeddings request or a learning job. A llama.cpp node with an
+        # empty library answers without ever importing torch.
+        self.defer = defer
+        self._wanted = asyncio.Event()
         self.embedder_path = embedder_path
         self.cache_file = cache_file
         self.ann_threshold = ann_threshold
@@ -110,9 +116,20 @@ class RetrievalComponent(Component):
 
     def library_changed(self) -> None:
         self.changed.set()
+        if self._has_experiences():
+            self._wanted.set()
+
+    def want(self) -> None:
+        """Ask for the embedder (a no-op once it is loading or loaded)."""
+        self._wanted.set()
+
+    def _has_experiences(self) -> bool:
+        active = self.library.active
+        return active is not None and len(active.library.experiences) > 0
 
     async def setup(self) -> None:
-        self.retriever = await in_background_thread(self._build, "load-embedder")
+        if not self.defer or self._has_experiences():
+            self.retriever = await in_background_thread(self._build, "load-embedder")
 
     def _build(self) -> Any:
         from zoo.inference.embedder import SentenceTransformerEmbedder
@@ -128,10 +145,18 @@ class RetrievalComponent(Component):
         )
 
     async def run_forever(self) -> None:
+        if self.retriever is None:  # deferred: load once something needs it
+            await self._wanted.wait()
+            self.retriever = await in_background_thread(self._build, "load-embedder")
         await keep_index_current(self.library, self.retriever, self.changed)
 
     async def probe(self) -> tuple[State, str]:
         if self.retriever is None:
+            if self.defer and not self._wanted.is_set():
+                return State.DEGRADED, (
+                    "embedder not loaded: it loads with the first library that has experiences, "
+                    "embeddings request or learning job"
+                )
             return State.STARTING, "loading the embedder"
         _index, root = self.retriever.snapshot()
         active = self.library.active
@@ -185,7 +210,6 @@ def engine_provider(
     """A provider of the inference engine: None until the model has loaded; a new engine when the model
     component's backend changes."""
     from zoo.inference.engine import InferenceEngine
-    from zoo.inference.factors import processor_builder
 
     cache: dict[str, Any] = {}
 
@@ -199,7 +223,7 @@ def engine_provider(
                 LoadingLibraryView(library, retrieval),
                 experience_budget=cfg.inference.experience_budget_tokens,
                 lesson_position=cfg.inference.lesson_position,
-                factor_builder=processor_builder(
+                factor_builder=lazy_factor_builder(
                     model.backend, cfg.inference.factor_eta, cfg.inference.factor_cap
                 ),
                 on_answered=on_answered,
@@ -208,6 +232,25 @@ def engine_provider(
         return cache["engine"]
 
     return provider
+
+
+def lazy_factor_builder(backend: Any, eta: float, cap: float) -> Callable[[Any], Any] | None:
+    """inference.factors.processor_builder, imported by the first request that uses expert factors: the
+    module needs torch and transformers, which a llama.cpp node otherwise never loads to answer."""
+    if getattr(backend, "tokenizer", None) is None:
+        return None
+    if not getattr(backend, "supports_logits_processors", False):
+        return None
+    built: list[Any] = []
+
+    def build(experiences: Any) -> Any:
+        if not built:
+            from zoo.inference.factors import processor_builder
+
+            built.append(processor_builder(backend, eta, cap))
+        return built[0](experiences) if built[0] is not None else None
+
+    return build
 
 
 class LoadingLibraryView:
@@ -223,6 +266,7 @@ class LoadingLibraryView:
             if root:
                 from zoo.inference.backend import BackendUnavailable
 
+                self.retrieval.want()
                 raise BackendUnavailable("the retrieval index is still loading; retry shortly")
             return None, "", 0, None
         return NodeLibraryView(self.library, self.retrieval.retriever).resolve(root)

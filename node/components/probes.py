@@ -84,9 +84,17 @@ class ModelComponent(Component):
     name = "model"
     probe_interval_s = 30.0
 
-    def __init__(self, cfg: Any, path: Path | None, model_id: str, max_batch_size: int = 16) -> None:
+    def __init__(
+        self,
+        cfg: Any,
+        path: Path | None,
+        model_id: str,
+        max_batch_size: int = 16,
+        cache_dir: Path | None = None,
+    ) -> None:
         self.cfg = cfg  # ModelConfig
         self.path = path
+        self.cache_dir = cache_dir
         self.model_id = model_id
         self.max_batch_size = max_batch_size
         self.backend: Any = None
@@ -108,7 +116,7 @@ class ModelComponent(Component):
         )
 
     def _load(self) -> Any:
-        return load_backend(self.cfg, self.path, self.model_id, self.max_batch_size)
+        return load_backend(self.cfg, self.path, self.model_id, self.max_batch_size, self.cache_dir)
 
     async def probe(self) -> tuple[State, str]:
         if self.backend is None:
@@ -121,10 +129,17 @@ class ModelComponent(Component):
             await self.backend.close()
 
 
-def load_backend(cfg: ModelConfig, path: Path | None, model_id: str, max_batch_size: int = 16) -> Any:
+def load_backend(
+    cfg: ModelConfig,
+    path: Path | None,
+    model_id: str,
+    max_batch_size: int = 16,
+    cache_dir: Path | None = None,
+) -> Any:
     """The generation backend the model config asks for (blocking: loads weights for local backends).
 
-    max_batch_size: requests decoded together (transformers) or sent to the server at once (openai)."""
+    max_batch_size: requests decoded together (local backends) or sent to the server at once (openai).
+    cache_dir: where the llamacpp backend keeps the GGUF conversions of LoRA adapters."""
     if cfg.backend == "openai":
         import os
 
@@ -134,10 +149,40 @@ def load_backend(cfg: ModelConfig, path: Path | None, model_id: str, max_batch_s
             str(cfg.base_url),
             str(cfg.name),
             os.environ.get(cfg.api_key_env),
-            cfg.context_length,
+            cfg.context_length or 8192,
             max_concurrency=max_batch_size,
         )
     assert path is not None
+    if cfg.backend == "llamacpp":
+        from zoo.inference.llamacpp.backend import DEFAULT_CONTEXT, LlamaCppBackend
+
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is not a GGUF file")
+        converter, base = None, None
+        if cache_dir is not None:
+            from importlib.metadata import version
+
+            from zoo.inference.models import bundled_chat_model_dir
+            from zoo.node.config import default_cache_dir
+
+            # `./zoo setup` keeps the converter under the default cache dir (or ZOO_NODE_CACHE_DIR).
+            sources = Path("llama.cpp") / version("llama_cpp_python")
+            converter = next(
+                (d / sources for d in (cache_dir, default_cache_dir()) if (d / sources).is_dir()),
+                cache_dir / sources,
+            )
+            base = bundled_chat_model_dir(cache_dir) if cfg.path is None else None
+        return LlamaCppBackend.load(
+            path,
+            model_id,
+            max_batch_size=max_batch_size,
+            context_length=cfg.context_length or DEFAULT_CONTEXT,
+            threads=cfg.threads,
+            adapters_cache=cache_dir / "gguf-adapters" if cache_dir is not None else None,
+            converter_dir=converter,
+            base_weights=base,
+            max_adapters=cfg.max_loaded_adapters,
+        )
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")
     if cfg.backend == "vllm":

@@ -75,7 +75,9 @@ async def run_foreground(
     except ModelUnavailable as e:
         raise TrainingError(str(e)) from None
     view.console.print(f"loading the model ({cfg.model.backend}) and the embedder…")
-    backend = await asyncio.to_thread(load_backend, cfg.model, path, model_id(cfg, path))
+    backend = await asyncio.to_thread(
+        load_backend, cfg.model, path, model_id(cfg, path), cfg.inference.max_batch_size, cfg.cache_dir
+    )
 
     def embedder() -> Any:
         from zoo.inference.embedder import SentenceTransformerEmbedder
@@ -167,18 +169,18 @@ def _local_model(cfg: NodeConfig, what: str, spec: Any, deepspeed: str | None) -
     """The local model a LoRA run trains on (TrainingError for a remote backend or a model that cannot be
     prepared), the checked DeepSpeed config, and the configured thread count applied."""
     from zoo.inference.models import ModelUnavailable
-    from zoo.node.components.models import resolve_model_path
+    from zoo.node.components.models import training_weights, trains_lora
 
-    if cfg.model.backend != "transformers":
+    if not trains_lora(cfg):
         raise TrainingError(
-            f"{what} on a local model: model.backend is {cfg.model.backend!r}, it must be 'transformers' "
-            "(with model.path, or unset for the bundled model)"
+            f"{what} on a local model: model.backend is {cfg.model.backend!r}"
+            + (f" serving {cfg.model.path}" if cfg.model.path is not None else "")
+            + "; LoRA runs need 'transformers' with model.path, or the bundled model"
         )
     try:
-        path = resolve_model_path(cfg)
+        path = training_weights(cfg)
     except ModelUnavailable as e:
         raise TrainingError(str(e)) from None
-    assert path is not None  # only the openai backend has no local path
     if deepspeed is not None:
         deepspeed = _checked_zero_config(deepspeed, spec)
     if cfg.model.threads:

@@ -183,7 +183,8 @@ def test_compiled_grammars_are_kept_within_a_byte_bound_and_nowhere_else(
     # without limit (a benchmark process reached 24 GB). Only the node's cache may hold them, within bounds.
     from zoo.inference import structured
 
-    cache = structured.GrammarCache(backend.tokenizer, int(backend.model.config.vocab_size))
+    vocab = int(backend.model.config.vocab_size)
+    cache = structured.GrammarCache(structured.hf_tokenizer_info(backend.tokenizer, vocab), vocab)
     one = cache.compile(ResponseFormat("json_schema", json.dumps(operations_schema(["exp-a"], 3))))
     monkeypatch.setattr(structured, "CACHE_BYTES", int(2.5 * one.memory_size_bytes))
     formats = [

@@ -27,6 +27,7 @@ from tests.sync.test_node_sync import chain_of, metric, status, wait_until
 from tests.sync.test_sync import Chain
 from zoo.devnet.manager import Devnet, DevnetInfo
 from zoo.node.client import NodeClient
+from zoo.node.config import ModelConfig
 from zoo.node.p2p.host import P2PHost, load_identity
 from zoo.node.p2p.messages import LIBRARY_TOPIC, Announcement, Capabilities, encode
 from zoo.node.p2p.peers import PeerBook
@@ -141,7 +142,7 @@ def test_capabilities_are_listed_and_counted(net: Net) -> None:
         return None
 
     caps = wait_until("B's current capabilities at A", b_capabilities, 20, a)
-    assert list(caps.models) == [BUNDLED] and caps.backend == "transformers" and not caps.gpu
+    assert list(caps.models) == [BUNDLED] and caps.backend == ModelConfig().backend and not caps.gpu
     assert caps.grpc_address == b.address and caps.library_root == status(b).library.root
     assert set(caps.job_types) == {"tf-grpo", "gspo"}
     counts = status(a).peers

@@ -1,0 +1,1 @@
+"""llama.cpp serving: GGUF models in process (llama-cpp-python), continuously batched."""

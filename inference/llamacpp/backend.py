@@ -1,0 +1,139 @@
+"""The llama.cpp backend: a GGUF model (the bundled SmolLM2 by default) served in process through
+llama-cpp-python, with continuous batching (scheduler.py), grammar-constrained JSON, expert factors and
+LoRA adapters, behind the same Backend interface as the transformers backend.
+
+Nothing on its path to a first answer imports torch or transformers: those come in only with the first
+request that needs them (a JSON response format: xgrammar imports torch; expert factors; converting a
+PEFT adapter to GGUF).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from zoo.inference.adapters import AdapterLoadError
+from zoo.inference.backend import BackendError, Chunk, GenerationRequest, GenerationResult, ResponseFormat
+from zoo.inference.llamacpp.gguf import GgufModel
+from zoo.inference.llamacpp.scheduler import LlamaCppScheduler
+
+DEFAULT_CONTEXT = 2048  # tokens of KV cache per concurrent request unless model.context_length says
+
+
+class LlamaCppBackend:
+    supports_logits_processors = True
+    constrains_json = True
+    supports_adapters = True
+
+    def __init__(
+        self,
+        gguf: GgufModel,
+        model_id: str,
+        *,
+        max_batch_size: int = 16,
+        context_length: int = DEFAULT_CONTEXT,
+        threads: int = 0,
+        adapters: Any = None,
+    ) -> None:
+        self.gguf = gguf
+        self.tokenizer = gguf  # what expert factors read: the vocabulary (inference.factors)
+        self.model_id = model_id
+        self.device = "cpu"
+        self.context_length = min(context_length, gguf.context_train)
+        self.scheduler = LlamaCppScheduler(
+            gguf,
+            max_batch_size=max_batch_size,
+            context_length=self.context_length,
+            threads=threads,
+            adapters=adapters,
+        )
+        self.batcher = self.scheduler  # status and metrics read the scheduler's stats under this name
+        self._grammars: Any = None
+        self._grammars_lock = threading.Lock()
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.scheduler.max_batch_size
+
+    @classmethod
+    def load(
+        cls,
+        path: Path,
+        model_id: str,
+        *,
+        max_batch_size: int = 16,
+        context_length: int = DEFAULT_CONTEXT,
+        threads: int = 0,
+        adapters_cache: Path | None = None,
+        converter_dir: Path | None = None,
+        base_weights: Path | None = None,
+        max_adapters: int = 8,
+    ) -> LlamaCppBackend:
+        """adapters_cache: where converted adapters are kept (None: no adapters); converter_dir: llama.cpp's
+        conversion scripts; base_weights: the model's Hugging Face directory, which conversion reads."""
+        gguf = GgufModel(path)
+        adapters = None
+        if adapters_cache is not None:
+            from zoo.inference.llamacpp.lora import GgufAdapters
+
+            adapters = GgufAdapters(gguf, adapters_cache, converter_dir, base_weights, max_adapters)
+        return cls(
+            gguf,
+            model_id,
+            max_batch_size=max_batch_size,
+            context_length=context_length,
+            threads=threads,
+            adapters=adapters,
+        )
+
+    def count_prompt_tokens(self, messages: list[dict[str, str]]) -> int:
+        return len(self.gguf.encode_chat(messages))
+
+    def constraint(self, fmt: ResponseFormat) -> Any:
+        """A grammar constraint for one request (ValidationError naming the schema's problem)."""
+        from zoo.inference.structured import GrammarCache
+
+        with self._grammars_lock:
+            if self._grammars is None:
+                self._grammars = GrammarCache(self.gguf.xgrammar_info(), self.gguf.n_vocab)
+        return self._grammars.constraint(fmt)
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+
+        def emit(item: Any) -> None:
+            # The consumer's loop may be gone (closed after a cancel); nothing is left to tell then.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        prompt_ids = await asyncio.to_thread(self.gguf.encode_chat, request.messages)
+        if request.adapter is not None and self.scheduler.adapters is not None:
+            # Converted and loaded here, off the scheduler's thread (a first conversion takes seconds).
+            await asyncio.to_thread(self.scheduler.adapters.ensure, request.adapter)
+        fmt = request.response_format
+        constraint = await asyncio.to_thread(self.constraint, fmt) if fmt is not None else None
+        self.scheduler.submit(request, prompt_ids, emit, constraint)
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, str):
+                    yield Chunk(item)
+                elif isinstance(item, GenerationResult):
+                    yield Chunk("", item)
+                    return
+                elif isinstance(item, AdapterLoadError):
+                    raise item
+                else:
+                    raise BackendError(f"generation failed: {type(item).__name__}: {item}") from item
+        finally:
+            # On completion, error, or when the consumer goes away: the scheduler frees the slot next step.
+            request.cancel.set()
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.scheduler.close)
+        self.gguf.close()

@@ -1,0 +1,339 @@
+"""Continuous batching on llama.cpp: one context whose KV cache holds one sequence per running request;
+requests join and leave between steps, and one `llama_decode` per step (per adapter in use) feeds every
+running request its next token, and joining requests a chunk of their prompt.
+
+Written by hand, and why: llama-cpp-python's `Llama` object runs one sequence at a time, and llama.cpp's
+own server is a separate process with its own HTTP API. Here each request keeps its own sampling, seed,
+stop strings, expert factors, grammar and adapter, as in the transformers batcher (batching.py), and
+shares its per-request bookkeeping (decoding.py).
+
+- KV cache: one stream per slot (`kv_unified = false`), each `context_length` tokens: a request's attention
+  reads only its own keys, so a step costs what its rows need, not the whole cache. The cache is allocated
+  (and resident) up front: slots x context_length x the model's bytes per token.
+- Prefill shares steps with decoding: running requests each feed one token, and joining requests fill the
+  rest of the step's token budget with their prompts (chunked across steps when long).
+- LoRA adapters are set on the context, not per sequence (llama.cpp's own server batches only requests
+  with the same adapters together): a step decodes each adapter's rows in a call of their own.
+- Priority: while any running request is a priority one (a credit holder's), steps decode only those; the
+  others keep their caches and resume after.
+- Prompt caching: a finished request's keys and values stay in its slot; a new request takes the free
+  slot whose cached tokens share the longest prefix with its prompt (same adapter) and prefills only the
+  rest, as llama.cpp's server does. Repeated system prompts, lessons and TF-GRPO's group rollouts of one
+  question skip most of their prefill.
+- Sampling runs on the row's logits in numpy (greedy, temperature, top-p with transformers' rule), from a
+  per-request generator seeded by the request's seed; expert factors and grammar masks are applied first,
+  exactly as the transformers backend applies them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from zoo.inference.adapters import AdapterLoadError
+from zoo.inference.backend import GenerationRequest
+from zoo.inference.decoding import BatchStats, DecodingState, Detokenizer, Emit
+from zoo.inference.llamacpp.gguf import GgufLoadError, GgufModel
+
+logger = logging.getLogger(__name__)
+
+BASE = ""  # the adapter key of the base model
+
+
+@dataclass
+class Slot(DecodingState):
+    """One request in the scheduler: its decoding state, KV sequence, sampler and adapter."""
+
+    seq_id: int = -1
+    rng: np.random.Generator | None = None
+    fed: int = 0  # prompt tokens already in the KV cache
+    adapter_key: str = BASE
+
+    @property
+    def prefilling(self) -> bool:
+        return self.fed < len(self.prompt_ids)
+
+
+def sample(scores: np.ndarray, temperature: float, top_p: float, rng: np.random.Generator | None) -> int:
+    """A token from next-token scores: argmax when temperature is 0, else softmax(scores / temperature)
+    restricted to the nucleus (transformers' TopPLogitsWarper rule: drop the low tail whose mass is at
+    most 1 - top_p, keeping at least one token)."""
+    if temperature <= 0 or rng is None:
+        return int(np.argmax(scores))
+    z = scores.astype(np.float64) / temperature
+    if top_p < 1.0:
+        order = np.argsort(z, kind="stable")
+        ordered = np.exp(z[order] - z[order[-1]])
+        cumulative = np.cumsum(ordered / ordered.sum())
+        remove = cumulative <= 1 - top_p
+        remove[-1] = False
+        z[order[remove]] = -np.inf
+    p = np.exp(z - z.max())
+    cdf = np.cumsum(p)
+    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(cdf) - 1))
+
+
+class LlamaCppScheduler:
+    """Owns one llama.cpp context in one thread; `submit` hands it a request from any thread."""
+
+    def __init__(
+        self,
+        model: GgufModel,
+        *,
+        max_batch_size: int = 16,
+        context_length: int = 2048,
+        threads: int = 0,
+        step_tokens: int = 512,
+        adapters: Any = None,
+    ) -> None:
+        import os
+
+        lib = model.lib
+        self.lib = lib
+        self.model = model
+        self.max_batch_size = max_batch_size
+        self.context_length = context_length
+        self.step_tokens = step_tokens
+        self.adapters = adapters  # a GgufAdapters (llamacpp.lora) or None
+        threads = threads or len(os.sched_getaffinity(0))
+        params = lib.llama_context_default_params()
+        params.n_ctx = context_length * max_batch_size
+        params.n_seq_max = max_batch_size
+        params.kv_unified = False
+        params.n_batch = params.n_ubatch = step_tokens
+        params.n_threads = params.n_threads_batch = threads
+        params.no_perf = True
+        self.ctx = lib.llama_init_from_model(model.model, params)
+        if not self.ctx:
+            raise GgufLoadError(
+                f"llama.cpp could not create a context of {max_batch_size} x {context_length} tokens "
+                "(lower model.context_length or inference.max_batch_size)"
+            )
+        self.memory = lib.llama_get_memory(self.ctx)
+        self.batch = lib.llama_batch_init(step_tokens, 0, 1)
+        self.eos_ids = set(model.eos_ids)
+        self.stats = BatchStats()
+        self._adapter_in_context = BASE
+        self._free: deque[int] = deque(range(max_batch_size))
+        # What each free slot's KV cache still holds: (adapter key, tokens from position 0).
+        self._cached: dict[int, tuple[str, list[int]]] = {}
+        self.reused_tokens = 0  # prompt tokens taken from cached prefixes instead of prefilled
+        self._cond = threading.Condition()
+        self._waiting: deque[Slot] = deque()
+        self._rows: list[Slot] = []
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="llamacpp-scheduler", daemon=True)
+        self._thread.start()
+
+    # -- public --------------------------------------------------------------------------------------
+
+    def submit(
+        self, request: GenerationRequest, prompt_ids: list[int], emit: Emit, constraint: Any = None
+    ) -> None:
+        if len(prompt_ids) >= self.context_length:
+            raise ValueError(
+                f"the prompt takes {len(prompt_ids)} tokens; a request's context is {self.context_length}"
+            )
+        slot = Slot(request, prompt_ids, emit, Detokenizer(self.model), constraint)
+        if request.temperature > 0:
+            slot.rng = np.random.Generator(np.random.PCG64(request.seed % (2**63)))
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the scheduler is closed")
+            self._waiting.append(slot)
+            self.stats.waiting = len(self._waiting)
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout=30)
+        if not self._thread.is_alive() and self.ctx:
+            self.lib.llama_batch_free(self.batch)
+            self.lib.llama_free(self.ctx)
+            self.ctx = None
+
+    # -- the scheduler thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not self._waiting and not self._rows:
+                    self._cond.wait()
+                if self._closed:
+                    pending = list(self._waiting) + self._rows
+                    self._waiting.clear()
+                    break
+                self._admit()
+            self._step()
+            self.stats.running = len(self._rows)
+        for slot in pending:
+            slot.fail(RuntimeError("the model is shutting down"))
+
+    def _admit(self) -> None:
+        while self._waiting and self._free:
+            slot = self._waiting.popleft()
+            if slot.request.cancel.is_set():
+                slot.end("cancelled")
+                continue
+            if slot.request.adapter is not None:
+                if self.adapters is None:
+                    slot.fail(AdapterLoadError("this llama.cpp backend was started without adapters"))
+                    continue
+                try:
+                    in_use = frozenset({s.adapter_key for s in self._rows} | {self._adapter_in_context})
+                    slot.adapter_key = self.adapters.ensure(slot.request.adapter, in_use)
+                except Exception as e:  # a bad adapter fails its own request
+                    slot.fail(e)
+                    continue
+            self._place(slot)
+            self._rows.append(slot)
+        self.stats.waiting = len(self._waiting)
+
+    def _place(self, slot: Slot) -> None:
+        """Give the slot the free sequence whose cached tokens share the longest prefix with its prompt,
+        and drop the rest of that cache. At least one prompt token is always fed (its logits are needed)."""
+        best, common = self._free[0], 0
+        for seq in self._free:
+            key, tokens = self._cached.get(seq, (BASE, []))
+            if key == slot.adapter_key:
+                n = _common_prefix(tokens, slot.prompt_ids)
+                if n > common:
+                    best, common = seq, n
+        self._free.remove(best)
+        self._cached.pop(best, None)
+        common = min(common, len(slot.prompt_ids) - 1)
+        if not common or not self.lib.llama_memory_seq_rm(self.memory, best, common, -1):
+            self.lib.llama_memory_seq_rm(self.memory, best, -1, -1)
+            common = 0
+        slot.seq_id, slot.fed = best, common
+        self.reused_tokens += common
+
+    def _step(self) -> None:
+        for slot in [s for s in self._rows if s.request.cancel.is_set()]:
+            slot.end("cancelled")
+            self._release(slot)
+        urgent = [s for s in self._rows if s.request.priority]
+        rows = urgent or self._rows
+        groups: dict[str, list[Slot]] = {}
+        for slot in rows:
+            groups.setdefault(slot.adapter_key, []).append(slot)
+        for key, group in groups.items():
+            try:
+                self._decode(key, group)
+            except Exception as e:  # a failed decode fails that call's requests, not the node
+                logger.exception("llama.cpp decode failed")
+                for slot in group:
+                    if not slot.finish:
+                        slot.fail(e)
+                        self._release(slot)
+
+    def _decode(self, adapter_key: str, group: list[Slot]) -> None:
+        t0 = time.perf_counter()
+        lib, batch = self.lib, self.batch
+        if adapter_key != self._adapter_in_context:
+            self.adapters.apply(self.ctx, adapter_key)
+            self._adapter_in_context = adapter_key
+        batch.n_tokens = 0
+        readers: list[tuple[Slot, int]] = []  # (slot, batch index whose logits it samples from)
+        prefilled = 0
+
+        def add(token: int, pos: int, seq: int, logits: bool) -> None:
+            i = batch.n_tokens
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, pos, 1
+            batch.seq_id[i][0] = seq
+            batch.logits[i] = logits
+            batch.n_tokens = i + 1
+
+        for slot in group:  # every decoding row feeds its last token
+            if not slot.prefilling:
+                readers.append((slot, batch.n_tokens))
+                add(slot.generated[-1], slot.length - 1, slot.seq_id, True)
+        decoding = batch.n_tokens
+        for slot in group:  # joining rows fill what is left of the step with their prompts
+            if not slot.prefilling:
+                continue
+            room = self.step_tokens - batch.n_tokens
+            if room <= 0:
+                break
+            take = min(room, len(slot.prompt_ids) - slot.fed)
+            for j in range(slot.fed, slot.fed + take):
+                last = j == len(slot.prompt_ids) - 1
+                if last:
+                    readers.append((slot, batch.n_tokens))
+                add(slot.prompt_ids[j], j, slot.seq_id, last)
+            slot.fed += take
+            prefilled += take
+        if not batch.n_tokens:
+            return
+        rc = lib.llama_decode(self.ctx, batch)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed (code {rc})")
+        for slot, index in readers:
+            try:
+                token = self._choose(slot, index)
+                done = not slot.accept(token, self.eos_ids, self.context_length)
+            except Exception as e:  # one bad request (a processor or grammar that raises) fails alone
+                slot.fail(e)
+                done = True
+            if done:
+                self._release(slot)
+        elapsed = time.perf_counter() - t0
+        if decoding:
+            self.stats.steps += 1
+            self.stats.last_batch = decoding
+            self.stats.tokens += decoding
+        if prefilled:
+            self.stats.prefill_seconds += elapsed * prefilled / batch.n_tokens
+        self.stats.decode_seconds += elapsed * decoding / batch.n_tokens
+
+    def _choose(self, slot: Slot, index: int) -> int:
+        req = slot.request
+        row = self.lib.llama_get_logits_ith(self.ctx, index)
+        logits = np.ctypeslib.as_array(row, shape=(self.model.n_vocab,))
+        if req.logits_processor is None and slot.constraint is None and req.temperature <= 0:
+            return int(np.argmax(logits))
+        scores = logits.copy()
+        if req.logits_processor is not None:
+            scores = apply_processor(req.logits_processor, slot.prompt_ids + slot.generated, scores)
+        if slot.constraint is not None:
+            scores = slot.constraint.mask_array(scores)
+        return sample(scores, req.temperature, req.top_p, slot.rng)
+
+    def _release(self, slot: Slot) -> None:
+        """Free the slot's sequence, keeping what its cache holds for a later prompt that starts the same
+        (after an error, nothing is kept)."""
+        if slot not in self._rows:
+            return
+        self._rows.remove(slot)
+        if slot.finish == "error":
+            self.lib.llama_memory_seq_rm(self.memory, slot.seq_id, -1, -1)
+        else:  # in the cache: the prompt as far as fed, and every generated token but the last
+            fed = slot.prompt_ids[: slot.fed] + (slot.generated[:-1] if not slot.prefilling else [])
+            self._cached[slot.seq_id] = (slot.adapter_key, fed)
+        self._free.append(slot.seq_id)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def apply_processor(processor: Any, ids: list[int], scores: np.ndarray) -> np.ndarray:
+    """Run a transformers-style logits processor (expert factors) on one row of numpy scores. torch is
+    imported here, by the first request that uses factors, never on the serving path without them."""
+    import torch
+
+    out = processor(torch.tensor([ids]), torch.from_numpy(scores)[None])
+    return out[0].numpy()
