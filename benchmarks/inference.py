@@ -11,10 +11,12 @@
 5. llama.cpp (issue 35): the llamacpp backend's single stream against llama-cpp-python's own
    `Llama.create_chat_completion` on the same GGUF and threads (and the transformers backend), alternating.
 6. Launch to first answer with an empty library, and the serving node's resident memory, per backend.
+7. Grammar engines for the llamacpp backend: xgrammar's token mask against llama.cpp's own grammar sampler
+   (its JSON-schema-to-GBNF converter), on the same schema and the same constrained replies.
 
 Figures 1-4 run on --backend (default llamacpp, the CPU default; transformers for the earlier figures).
 
-Usage: ./zoo bench inference [--only 1,2,3,4,5,6] [--backend llamacpp|transformers] [--runs 6] [--flood 200]
+Usage: ./zoo bench inference [--only 1,2,3,4,5,6,7] [--backend llamacpp|transformers] [--runs 6] [--flood 200]
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ THREADS = 2
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default="1,2,3,4,5,6", help="comma-separated figure numbers")
+    ap.add_argument("--only", default="1,2,3,4,5,6,7", help="comma-separated figure numbers")
     ap.add_argument("--backend", choices=("llamacpp", "transformers"), default="llamacpp")
     ap.add_argument("--runs", type=int, default=6, help="alternating runs for latency ratios")
     ap.add_argument("--flood", type=int, default=200, help="concurrent requests in the flood")
@@ -89,6 +91,8 @@ def main() -> None:
             llamacpp_single_stream(backend if args.backend == "llamacpp" else None, args.runs)
         if 6 in only:
             first_answer(Path(tmp), args.runs // 2 or 1)
+        if 7 in only:
+            grammar_engines(args.structured_samples)
 
 
 def local_backend(name: str) -> Any:
@@ -434,6 +438,75 @@ def first_answer(tmp: Path, runs: int) -> None:
         rss = statistics.median(r[1] for r in rows)
         peak = statistics.median(r[2] for r in rows)
         print(f"   {backend:12s} first answer {took:5.2f} s   resident {rss:6.0f} MB (peak {peak:.0f} MB)")
+
+
+def _critic_prompts(samples: int) -> tuple[list, str]:
+    from zoo.trainer.tasks.schema import load_shipped
+    from zoo.trainer.tfgrpo.critic import compare_messages, operations_schema
+
+    convos = []
+    for t in load_shipped("train")[:samples]:
+        graded = [(1.0, f"The answer is {t.answer}."), (0.0, "The answer is 0.")]
+        convos.append(compare_messages(t.question, t.answer, graded, [], 3))
+    return convos, json.dumps(operations_schema([], 3))
+
+
+def grammar_engines(samples: int) -> None:
+    """Per generated token, the time to compute the allowed set and record the token: xgrammar (bitmask,
+    applied to the row's logits) against llama.cpp's grammar sampler (applied to all candidates), replaying
+    the same constrained replies through both."""
+    import ctypes
+
+    import numpy as np
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    from zoo.inference.llamacpp.backend import LlamaCppBackend
+    from zoo.inference.models import bundled_gguf
+
+    backend = LlamaCppBackend.load(bundled_gguf(), "local", max_batch_size=16, threads=THREADS)
+    convos, schema = _critic_prompts(samples)
+    fmt = ResponseFormat("json_schema", schema)
+    replies = asyncio.run(
+        _all(backend, [GenerationRequest(m, max_tokens=160, response_format=fmt) for m in convos])
+    )
+    # Only whole replies, without their end token: llama.cpp's sampler aborts the process on a token its
+    # grammar refuses, and a reply cut by the token limit ends where the grammar still wants more.
+    sequences = [backend.gguf.tokenize(r.text) for r in replies if r.finish_reason == "stop"]
+    lib, vocab, n = backend.gguf.lib, backend.gguf.vocab, backend.gguf.n_vocab
+    logits = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+    gbnf = json_schema_to_gbnf(schema)
+    xg_s, cpp_s, steps, agree = 0.0, 0.0, 0, 0
+    candidates = (lib.llama_token_data * n)()
+    view = np.ctypeslib.as_array(candidates)  # id, logit, p: filled at numpy speed, outside the timing
+    for seq in sequences:
+        constraint = backend.constraint(fmt)
+        sampler = lib.llama_sampler_init_grammar(vocab, gbnf.encode(), b"root")
+        for token in seq:
+            t0 = time.perf_counter()
+            allowed_xg = np.isfinite(constraint.mask_array(logits.copy()))
+            constraint.matcher.accept_token(token)
+            xg_s += time.perf_counter() - t0
+            view["id"], view["logit"], view["p"] = np.arange(n), logits, 0.0
+            t0 = time.perf_counter()
+            array = lib.llama_token_data_array(candidates, n, -1, False)
+            lib.llama_sampler_apply(sampler, ctypes.byref(array))
+            lib.llama_sampler_accept(sampler, token)
+            cpp_s += time.perf_counter() - t0
+            allowed_cpp = np.zeros(n, dtype=bool)
+            kept = view[: array.size]
+            allowed_cpp[kept["id"][np.isfinite(kept["logit"])]] = True
+            agree += int(np.array_equal(allowed_xg, allowed_cpp))
+            steps += 1
+        lib.llama_sampler_free(sampler)
+    print(f"\n7) grammar engines on the critic's operations schema: {len(sequences)} constrained replies, "
+          f"{steps} tokens replayed")  # fmt: skip
+    print(f"   xgrammar mask + accept      {xg_s / steps * 1000:7.3f} ms a token")
+    print(f"   llama.cpp grammar sampler   {cpp_s / steps * 1000:7.3f} ms a token  ({cpp_s / xg_s:.0f}x)")
+    print(f"   steps where both allow exactly the same tokens: {agree}/{steps}")
+
+
+async def _all(backend: Any, requests: list[GenerationRequest]) -> list:
+    return list(await asyncio.gather(*(generate(backend, r) for r in requests)))
 
 
 def _rss_mb(pid: int) -> float:

@@ -69,6 +69,11 @@ class PreparedModel:
     seconds: float
 
 
+def is_prepared(cache_dir: Path) -> bool:
+    """Whether the bundled model's converted directory is in the cache (prepare returns at once)."""
+    return (bundled_chat_model_dir(cache_dir) / "zoo-conversion.json").is_file()
+
+
 def prepare_bundled_chat_model(cache_dir: Path) -> PreparedModel:
     """Convert the bundled GGUF into a cached bf16 HF directory once; later calls return at once."""
     target = bundled_chat_model_dir(cache_dir)

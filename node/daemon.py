@@ -5,6 +5,7 @@ drain on SIGINT/SIGTERM, exit 0. Start-up failures exit non-zero with one clear 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -268,9 +269,22 @@ def _job_runner(
     retrieval: RetrievalComponent,
     metrics: NodeMetrics,
 ) -> JobRunner:
+    from zoo.inference.models import ModelUnavailable, is_prepared
     from zoo.node.jobs.store import JobState, JobStore
 
     lora_jobs = trains_lora(cfg)
+
+    def trained_weights() -> Path | None:
+        """What LoRA jobs train on, without blocking the loop: the served directory (transformers), or the
+        bundled model's converted one once `./zoo setup` (zoo-node models prepare) has made it."""
+        if not lora_jobs:
+            return None
+        if cfg.model.backend == "transformers":
+            return model.path
+        with contextlib.suppress(ModelUnavailable):
+            if is_prepared(cfg.cache_dir):
+                return training_weights(cfg)
+        return None
 
     def resources() -> Resources | None:
         # A job waits (queued) until the model and the embedder have loaded.
@@ -278,7 +292,7 @@ def _job_runner(
             retrieval.want()  # a deferred embedder loads for the job that waits on it
         if model.backend is None or retrieval.retriever is None:
             return None
-        local = training_weights(cfg) if lora_jobs else None
+        local = trained_weights()
         return Resources(
             model.backend, retrieval.retriever.embedder, lambda: library.active, local, cfg.model.device
         )
@@ -294,10 +308,10 @@ def _job_runner(
         adapters=AdapterDirectory(cfg.adapters_dir),
         gspo_refusal=None
         if lora_jobs
-        else "LoRA jobs (gspo, sft, rft, distill) train on local Hugging Face weights: this node serves "
+        else "LoRA jobs (gspo, sft, rft, distill) train on local Hugging Face weights: model.backend is "
         f"{cfg.model.backend!r}"
-        + (f" from {cfg.model.path}" if cfg.model.path is not None else "")
-        + "; they run where model.backend is 'transformers', or on the bundled model",
+        + (f" with model.path {cfg.model.path}" if cfg.model.path is not None else "")
+        + "; it must be 'transformers' (or 'llamacpp' serving the bundled model)",
     )
 
 

@@ -112,12 +112,15 @@ class LlamaCppBackend:
                 loop.call_soon_threadsafe(queue.put_nowait, item)
 
         prompt_ids = await asyncio.to_thread(self.gguf.encode_chat, request.messages)
-        if request.adapter is not None and self.scheduler.adapters is not None:
-            # Converted and loaded here, off the scheduler's thread (a first conversion takes seconds).
-            await asyncio.to_thread(self.scheduler.adapters.ensure, request.adapter)
+        adapter = None
+        if request.adapter is not None:
+            if self.scheduler.adapters is None:
+                raise AdapterLoadError("this llama.cpp backend was started without adapters")
+            # Converted here, off the scheduler's thread (a first conversion takes seconds).
+            adapter = await asyncio.to_thread(self.scheduler.adapters.converted, request.adapter)
         fmt = request.response_format
         constraint = await asyncio.to_thread(self.constraint, fmt) if fmt is not None else None
-        self.scheduler.submit(request, prompt_ids, emit, constraint)
+        self.scheduler.submit(request, prompt_ids, emit, constraint, adapter)
         try:
             while True:
                 item = await queue.get()
@@ -136,4 +139,5 @@ class LlamaCppBackend:
 
     async def close(self) -> None:
         await asyncio.to_thread(self.scheduler.close)
-        self.gguf.close()
+        if self.scheduler.ctx is None:  # the model outlives a scheduler thread that did not stop
+            self.gguf.close()

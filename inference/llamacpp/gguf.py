@@ -149,6 +149,15 @@ class GgufModel:
     def name_or_path(self) -> str:
         return str(self.path)
 
+    @cached_property
+    def all_special_ids(self) -> list[int]:
+        """Control tokens (the chat markup): those with no text of their own."""
+        return [i for i, piece in enumerate(self._pieces) if not piece]
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
+        """Tokenize as a transformers tokenizer is called (TF-GRPO's factor distillation does)."""
+        return {"input_ids": self.tokenize(text)}
+
     def get_vocab(self) -> dict[str, int]:
         return {self.token_text(i): i for i in range(self.n_vocab)}
 

@@ -59,34 +59,33 @@ class GgufAdapters:
         self.limit = limit
         self._loaded: OrderedDict[str, Any] = OrderedDict()  # digest -> llama_adapter_lora handle
         self._lock = threading.Lock()
+        self._converting: dict[str, threading.Lock] = {}
 
-    def ensure(self, ref: AdapterRef, in_use: frozenset[str] | None = None) -> str:
-        """Convert (once) and load the adapter; its key for `apply`. AdapterLoadError says why not.
-        in_use: the keys the context is decoding with; given only from the scheduler's thread, which alone
-        may free idle adapters (beyond the limit) knowing that none of them is in a running step."""
+    def converted(self, ref: AdapterRef) -> tuple[str, Path]:
+        """The adapter's key and GGUF file, converting it the first time (any thread; seconds). Only the
+        file is made here: loading into the model happens on the scheduler's thread (`ensure`)."""
         key = adapter_digest(ref.path)
+        target = self.cache_dir / f"{key}.gguf"
         with self._lock:
-            if key in self._loaded:
-                self._loaded.move_to_end(key)
-                self._evict(key, in_use)
-                return key
-            target = self.cache_dir / f"{key}.gguf"
+            lock = self._converting.setdefault(key, threading.Lock())
+        with lock:  # one conversion per adapter at a time; others wait for its file
             if not target.is_file():
                 self._convert(ref, target)
-            lib = self.gguf.lib
-            handle = lib.llama_adapter_lora_init(self.gguf.model, str(target).encode())
+        return key, target
+
+    def ensure(self, name: str, key: str, target: Path, in_use: frozenset[str]) -> None:
+        """Load a converted adapter into the model (scheduler thread only: llama.cpp's model keeps its
+        adapters in a set a decode step reads), freeing the least recently used idle ones beyond the
+        limit; in_use: the keys running rows and the context decode with."""
+        if key in self._loaded:
+            self._loaded.move_to_end(key)
+        else:
+            handle = self.gguf.lib.llama_adapter_lora_init(self.gguf.model, str(target).encode())
             if not handle:
                 raise AdapterLoadError(
-                    f"adapter {ref.name!r} does not load into {self.gguf.path.name} (another base model?)"
+                    f"adapter {name!r} does not load into {self.gguf.path.name} (another base model?)"
                 )
             self._loaded[key] = handle
-            self._evict(key, in_use)
-            return key
-
-    def _evict(self, key: str, in_use: frozenset[str] | None) -> None:
-        """Free the least recently used idle adapters beyond the limit (only from the scheduler's thread)."""
-        if in_use is None:
-            return
         idle = [k for k in self._loaded if k not in in_use and k != key]
         while len(self._loaded) > self.limit and idle:
             self.gguf.lib.llama_adapter_lora_free(self._loaded.pop(idle.pop(0)))

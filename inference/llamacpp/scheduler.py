@@ -32,6 +32,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -54,6 +55,7 @@ class Slot(DecodingState):
     rng: np.random.Generator | None = None
     fed: int = 0  # prompt tokens already in the KV cache
     adapter_key: str = BASE
+    adapter_file: Path | None = None  # the converted GGUF adapter (llamacpp.lora), loaded at admission
 
     @property
     def prefilling(self) -> bool:
@@ -134,13 +136,23 @@ class LlamaCppScheduler:
     # -- public --------------------------------------------------------------------------------------
 
     def submit(
-        self, request: GenerationRequest, prompt_ids: list[int], emit: Emit, constraint: Any = None
+        self,
+        request: GenerationRequest,
+        prompt_ids: list[int],
+        emit: Emit,
+        constraint: Any = None,
+        adapter: tuple[str, Path] | None = None,
     ) -> None:
+        """adapter: (key, GGUF file) of the request's converted adapter (GgufAdapters.converted)."""
         if len(prompt_ids) >= self.context_length:
             raise ValueError(
                 f"the prompt takes {len(prompt_ids)} tokens; a request's context is {self.context_length}"
             )
         slot = Slot(request, prompt_ids, emit, Detokenizer(self.model), constraint)
+        if adapter is not None:
+            if self.adapters is None:
+                raise AdapterLoadError("this llama.cpp backend was started without adapters")
+            slot.adapter_key, slot.adapter_file = adapter
         if request.temperature > 0:
             slot.rng = np.random.Generator(np.random.PCG64(request.seed % (2**63)))
         with self._cond:
@@ -155,7 +167,9 @@ class LlamaCppScheduler:
             self._closed = True
             self._cond.notify()
         self._thread.join(timeout=30)
-        if not self._thread.is_alive() and self.ctx:
+        if self._thread.is_alive():
+            logger.warning("the llama.cpp scheduler did not stop within 30 s; its context stays allocated")
+        elif self.ctx:
             self.lib.llama_batch_free(self.batch)
             self.lib.llama_free(self.ctx)
             self.ctx = None
@@ -171,37 +185,49 @@ class LlamaCppScheduler:
                     pending = list(self._waiting) + self._rows
                     self._waiting.clear()
                     break
-                self._admit()
-            self._step()
+                admitted = self._admit()
+            try:
+                self._load_adapters(admitted)
+                self._step()
+            except Exception as e:  # anything unforeseen fails the running requests, not the thread
+                logger.exception("llama.cpp scheduler step failed")
+                for slot in list(self._rows):
+                    slot.fail(e)
+                    self._release(slot)
             self.stats.running = len(self._rows)
         for slot in pending:
             slot.fail(RuntimeError("the model is shutting down"))
 
-    def _admit(self) -> None:
+    def _admit(self) -> list[Slot]:
+        """Give waiting requests free slots (under the lock: nothing slow here)."""
+        admitted = []
         while self._waiting and self._free:
             slot = self._waiting.popleft()
             if slot.request.cancel.is_set():
                 slot.end("cancelled")
                 continue
-            if slot.request.adapter is not None:
-                if self.adapters is None:
-                    slot.fail(AdapterLoadError("this llama.cpp backend was started without adapters"))
-                    continue
-                try:
-                    in_use = frozenset({s.adapter_key for s in self._rows} | {self._adapter_in_context})
-                    slot.adapter_key = self.adapters.ensure(slot.request.adapter, in_use)
-                except Exception as e:  # a bad adapter fails its own request
-                    slot.fail(e)
-                    continue
             self._place(slot)
             self._rows.append(slot)
+            admitted.append(slot)
         self.stats.waiting = len(self._waiting)
+        return admitted
+
+    def _load_adapters(self, admitted: list[Slot]) -> None:
+        for slot in admitted:
+            if slot.adapter_file is None:
+                continue
+            in_use = frozenset({s.adapter_key for s in self._rows} | {self._adapter_in_context})
+            try:
+                self.adapters.ensure(slot.request.adapter.name, slot.adapter_key, slot.adapter_file, in_use)
+            except Exception as e:  # a bad adapter fails its own request
+                slot.fail(e)
+                self._release(slot)
 
     def _place(self, slot: Slot) -> None:
         """Give the slot the free sequence whose cached tokens share the longest prefix with its prompt,
         and drop the rest of that cache. At least one prompt token is always fed (its logits are needed)."""
-        best, common = self._free[0], 0
-        for seq in self._free:
+        best, common = min(self._free), 0
+        for seq in sorted(self._free):
             key, tokens = self._cached.get(seq, (BASE, []))
             if key == slot.adapter_key:
                 n = _common_prefix(tokens, slot.prompt_ids)
@@ -223,19 +249,27 @@ class LlamaCppScheduler:
         urgent = [s for s in self._rows if s.request.priority]
         rows = urgent or self._rows
         groups: dict[str, list[Slot]] = {}
-        for slot in rows:
+        # In seq id order: with one KV stream per sequence, llama.cpp splits a batch into equal-length
+        # ubatches of consecutive ascending sequence ids, so any other order costs extra graph runs.
+        for slot in sorted(rows, key=lambda s: s.seq_id):
             groups.setdefault(slot.adapter_key, []).append(slot)
+        decoded = 0
         for key, group in groups.items():
             try:
-                self._decode(key, group)
+                decoded += self._decode(key, group)
             except Exception as e:  # a failed decode fails that call's requests, not the node
                 logger.exception("llama.cpp decode failed")
                 for slot in group:
                     if not slot.finish:
                         slot.fail(e)
                         self._release(slot)
+        if decoded:
+            self.stats.steps += 1
+            self.stats.last_batch = decoded
+            self.stats.tokens += decoded
 
-    def _decode(self, adapter_key: str, group: list[Slot]) -> None:
+    def _decode(self, adapter_key: str, group: list[Slot]) -> int:
+        """One llama_decode for these rows; returns how many decoding rows it advanced."""
         t0 = time.perf_counter()
         lib, batch = self.lib, self.batch
         if adapter_key != self._adapter_in_context:
@@ -272,7 +306,7 @@ class LlamaCppScheduler:
             slot.fed += take
             prefilled += take
         if not batch.n_tokens:
-            return
+            return 0
         rc = lib.llama_decode(self.ctx, batch)
         if rc != 0:
             raise RuntimeError(f"llama_decode failed (code {rc})")
@@ -286,13 +320,10 @@ class LlamaCppScheduler:
             if done:
                 self._release(slot)
         elapsed = time.perf_counter() - t0
-        if decoding:
-            self.stats.steps += 1
-            self.stats.last_batch = decoding
-            self.stats.tokens += decoding
-        if prefilled:
-            self.stats.prefill_seconds += elapsed * prefilled / batch.n_tokens
-        self.stats.decode_seconds += elapsed * decoding / batch.n_tokens
+        total = decoding + prefilled
+        self.stats.prefill_seconds += elapsed * prefilled / total
+        self.stats.decode_seconds += elapsed * decoding / total
+        return decoding
 
     def _choose(self, slot: Slot, index: int) -> int:
         req = slot.request

@@ -174,8 +174,8 @@ def _local_model(cfg: NodeConfig, what: str, spec: Any, deepspeed: str | None) -
     if not trains_lora(cfg):
         raise TrainingError(
             f"{what} on a local model: model.backend is {cfg.model.backend!r}"
-            + (f" serving {cfg.model.path}" if cfg.model.path is not None else "")
-            + "; LoRA runs need 'transformers' with model.path, or the bundled model"
+            + (f" with model.path {cfg.model.path}" if cfg.model.path is not None else "")
+            + "; it must be 'transformers' (or 'llamacpp' serving the bundled model)"
         )
     try:
         path = training_weights(cfg)

@@ -105,10 +105,12 @@ def test_prompt_tokens_and_text_match_the_transformers_tokenizer(
 
 def test_greedy_rows_answer_in_a_batch_exactly_as_alone(backend: LlamaCppBackend) -> None:
     alone = [run(backend, GenerationRequest(msgs(p), max_tokens=24)).text for p in PROMPTS]
+    stats = backend.scheduler.stats
+    steps, tokens = stats.steps, stats.tokens
     batched = together(backend, [GenerationRequest(msgs(p), max_tokens=24) for p in PROMPTS])
     assert [r.text for r in batched] == alone
     assert len(set(alone)) == len(alone)
-    assert backend.scheduler.stats.last_batch >= 2  # they did decode together
+    assert (stats.tokens - tokens) / (stats.steps - steps) >= 2  # they did decode together
     wait_idle(backend)
 
 
@@ -230,6 +232,20 @@ def test_expert_factors_bias_the_row_that_carries_them(backend: LlamaCppBackend)
     a, b = together(backend, [plain, biased])
     assert b.text.strip() == backend.gguf.decode([target] * 3).strip()
     assert a.text == run(backend, GenerationRequest(msgs(PROMPTS[1]), max_tokens=3)).text
+
+
+def test_factors_distilled_on_the_gguf_vocabulary_apply_under_the_transformers_tokenizer(
+    backend: LlamaCppBackend, hf_dir: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    from zoo.inference.factors import tokenizer_tag, tokenizers_match
+    from zoo.trainer.tfgrpo.distill import distill_factors
+
+    assert tokenizers_match(tokenizer_tag(backend.gguf), tokenizer_tag(AutoTokenizer.from_pretrained(hf_dir)))
+    assert set(backend.gguf.all_special_ids) >= {0, 1, 2}
+    factors = distill_factors(["The answer is 100 cm.", "100 cm"], [1.0, -1.0], backend.gguf)
+    assert factors is not None and tokenizers_match(factors.tokenizer, tokenizer_tag(backend.gguf))
 
 
 def test_adapters_convert_once_change_answers_and_mix_with_the_base(

@@ -103,6 +103,7 @@ def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Net]:
         for node in n.nodes.values():
             wait_until("version 1 active", lambda nd=node: status(nd).library.version >= 1, 90, node)
         n.nodes["b"].wait_component("model", "SERVING", timeout_s=180)
+        n.nodes["b"].wait_component("retrieval", "SERVING", timeout_s=180)  # answers from its library
         yield n
     finally:
         for node in n.nodes.values():
