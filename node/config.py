@@ -245,6 +245,10 @@ class ModelConfig(_Section):
     inference.max_batch_size x the model's bytes per token: 23 KB for the bundled model, so 16 x 2048
     takes 0.75 GB). transformers and vllm read it from the model."""
 
+    kv_cache_type: Literal["f16", "q8_0"] = "f16"
+    """llamacpp: how the KV cache stores keys and values. q8_0 halves its memory (about 0.38 GB instead of
+    0.75 GB at the defaults) at the cost of a little precision and ~10% of batched throughput here."""
+
     @model_validator(mode="after")
     def _openai_needs_server(self) -> ModelConfig:
         if self.backend == "openai" and not (self.base_url and self.name):

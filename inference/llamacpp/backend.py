@@ -38,6 +38,7 @@ class LlamaCppBackend:
         context_length: int = DEFAULT_CONTEXT,
         threads: int = 0,
         adapters: Any = None,
+        kv_cache_type: str = "f16",
     ) -> None:
         self.gguf = gguf
         self.tokenizer = gguf  # what expert factors read: the vocabulary (inference.factors)
@@ -50,6 +51,7 @@ class LlamaCppBackend:
             context_length=self.context_length,
             threads=threads,
             adapters=adapters,
+            kv_cache_type=kv_cache_type,
         )
         self.batcher = self.scheduler  # status and metrics read the scheduler's stats under this name
         self._grammars: Any = None
@@ -72,6 +74,7 @@ class LlamaCppBackend:
         converter_dir: Path | None = None,
         base_weights: Path | None = None,
         max_adapters: int = 8,
+        kv_cache_type: str = "f16",
     ) -> LlamaCppBackend:
         """adapters_cache: where converted adapters are kept (None: no adapters); converter_dir: llama.cpp's
         conversion scripts; base_weights: the model's Hugging Face directory, which conversion reads."""
@@ -88,6 +91,7 @@ class LlamaCppBackend:
             context_length=context_length,
             threads=threads,
             adapters=adapters,
+            kv_cache_type=kv_cache_type,
         )
 
     def count_prompt_tokens(self, messages: list[dict[str, str]]) -> int:

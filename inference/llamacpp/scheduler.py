@@ -93,6 +93,7 @@ class LlamaCppScheduler:
         threads: int = 0,
         step_tokens: int = 512,
         adapters: Any = None,
+        kv_cache_type: str = "f16",
     ) -> None:
         import os
 
@@ -111,6 +112,9 @@ class LlamaCppScheduler:
         params.n_batch = params.n_ubatch = step_tokens
         params.n_threads = params.n_threads_batch = threads
         params.no_perf = True
+        if kv_cache_type != "f16":  # a quantised V cache needs flash attention
+            params.type_k = params.type_v = {"q8_0": lib.GGML_TYPE_Q8_0}[kv_cache_type]
+            params.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
         self.ctx = lib.llama_init_from_model(model.model, params)
         if not self.ctx:
             raise GgufLoadError(

@@ -182,6 +182,7 @@ def load_backend(
             converter_dir=converter,
             base_weights=base,
             max_adapters=cfg.max_loaded_adapters,
+            kv_cache_type=cfg.kv_cache_type,
         )
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")

@@ -322,3 +322,36 @@ def test_a_prompt_beyond_the_request_context_is_refused(backend: LlamaCppBackend
     with pytest.raises(ValueError, match="context"):
         run(backend, GenerationRequest(msgs("word " * 1200), max_tokens=4))
     assert run(backend, GenerationRequest(msgs("hi"), max_tokens=2)).completion_tokens > 0
+
+
+def test_a_q8_0_kv_cache_answers_and_takes_about_half_the_memory() -> None:
+    import subprocess
+    import sys
+
+    code = """
+import asyncio, sys
+from zoo.inference.backend import GenerationRequest, generate
+from zoo.inference.llamacpp.backend import LlamaCppBackend
+from zoo.inference.models import bundled_gguf
+
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096
+before = rss()
+b = LlamaCppBackend.load(bundled_gguf(), "m", max_batch_size=16, context_length=2048, threads=1,
+                         kv_cache_type=sys.argv[1])
+grown = rss() - before
+ask = GenerationRequest([{"role": "user", "content": "Name a prime number."}], max_tokens=8)
+r = asyncio.run(generate(b, ask))
+print(grown, r.completion_tokens)
+"""
+
+    def grown(kind: str) -> tuple[int, int]:
+        out = subprocess.run([sys.executable, "-c", code, kind], capture_output=True, text=True, check=True)
+        size, tokens = out.stdout.split()
+        return int(size), int(tokens)
+
+    f16, f16_tokens = grown("f16")
+    q8, q8_tokens = grown("q8_0")
+    kv_f16 = 16 * 2048 * 30 * 2 * 3 * 64 * 2  # slots x tokens x layers x (K, V) x kv heads x head dim x bytes
+    assert f16 > kv_f16 and f16_tokens > 0 and q8_tokens > 0
+    assert f16 - q8 > 0.4 * kv_f16  # q8_0 stores 34 bytes per 32 values instead of 64
