@@ -317,7 +317,7 @@ def structured(backend: Any, samples: int) -> None:
     from zoo.inference import structured as st
 
     spent = [0.0, 0]
-    original = st.JsonConstraint.mask_logits, st.JsonConstraint.accept
+    original = st.JsonConstraint.mask_logits, st.JsonConstraint.accept, st.JsonConstraint.mask_array
 
     def timed(fn, count: bool):
         def wrapper(self, *a):
@@ -332,9 +332,10 @@ def structured(backend: Any, samples: int) -> None:
 
     st.JsonConstraint.mask_logits = timed(original[0], True)
     st.JsonConstraint.accept = timed(original[1], False)
+    st.JsonConstraint.mask_array = timed(original[2], True)  # the llamacpp backend's path
     free_ok, free_s, free_tokens = asyncio.run(run(None))
     con_ok, con_s, con_tokens = asyncio.run(run(ResponseFormat("json_schema", schema)))
-    st.JsonConstraint.mask_logits, st.JsonConstraint.accept = original
+    st.JsonConstraint.mask_logits, st.JsonConstraint.accept, st.JsonConstraint.mask_array = original
     stats = backend.batcher.stats
     step_ms = stats.decode_seconds / max(stats.steps, 1) * 1000
     grammar_ms = spent[0] / max(spent[1], 1) * 1000

@@ -18,8 +18,9 @@ shares its per-request bookkeeping (decoding.py).
   others keep their caches and resume after.
 - Prompt caching: a finished request's keys and values stay in its slot; a new request takes the free
   slot whose cached tokens share the longest prefix with its prompt (same adapter) and prefills only the
-  rest, as llama.cpp's server does. Repeated system prompts, lessons and TF-GRPO's group rollouts of one
-  question skip most of their prefill.
+  rest, as llama.cpp's server does. Requests arriving together with one start (TF-GRPO's group rollouts
+  of one question) go one step apart: the first prefills, the others copy its KV stream. Repeated system
+  prompts and lessons skip most of their prefill.
 - Sampling runs on the row's logits in numpy (greedy, temperature, top-p with transformers' rule), from a
   per-request generator seeded by the request's seed; expert factors and grammar masks are applied first,
   exactly as the transformers backend applies them.
@@ -45,6 +46,8 @@ from zoo.inference.llamacpp.gguf import GgufLoadError, GgufModel
 logger = logging.getLogger(__name__)
 
 BASE = ""  # the adapter key of the base model
+# Prompt tokens two requests must share for one to wait a step and copy the other's prefilled cache.
+SHARED_PREFIX = 32
 
 
 @dataclass
@@ -130,6 +133,8 @@ class LlamaCppScheduler:
         # What each free slot's KV cache still holds: (adapter key, tokens from position 0).
         self._cached: dict[int, tuple[str, list[int]]] = {}
         self.reused_tokens = 0  # prompt tokens taken from cached prefixes instead of prefilled
+        self._used: dict[int, int] = {}  # slot -> when it was last given to a request
+        self._clock = 0
         self._cond = threading.Condition()
         self._waiting: deque[Slot] = deque()
         self._rows: list[Slot] = []
@@ -206,10 +211,14 @@ class LlamaCppScheduler:
         """Give waiting requests free slots (under the lock: nothing slow here)."""
         admitted = []
         while self._waiting and self._free:
-            slot = self._waiting.popleft()
+            slot = self._waiting[0]
             if slot.request.cancel.is_set():
+                self._waiting.popleft()
                 slot.end("cancelled")
                 continue
+            if self._prefilling_same_start(slot):
+                break  # admitted next step, copying that row's prefilled prompt instead of computing it
+            self._waiting.popleft()
             self._place(slot)
             self._rows.append(slot)
             admitted.append(slot)
@@ -227,24 +236,54 @@ class LlamaCppScheduler:
                 slot.fail(e)
                 self._release(slot)
 
+    def _prefilling_same_start(self, slot: Slot) -> bool:
+        """Whether a running row still prefilling shares at least SHARED_PREFIX prompt tokens with this one
+        (TF-GRPO's group rollouts of one question, n samples of one prompt)."""
+        return any(
+            row.prefilling
+            and row.adapter_key == slot.adapter_key
+            and _common_prefix(row.prompt_ids, slot.prompt_ids) >= SHARED_PREFIX
+            for row in self._rows
+        )
+
     def _place(self, slot: Slot) -> None:
-        """Give the slot the free sequence whose cached tokens share the longest prefix with its prompt,
-        and drop the rest of that cache. At least one prompt token is always fed (its logits are needed)."""
-        best, common = min(self._free), 0
+        """Give the slot a free sequence holding as much of its prompt as can be had: the free sequence whose
+        cached tokens share the longest prefix with it, or, when a running row's cache shares clearly more,
+        a copy of that row's KV stream. The rest is dropped; at least one prompt token is always fed (its
+        logits are needed)."""
+        # The free slot holding the most of this prompt, if that is worth it (at least SHARED_PREFIX
+        # tokens); else the one whose cache was used longest ago, so a cache keeps serving its own repeats.
+        best = min(self._free, key=lambda seq: self._used.get(seq, -1))
+        common = 0
         for seq in sorted(self._free):
             key, tokens = self._cached.get(seq, (BASE, []))
             if key == slot.adapter_key:
                 n = _common_prefix(tokens, slot.prompt_ids)
-                if n > common:
+                if n > common and n >= min(SHARED_PREFIX, len(slot.prompt_ids) - 1):
                     best, common = seq, n
+        source, shared = None, 0
+        for row in self._rows:
+            if row.adapter_key == slot.adapter_key and not row.prefilling:
+                n = _common_prefix(row.prompt_ids + row.generated[:-1], slot.prompt_ids)
+                if n > shared:
+                    source, shared = row, n
         self._free.remove(best)
         self._cached.pop(best, None)
+        mem, lib = self.memory, self.lib
+        if source is not None and shared >= common + SHARED_PREFIX:
+            # A whole-stream copy (one KV stream per sequence), done by llama.cpp before its next decode;
+            # the copied cells past the shared prefix are then dropped.
+            lib.llama_memory_seq_rm(mem, best, -1, -1)
+            lib.llama_memory_seq_cp(mem, source.seq_id, best, -1, -1)
+            common = shared
         common = min(common, len(slot.prompt_ids) - 1)
-        if not common or not self.lib.llama_memory_seq_rm(self.memory, best, common, -1):
-            self.lib.llama_memory_seq_rm(self.memory, best, -1, -1)
+        if not common or not lib.llama_memory_seq_rm(mem, best, common, -1):
+            lib.llama_memory_seq_rm(mem, best, -1, -1)
             common = 0
         slot.seq_id, slot.fed = best, common
         self.reused_tokens += common
+        self._clock += 1
+        self._used[best] = self._clock
 
     def _step(self) -> None:
         for slot in [s for s in self._rows if s.request.cancel.is_set()]:
