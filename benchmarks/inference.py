@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -39,8 +40,14 @@ import httpx
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+_POLICY = os.environ.get("OMP_WAIT_POLICY")
 
 from tests.conftest import NodeProcess, base_config, launch, write_config  # noqa: E402
+
+# The test helpers make OpenMP threads wait passively (for torch's sake, with tests in parallel); that
+# slows llama.cpp's OpenMP barriers two- to threefold, here and in the nodes this benchmark launches.
+if _POLICY is None:
+    os.environ.pop("OMP_WAIT_POLICY", None)
 from zoo.inference.backend import GenerationRequest, ResponseFormat, generate  # noqa: E402
 from zoo.inference.models import prepare_bundled_chat_model  # noqa: E402
 from zoo.inference.transformers_backend import TransformersBackend  # noqa: E402
@@ -88,7 +95,7 @@ def main() -> None:
         if 4 in only:
             structured(backend, args.structured_samples)
         if 5 in only:
-            llamacpp_single_stream(backend if args.backend == "llamacpp" else None, args.runs)
+            llamacpp_single_stream(args.runs)
         if 6 in only:
             first_answer(Path(tmp), args.runs // 2 or 1)
         if 7 in only:
@@ -353,57 +360,69 @@ def structured(backend: Any, samples: int) -> None:
     print(sample.text[:300])
 
 
-def llamacpp_single_stream(ours: Any, runs: int) -> None:
-    """The llamacpp backend against llama-cpp-python's own chat completion on the same GGUF, threads and
-    prompts, greedy, alternating; the transformers backend beside them. Both llama.cpp engines keep the
-    previous prompt's cache (llama-cpp-python reuses its last prompt's prefix; the backend its slots')."""
+ENGINE_RUN = """
+import asyncio, json, sys, time
+engine, tokens, prompt, runs = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+messages = [{"role": "user", "content": prompt}]
+if engine == "llama-cpp-python":
     from llama_cpp import Llama
-
-    from zoo.inference.llamacpp.backend import LlamaCppBackend
     from zoo.inference.models import bundled_gguf
+    llm = Llama(model_path=str(bundled_gguf()), n_ctx=4096, n_threads=THREADS, n_threads_batch=THREADS,
+                verbose=False)
+    def once():
+        out = llm.create_chat_completion(messages=messages, max_tokens=tokens, temperature=0.0)
+        return out["usage"]["completion_tokens"], out["choices"][0]["message"]["content"]
+else:
+    sys.path.insert(0, "REPO")
+    from benchmarks.inference import local_backend
+    from zoo.inference.backend import GenerationRequest, generate
+    backend = local_backend(engine)
+    def once():
+        r = asyncio.run(generate(backend, GenerationRequest(messages, max_tokens=tokens)))
+        return r.completion_tokens, r.text
+once()  # warm: the prompt's cache, first-call costs
+out = []
+for _ in range(runs):
+    t0 = time.perf_counter()
+    n, text = once()
+    out.append((time.perf_counter() - t0, n, text))
+print(json.dumps(out))
+"""
 
-    gguf = bundled_gguf()
-    ours = ours or LlamaCppBackend.load(gguf, "local", max_batch_size=16, threads=THREADS)
-    ref = Llama(model_path=str(gguf), n_ctx=4096, n_threads=THREADS, n_threads_batch=THREADS, verbose=False)
-    hf = local_backend("transformers")
-    print(f"\n5) single stream on the bundled GGUF, greedy, {THREADS} threads, {runs} alternating runs")
+
+def llamacpp_single_stream(runs: int) -> None:
+    """The llamacpp backend against llama-cpp-python's own chat completion on the same GGUF, threads and
+    prompts, greedy; the transformers backend beside them. Each engine runs in a child process of its own
+    (llama.cpp's OpenMP threads of two engines in one process slow each other), in alternating order;
+    both llama.cpp engines reuse the previous prompt's cache, as they do in use."""
+    import subprocess
+
+    engines = ("llama-cpp-python", "llamacpp", "transformers")
+    code = ENGINE_RUN.replace("THREADS", str(THREADS)).replace("REPO", str(REPO))
+    print(
+        f"\n5) single stream on the bundled GGUF, greedy, {THREADS} threads, {runs} runs in 2 rounds a engine"
+    )
     for tokens, prompt in ((32, PROMPT), (256, LONG_PROMPT)):
-        messages = [{"role": "user", "content": prompt}]
-
-        def llama_cpp_python(messages: list = messages, tokens: int = tokens) -> tuple[float, int, str]:
-            t0 = time.perf_counter()
-            out = ref.create_chat_completion(messages=messages, max_tokens=tokens, temperature=0.0)
-            dt = time.perf_counter() - t0
-            return dt, out["usage"]["completion_tokens"], out["choices"][0]["message"]["content"]
-
-        def backend(b: Any, messages: list = messages, tokens: int = tokens) -> Any:
-            def once() -> tuple[float, int, str]:
-                t0 = time.perf_counter()
-                r = asyncio.run(generate(b, GenerationRequest(messages, max_tokens=tokens)))
-                return time.perf_counter() - t0, r.completion_tokens, r.text
-
-            return once
-
-        engines = {"llama-cpp-python Llama": llama_cpp_python, "llamacpp backend": backend(ours),
-                   "transformers backend": backend(hf)}  # fmt: skip
-        for fn in engines.values():
-            fn()  # warm: load, caches
-        timing: dict[str, list[tuple[float, int, str]]] = {name: [] for name in engines}
-        for i in range(runs):
-            order = list(engines) if i % 2 == 0 else list(reversed(engines))
-            for name in order:
-                timing[name].append(engines[name]())
-        rates = {n: statistics.median(k / dt for dt, k, _ in t) for n, t in timing.items()}
-        base = rates["llama-cpp-python Llama"]
+        timing: dict[str, list] = {e: [] for e in engines}
+        for round_ in range(2):
+            for engine in engines if round_ == 0 else tuple(reversed(engines)):
+                done = subprocess.run(
+                    [sys.executable, "-c", code, engine, str(tokens), prompt, str(max(runs // 2, 1))],
+                    capture_output=True, text=True, check=True, cwd=REPO,
+                )  # fmt: skip
+                timing[engine] += json.loads(done.stdout.strip().splitlines()[-1])
+        rates = {e: statistics.median(n / dt for dt, n, _ in t) for e, t in timing.items()}
+        base = rates["llama-cpp-python"]
         print(f"   {tokens} new tokens ({prompt[:40]}...):")
-        for name, t in timing.items():
+        for engine, t in timing.items():
             ms = statistics.median(dt for dt, _, _ in t) * 1000
-            ratio = rates[name] / base
-            print(f"     {name:24s} median {ms:8.1f} ms  {rates[name]:6.1f} tok/s  ratio {ratio:.2f}x")
-        text = {n: t[0][2] for n, t in timing.items()}
-        ours_text = text["llamacpp backend"]
-        print(f"     same text: backend = Llama {ours_text == text['llama-cpp-python Llama']}, "
-              f"backend = transformers {ours_text == text['transformers backend']}")  # fmt: skip
+            label = {"llama-cpp-python": "llama-cpp-python Llama", "llamacpp": "llamacpp backend",
+                     "transformers": "transformers backend"}[engine]  # fmt: skip
+            rate = rates[engine]
+            print(f"     {label:24s} median {ms:8.1f} ms  {rate:6.1f} tok/s  ratio {rate / base:.2f}x")
+        text = {e: t[0][2] for e, t in timing.items()}
+        print(f"     same text: backend = Llama {text['llamacpp'] == text['llama-cpp-python']}, "
+              f"backend = transformers {text['llamacpp'] == text['transformers']}")  # fmt: skip
 
 
 def first_answer(tmp: Path, runs: int) -> None:
