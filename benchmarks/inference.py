@@ -293,7 +293,7 @@ def flood(node: NodeProcess, client: NodeClient, n: int) -> None:
 
 def structured(backend: Any, samples: int) -> None:
     from zoo.trainer.tasks.schema import load_shipped
-    from zoo.trainer.tfgrpo.critic import OperationsReply, compare_messages, operations_schema
+    from zoo.trainer.tfgrpo.critic import OperationsReply, compare_messages, finished_part, operations_schema
 
     tasks = load_shipped("train")[:samples]
     convos = []
@@ -309,10 +309,18 @@ def structured(backend: Any, samples: int) -> None:
         except ValueError:
             return False
 
+    def operations_kept(text: str) -> int:
+        """Finished operations the critic takes from a reply, a cut one included (critic.finished_part)."""
+        whole = finished_part(text, OperationsReply)
+        return len(whole.operations) if whole is not None else 0
+
+    kept: dict[str, int] = {}
+
     async def run(fmt: ResponseFormat | None) -> tuple[int, float, int]:
         t0 = time.perf_counter()
         results = await asyncio.gather(*(generate(backend, GenerationRequest(m, max_tokens=160,
                                                   response_format=fmt)) for m in convos))  # fmt: skip
+        kept["free" if fmt is None else "constrained"] = sum(operations_kept(r.text) > 0 for r in results)
         return (
             sum(usable(r.text) for r in results),
             time.perf_counter() - t0,
@@ -347,7 +355,10 @@ def structured(backend: Any, samples: int) -> None:
     step_ms = stats.decode_seconds / max(stats.steps, 1) * 1000
     grammar_ms = spent[0] / max(spent[1], 1) * 1000
     print(f"\n4) structured output: TF-GRPO compare replies for {len(convos)} shipped tasks, greedy, batched")
-    print(f"   usable operations JSON: free {free_ok}/{len(convos)}, constrained {con_ok}/{len(convos)}")
+    print(f"   whole operations JSON within 160 tokens: free {free_ok}/{len(convos)}, "
+          f"constrained {con_ok}/{len(convos)}")  # fmt: skip
+    print(f"   replies the critic takes operations from (a cut one's finished ones too): "
+          f"free {kept['free']}/{len(convos)}, constrained {kept['constrained']}/{len(convos)}")  # fmt: skip
     print(f"   grammar time per constrained token {grammar_ms:.2f} ms; a decode step (whole batch) "
           f"{step_ms:.1f} ms on average in this process")  # fmt: skip
     print(
