@@ -18,8 +18,8 @@ shares its per-request bookkeeping (decoding.py).
   others keep their caches and resume after.
 - Prompt caching: a finished request's keys and values stay in its slot; a new request takes the free
   slot whose cached tokens share the longest prefix with its prompt (same adapter) and prefills only the
-  rest, as llama.cpp's server does. Requests arriving together with one start (TF-GRPO's group rollouts
-  of one question) go one step apart: the first prefills, the others copy its KV stream. Repeated system
+  rest, as llama.cpp's server does. A request whose start a running row is about to prefill (TF-GRPO's
+  group rollouts of one question) waits that step and then copies the row's KV stream. Repeated system
   prompts and lessons skip most of their prefill.
 - Sampling runs on the row's logits in numpy (greedy, temperature, top-p with transformers' rule), from a
   per-request generator seeded by the request's seed; expert factors and grammar masks are applied first,
@@ -133,8 +133,15 @@ class LlamaCppScheduler:
         # What each free slot's KV cache still holds: (adapter key, tokens from position 0).
         self._cached: dict[int, tuple[str, list[int]]] = {}
         self.reused_tokens = 0  # prompt tokens taken from cached prefixes instead of prefilled
-        self._used: dict[int, int] = {}  # slot -> when it was last given to a request
+        self._used: dict[int, int] = {}  # slot -> when its cache was last written (released)
         self._clock = 0
+        # Partial reuse needs a cache whose cells past a position can be dropped and that keeps every
+        # position: not so for recurrent state or sliding-window layers, whose caches start over instead.
+        self._reuse = not (
+            lib.llama_model_is_recurrent(model.model)
+            or lib.llama_model_is_hybrid(model.model)
+            or lib.llama_model_n_swa(model.model) > 0
+        )
         self._cond = threading.Condition()
         self._waiting: deque[Slot] = deque()
         self._rows: list[Slot] = []
@@ -208,20 +215,22 @@ class LlamaCppScheduler:
             slot.fail(RuntimeError("the model is shutting down"))
 
     def _admit(self) -> list[Slot]:
-        """Give waiting requests free slots (under the lock: nothing slow here)."""
-        admitted = []
+        """Give waiting requests free slots (under the lock: nothing slow here). A request whose prompt
+        start another row is about to prefill waits a step, then copies it; the ones behind it go on."""
+        admitted: list[Slot] = []
+        held: list[Slot] = []
         while self._waiting and self._free:
-            slot = self._waiting[0]
+            slot = self._waiting.popleft()
             if slot.request.cancel.is_set():
-                self._waiting.popleft()
                 slot.end("cancelled")
                 continue
-            if self._prefilling_same_start(slot):
-                break  # admitted next step, copying that row's prefilled prompt instead of computing it
-            self._waiting.popleft()
+            if self._worth_waiting(slot):
+                held.append(slot)
+                continue
             self._place(slot)
             self._rows.append(slot)
             admitted.append(slot)
+        self._waiting.extendleft(reversed(held))  # still first in line
         self.stats.waiting = len(self._waiting)
         return admitted
 
@@ -236,54 +245,69 @@ class LlamaCppScheduler:
                 slot.fail(e)
                 self._release(slot)
 
-    def _prefilling_same_start(self, slot: Slot) -> bool:
-        """Whether a running row still prefilling shares at least SHARED_PREFIX prompt tokens with this one
-        (TF-GRPO's group rollouts of one question, n samples of one prompt)."""
-        return any(
-            row.prefilling
-            and row.adapter_key == slot.adapter_key
-            and _common_prefix(row.prompt_ids, slot.prompt_ids) >= SHARED_PREFIX
-            for row in self._rows
-        )
+    def _cached_start(self, slot: Slot) -> int:
+        """The longest prefix of the prompt a free slot's cache holds (counted only from SHARED_PREFIX)."""
+        best = 0
+        for key, tokens in (self._cached.get(seq, (BASE, [])) for seq in self._free):
+            if key == slot.adapter_key:
+                n = _common_prefix(tokens, slot.prompt_ids)
+                if n > best and n >= min(SHARED_PREFIX, len(slot.prompt_ids) - 1):
+                    best = n
+        return best
+
+    def _worth_waiting(self, slot: Slot) -> bool:
+        """Whether a row that runs next step will then hold, prefilled, at least SHARED_PREFIX more of this
+        prompt than any free slot's cache does now (TF-GRPO's group rollouts of one question). Never for a
+        row that waits on priority rows, nor a priority request behind another request."""
+        if not self._reuse:
+            return False
+        urgent = any(r.request.priority for r in self._rows)
+        target = self._cached_start(slot) + SHARED_PREFIX
+        for row in self._rows:
+            if not row.prefilling or row.adapter_key != slot.adapter_key:
+                continue
+            if (urgent or slot.request.priority) and not row.request.priority:
+                continue
+            shared = min(_common_prefix(row.prompt_ids, slot.prompt_ids), len(slot.prompt_ids) - 1)
+            if shared >= target and row.fed < shared:
+                return True
+        return False
 
     def _place(self, slot: Slot) -> None:
         """Give the slot a free sequence holding as much of its prompt as can be had: the free sequence whose
         cached tokens share the longest prefix with it, or, when a running row's cache shares clearly more,
-        a copy of that row's KV stream. The rest is dropped; at least one prompt token is always fed (its
-        logits are needed)."""
-        # The free slot holding the most of this prompt, if that is worth it (at least SHARED_PREFIX
-        # tokens); else the one whose cache was used longest ago, so a cache keeps serving its own repeats.
-        best = min(self._free, key=lambda seq: self._used.get(seq, -1))
-        common = 0
-        for seq in sorted(self._free):
-            key, tokens = self._cached.get(seq, (BASE, []))
-            if key == slot.adapter_key:
-                n = _common_prefix(tokens, slot.prompt_ids)
-                if n > common and n >= min(SHARED_PREFIX, len(slot.prompt_ids) - 1):
-                    best, common = seq, n
+        a copy of that row's KV stream into the least recently used free sequence. The rest is dropped; at
+        least one prompt token is always fed (its logits are needed)."""
+        lru = min(self._free, key=lambda seq: self._used.get(seq, -1))
+        best, common = lru, 0
+        if self._reuse:
+            for seq in sorted(self._free):
+                key, tokens = self._cached.get(seq, (BASE, []))
+                if key == slot.adapter_key:
+                    n = _common_prefix(tokens, slot.prompt_ids)
+                    if n > common and n >= min(SHARED_PREFIX, len(slot.prompt_ids) - 1):
+                        best, common = seq, n
         source, shared = None, 0
-        for row in self._rows:
-            if row.adapter_key == slot.adapter_key and not row.prefilling:
-                n = _common_prefix(row.prompt_ids + row.generated[:-1], slot.prompt_ids)
+        for row in self._rows if self._reuse else ():
+            if row.adapter_key == slot.adapter_key:
+                n = _common_prefix(_in_cache(row), slot.prompt_ids)
                 if n > shared:
                     source, shared = row, n
-        self._free.remove(best)
-        self._cached.pop(best, None)
         mem, lib = self.memory, self.lib
         if source is not None and shared >= common + SHARED_PREFIX:
-            # A whole-stream copy (one KV stream per sequence), done by llama.cpp before its next decode;
-            # the copied cells past the shared prefix are then dropped.
-            lib.llama_memory_seq_rm(mem, best, -1, -1)
+            # A whole-stream copy (one KV stream per sequence), done by llama.cpp before its next decode,
+            # into the least recently used sequence so a useful cache survives; the copied cells past the
+            # shared prefix are then dropped.
+            best, common = lru, shared
             lib.llama_memory_seq_cp(mem, source.seq_id, best, -1, -1)
-            common = shared
+        self._free.remove(best)
+        self._cached.pop(best, None)
         common = min(common, len(slot.prompt_ids) - 1)
         if not common or not lib.llama_memory_seq_rm(mem, best, common, -1):
             lib.llama_memory_seq_rm(mem, best, -1, -1)
             common = 0
         slot.seq_id, slot.fed = best, common
         self.reused_tokens += common
-        self._clock += 1
-        self._used[best] = self._clock
 
     def _step(self) -> None:
         for slot in [s for s in self._rows if s.request.cancel.is_set()]:
@@ -389,10 +413,17 @@ class LlamaCppScheduler:
         self._rows.remove(slot)
         if slot.finish == "error":
             self.lib.llama_memory_seq_rm(self.memory, slot.seq_id, -1, -1)
-        else:  # in the cache: the prompt as far as fed, and every generated token but the last
-            fed = slot.prompt_ids[: slot.fed] + (slot.generated[:-1] if not slot.prefilling else [])
-            self._cached[slot.seq_id] = (slot.adapter_key, fed)
+        else:
+            self._cached[slot.seq_id] = (slot.adapter_key, _in_cache(slot))
+        self._clock += 1
+        self._used[slot.seq_id] = self._clock  # its cache is the freshest
         self._free.append(slot.seq_id)
+
+
+def _in_cache(slot: Slot) -> list[int]:
+    """The tokens a slot's KV stream holds: its prompt as far as fed, and every generated token but the
+    last (sampled, not yet fed)."""
+    return slot.prompt_ids[: slot.fed] + (slot.generated[:-1] if not slot.prefilling else [])
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
