@@ -245,15 +245,17 @@ class LlamaCppScheduler:
                 slot.fail(e)
                 self._release(slot)
 
-    def _cached_start(self, slot: Slot) -> int:
-        """The longest prefix of the prompt a free slot's cache holds (counted only from SHARED_PREFIX)."""
-        best = 0
-        for key, tokens in (self._cached.get(seq, (BASE, [])) for seq in self._free):
+    def _cached_start(self, slot: Slot) -> tuple[int | None, int]:
+        """The free sequence whose cache holds the longest prefix of the prompt, and that length; counted
+        only from SHARED_PREFIX tokens (None, 0 when none holds that much)."""
+        best, common = None, 0
+        for seq in sorted(self._free):
+            key, tokens = self._cached.get(seq, (BASE, []))
             if key == slot.adapter_key:
                 n = _common_prefix(tokens, slot.prompt_ids)
-                if n > best and n >= min(SHARED_PREFIX, len(slot.prompt_ids) - 1):
-                    best = n
-        return best
+                if n > common and n >= min(SHARED_PREFIX, len(slot.prompt_ids) - 1):
+                    best, common = seq, n
+        return best, common
 
     def _worth_waiting(self, slot: Slot) -> bool:
         """Whether a row that runs next step will then hold, prefilled, at least SHARED_PREFIX more of this
@@ -262,7 +264,7 @@ class LlamaCppScheduler:
         if not self._reuse:
             return False
         urgent = any(r.request.priority for r in self._rows)
-        target = self._cached_start(slot) + SHARED_PREFIX
+        target = self._cached_start(slot)[1] + SHARED_PREFIX
         for row in self._rows:
             if not row.prefilling or row.adapter_key != slot.adapter_key:
                 continue
@@ -279,14 +281,8 @@ class LlamaCppScheduler:
         a copy of that row's KV stream into the least recently used free sequence. The rest is dropped; at
         least one prompt token is always fed (its logits are needed)."""
         lru = min(self._free, key=lambda seq: self._used.get(seq, -1))
-        best, common = lru, 0
-        if self._reuse:
-            for seq in sorted(self._free):
-                key, tokens = self._cached.get(seq, (BASE, []))
-                if key == slot.adapter_key:
-                    n = _common_prefix(tokens, slot.prompt_ids)
-                    if n > common and n >= min(SHARED_PREFIX, len(slot.prompt_ids) - 1):
-                        best, common = seq, n
+        cached, common = self._cached_start(slot) if self._reuse else (None, 0)
+        best = cached if cached is not None else lru
         source, shared = None, 0
         for row in self._rows if self._reuse else ():
             if row.adapter_key == slot.adapter_key:
