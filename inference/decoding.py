@@ -6,14 +6,47 @@ batcher and the llama.cpp one) keep one `DecodingState` a request; this module i
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from zoo.inference.backend import GenerationRequest, GenerationResult, apply_stop
+from zoo.inference.adapters import AdapterLoadError
+from zoo.inference.backend import BackendError, Chunk, GenerationRequest, GenerationResult, apply_stop
 
 Emit = Callable[[Any], None]  # receives text deltas (str), then a GenerationResult or an exception
+
+
+async def relay(request: GenerationRequest, submit: Callable[[Emit], None]) -> AsyncIterator[Chunk]:
+    """A scheduler thread's output for one request as this event loop's stream: `submit(emit)` hands the
+    request to the thread, whose emits (text, then the result or an error) arrive here as chunks. On
+    completion, error, or when the consumer goes away (client cancel, deadline), the request is cancelled,
+    so the scheduler frees its row at its next step."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    def emit(item: Any) -> None:
+        # The consumer's loop may be gone (closed after a cancel); nothing is left to tell then.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+    submit(emit)
+    try:
+        while True:
+            item = await queue.get()
+            if isinstance(item, str):
+                yield Chunk(item)
+            elif isinstance(item, GenerationResult):
+                yield Chunk("", item)
+                return
+            elif isinstance(item, AdapterLoadError):
+                raise item
+            else:
+                raise BackendError(f"generation failed: {type(item).__name__}: {item}") from item
+    finally:
+        request.cancel.set()
 
 
 class Decoder(Protocol):

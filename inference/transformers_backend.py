@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from zoo.inference.adapters import AdapterLoadError
-from zoo.inference.backend import BackendError, Chunk, GenerationRequest, GenerationResult, ResponseFormat
+from zoo.inference.backend import Chunk, GenerationRequest, ResponseFormat
 from zoo.inference.batching import ContinuousBatcher
+from zoo.inference.decoding import relay
 from zoo.inference.model_loading import MODEL_LOADING
 from zoo.inference.structured import GrammarCache, JsonConstraint, hf_tokenizer_info
 
@@ -133,34 +134,13 @@ class TransformersBackend:
         return self._grammars.constraint(fmt)
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-
-        def emit(item: Any) -> None:
-            # The consumer's loop may be gone (closed after a cancel); nothing is left to tell then.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(queue.put_nowait, item)
-
         prompt_ids = await asyncio.to_thread(lambda: self._encode(request.messages)["input_ids"][0].tolist())
         fmt = request.response_format
         constraint = await asyncio.to_thread(self.constraint, fmt) if fmt is not None else None
-        self.batcher.submit(request, prompt_ids, emit, constraint)
-        try:
-            while True:
-                item = await queue.get()
-                if isinstance(item, str):
-                    yield Chunk(item)
-                elif isinstance(item, GenerationResult):
-                    yield Chunk("", item)
-                    return
-                elif isinstance(item, AdapterLoadError):
-                    raise item
-                else:
-                    raise BackendError(f"generation failed: {type(item).__name__}: {item}") from item
-        finally:
-            # Reached on completion, on error and when the consumer goes away (client cancel, deadline):
-            # the batcher frees the row at its next step.
-            request.cancel.set()
+        submit = functools.partial(self.batcher.submit, request, prompt_ids, constraint=constraint)
+        async with contextlib.aclosing(relay(request, submit)) as chunks:  # closed with this stream
+            async for chunk in chunks:
+                yield chunk
 
     async def close(self) -> None:
         await asyncio.to_thread(self.batcher.close)

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from zoo.inference.adapters import AdapterLoadError
-from zoo.inference.backend import BackendError, Chunk, GenerationRequest, GenerationResult, ResponseFormat
+from zoo.inference.backend import Chunk, GenerationRequest, ResponseFormat
+from zoo.inference.decoding import relay
 from zoo.inference.llamacpp.gguf import GgufModel
 from zoo.inference.llamacpp.scheduler import LlamaCppScheduler
 
@@ -107,14 +109,6 @@ class LlamaCppBackend:
         return self._grammars.constraint(fmt)
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-
-        def emit(item: Any) -> None:
-            # The consumer's loop may be gone (closed after a cancel); nothing is left to tell then.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(queue.put_nowait, item)
-
         prompt_ids = await asyncio.to_thread(self.gguf.encode_chat, request.messages)
         adapter = None
         if request.adapter is not None:
@@ -124,22 +118,12 @@ class LlamaCppBackend:
             adapter = await asyncio.to_thread(self.scheduler.adapters.converted, request.adapter)
         fmt = request.response_format
         constraint = await asyncio.to_thread(self.constraint, fmt) if fmt is not None else None
-        self.scheduler.submit(request, prompt_ids, emit, constraint, adapter)
-        try:
-            while True:
-                item = await queue.get()
-                if isinstance(item, str):
-                    yield Chunk(item)
-                elif isinstance(item, GenerationResult):
-                    yield Chunk("", item)
-                    return
-                elif isinstance(item, AdapterLoadError):
-                    raise item
-                else:
-                    raise BackendError(f"generation failed: {type(item).__name__}: {item}") from item
-        finally:
-            # On completion, error, or when the consumer goes away: the scheduler frees the slot next step.
-            request.cancel.set()
+        submit = functools.partial(
+            self.scheduler.submit, request, prompt_ids, constraint=constraint, adapter=adapter
+        )
+        async with contextlib.aclosing(relay(request, submit)) as chunks:  # closed with this stream
+            async for chunk in chunks:
+                yield chunk
 
     async def close(self) -> None:
         await asyncio.to_thread(self.scheduler.close)
