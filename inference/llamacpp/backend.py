@@ -77,10 +77,12 @@ class LlamaCppBackend:
         base_weights: Path | None = None,
         max_adapters: int = 8,
         kv_cache_type: str = "f16",
+        cancel: threading.Event | None = None,
     ) -> LlamaCppBackend:
         """adapters_cache: where converted adapters are kept (None: no adapters); converter_dir: llama.cpp's
-        conversion scripts; base_weights: the model's Hugging Face directory, which conversion reads."""
-        gguf = GgufModel(path)
+        conversion scripts; base_weights: the model's Hugging Face directory, which conversion reads;
+        cancel: set, it calls off a load in progress (GgufLoadCancelled)."""
+        gguf = GgufModel(path, cancel)
         adapters = None
         if adapters_cache is not None:
             from zoo.inference.llamacpp.lora import GgufAdapters

@@ -27,6 +27,10 @@ class GgufLoadError(RuntimeError):
     """The GGUF file could not be opened as a model by llama.cpp."""
 
 
+class GgufLoadCancelled(GgufLoadError):
+    """The load was called off (the node is stopping) before it finished."""
+
+
 def llama() -> Any:
     """llama.cpp's C API (llama_cpp.llama_cpp), initialised once, its log routed to Python logging."""
     global _initialised, _log_callback
@@ -51,14 +55,21 @@ def llama() -> Any:
 class GgufModel:
     """Loaded weights and vocabulary; contexts (KV caches) are made from it by the scheduler."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, cancel: threading.Event | None = None) -> None:
+        """cancel: once set, a load in progress stops at its next progress report (GgufLoadCancelled):
+        a node asked to stop does not wait for, nor exit under, a load still running in C."""
         lib = llama()
         self.lib = lib
         self.path = path
         if not path.is_file():
             raise GgufLoadError(f"{path} does not exist or is not a file")
         params = lib.llama_model_default_params()
+        if cancel is not None:
+            go_on = lib.llama_progress_callback(lambda _progress, _user: not cancel.is_set())
+            params.progress_callback = go_on  # referenced by `go_on` until the load returns
         self.model = lib.llama_model_load_from_file(str(path).encode(), params)
+        if not self.model and cancel is not None and cancel.is_set():
+            raise GgufLoadCancelled(f"loading {path} was called off")
         if not self.model:
             raise GgufLoadError(f"llama.cpp could not load {path} as a GGUF model")
         self.vocab = lib.llama_model_get_vocab(self.model)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -97,8 +99,15 @@ class ModelComponent(Component):
         self.cache_dir = cache_dir
         self.model_id = model_id
         self.max_batch_size = max_batch_size
-        self.backend: Any = None
+        self.backend: Any = None  # set once it has generated: what the node answers with
         self.load_seconds = 0.0
+        # A load runs in a daemon thread so that the server answers meanwhile; stop() calls it off and
+        # waits for it, and closes what it made even if readiness never came: native code (llama.cpp's
+        # loader and scheduler) left running while the interpreter exits can crash the process.
+        self._loaded: Any = None
+        self._cancel = threading.Event()
+        self._idle = threading.Event()
+        self._idle.set()
 
     async def setup(self) -> None:
         import time
@@ -106,6 +115,7 @@ class ModelComponent(Component):
         from zoo.inference.backend import GenerationRequest, generate
 
         start = time.perf_counter()
+        self._idle.clear()
         backend = await in_background_thread(self._load, "load-model")
         # Readiness is "it generates", not "the files loaded": one greedy token through the real backend.
         await generate(backend, GenerationRequest([{"role": "user", "content": "ok"}], max_tokens=1))
@@ -116,7 +126,13 @@ class ModelComponent(Component):
         )
 
     def _load(self) -> Any:
-        return load_backend(self.cfg, self.path, self.model_id, self.max_batch_size, self.cache_dir)
+        try:
+            self._loaded = load_backend(
+                self.cfg, self.path, self.model_id, self.max_batch_size, self.cache_dir, self._cancel
+            )
+            return self._loaded
+        finally:
+            self._idle.set()
 
     async def probe(self) -> tuple[State, str]:
         if self.backend is None:
@@ -125,8 +141,17 @@ class ModelComponent(Component):
         return State.SERVING, f"{self.model_id} ({self.cfg.backend} on {where})"
 
     async def stop(self) -> None:
-        if self.backend is not None:
-            await self.backend.close()
+        self._cancel.set()
+        if not self._idle.is_set():
+            log.info("waiting for the model load to stop", model=self.model_id)
+            if not await asyncio.to_thread(self._idle.wait, LOAD_STOP_WAIT_S):
+                log.warning("the model load did not stop in time", seconds=LOAD_STOP_WAIT_S)
+        backend, self.backend, self._loaded = self.backend or self._loaded, None, None
+        if backend is not None:
+            await backend.close()
+
+
+LOAD_STOP_WAIT_S = 30.0  # llama.cpp stops at its next progress report; transformers finishes its load
 
 
 def load_backend(
@@ -135,11 +160,13 @@ def load_backend(
     model_id: str,
     max_batch_size: int = 16,
     cache_dir: Path | None = None,
+    cancel: threading.Event | None = None,
 ) -> Any:
     """The generation backend the model config asks for (blocking: loads weights for local backends).
 
     max_batch_size: requests decoded together (local backends) or sent to the server at once (openai).
-    cache_dir: where the llamacpp backend keeps the GGUF conversions of LoRA adapters."""
+    cache_dir: where the llamacpp backend keeps the GGUF conversions of LoRA adapters.
+    cancel: set, it calls off a llama.cpp load in progress (other backends finish theirs)."""
     if cfg.backend == "openai":
         import os
 
@@ -183,6 +210,7 @@ def load_backend(
             base_weights=base,
             max_adapters=cfg.max_loaded_adapters,
             kv_cache_type=cfg.kv_cache_type,
+            cancel=cancel,
         )
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")

@@ -375,3 +375,17 @@ print(grown, r.completion_tokens)
     kv_f16 = 16 * 2048 * 30 * 2 * 3 * 64 * 2  # slots x tokens x layers x (K, V) x kv heads x head dim x bytes
     assert f16 > kv_f16 and f16_tokens > 0 and q8_tokens > 0
     assert f16 - q8 > 0.4 * kv_f16  # q8_0 stores 34 bytes per 32 values instead of 64
+
+
+def test_a_cancelled_load_stops_and_an_uncancelled_one_loads() -> None:
+    from zoo.inference.llamacpp.gguf import GgufLoadCancelled, GgufModel
+
+    called_off = threading.Event()
+    called_off.set()
+    with pytest.raises(GgufLoadCancelled, match="called off"):
+        GgufModel(bundled_gguf(), called_off)
+    model = GgufModel(bundled_gguf(), threading.Event())
+    try:
+        assert model.n_vocab > 1000
+    finally:
+        model.close()

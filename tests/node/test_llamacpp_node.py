@@ -4,8 +4,11 @@ it, and refuses a configuration it cannot serve with a message naming the key.""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -13,8 +16,10 @@ import httpx
 import pytest
 
 from tests.conftest import base_config, launch, write_config
+from zoo.inference.models import bundled_gguf
 from zoo.node.api.http.routes import BUNDLED_EMBEDDER_ID
 from zoo.node.client import NodeClient
+from zoo.node.components.probes import ModelComponent
 from zoo.node.config import ModelConfig, llamacpp_installed
 
 pytestmark = pytest.mark.skipif(
@@ -105,3 +110,25 @@ def test_a_llamacpp_config_the_node_cannot_serve_is_refused_at_start(tmp_path: P
     assert done.returncode != 0
     assert "model" in done.stderr and "GGUF" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("stop_after_s", [0.0, 0.02, 0.1, 0.3, 1.5])
+def test_a_model_stopped_anywhere_in_its_load_leaves_no_native_thread_running(stop_after_s: float) -> None:
+    # A node stopped while llama.cpp loads (or runs the readiness token) must not exit with llama.cpp's
+    # loader or scheduler still in C: the interpreter's teardown under them crashed a node (SIGSEGV).
+    async def start_then_stop() -> ModelComponent:
+        comp = ModelComponent(ModelConfig(threads=1), bundled_gguf(), MODEL)
+        setup = asyncio.create_task(comp.setup())
+        await asyncio.sleep(stop_after_s)
+        setup.cancel()  # what the supervisor does first on shutdown
+        with contextlib.suppress(asyncio.CancelledError):
+            await setup
+        await comp.stop()
+        return comp
+
+    comp = asyncio.run(start_then_stop())
+    assert comp.backend is None
+    for thread in threading.enumerate():
+        if thread.name in ("load-model", "llamacpp-scheduler"):
+            thread.join(5)  # the load thread returns right after it reports idle
+            assert not thread.is_alive(), f"{thread.name} still runs after the model component stopped"
