@@ -34,6 +34,31 @@ class ResponseFormat:
             raise ValueError(f"unknown response format type {self.type!r}")
 
 
+MAX_TOP_LOGPROBS = 20  # alternatives a token's log-probability can list (OpenAI's limit for chat)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A token and its log-probability under the distribution it was sampled from: the model's logits
+    after expert factors and the grammar mask, before temperature and top-p (so greedy and sampled
+    requests report the same numbers for the same tokens). `top`: the most likely alternatives at that
+    position, (token, bytes, logprob), most likely first, those a grammar rules out left out. A prompt's
+    first token has no log-probability (nothing precedes it): None."""
+
+    token: str
+    bytes: bytes
+    logprob: float | None
+    top: tuple[tuple[str, bytes, float], ...] = ()
+    id: int = -1  # the token id, where the backend knows it (not sent to clients)
+
+
+class ChoiceGroup:
+    """The n choices of one request (GenerationRequest.group), which share one prompt."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+
 @dataclass
 class GenerationRequest:
     messages: list[dict[str, str]]  # [{"role": "system"|"user"|"assistant", "content": ...}]
@@ -53,6 +78,15 @@ class GenerationRequest:
     # A credit holder's request: while any such request decodes, the batch decodes only those (the others
     # wait, their caches kept), so a holder's answer is not slowed by a full batch of other requests.
     priority: bool = False
+    # Log-probabilities of the generated tokens, each with this many alternatives (None: none computed).
+    logprobs: int | None = None
+    # A plain-text prompt, tokenized as given with no chat template (completions); `messages` is then
+    # only what the prompt is counted as. With `echo`, its tokens' log-probabilities come back too.
+    prompt: str | None = None
+    echo: bool = False
+    # The n choices of one client request share its prompt: a scheduler prefills it once and copies its
+    # cache to the others (None: a request of its own).
+    group: ChoiceGroup | None = None
 
 
 @dataclass
@@ -61,14 +95,24 @@ class GenerationResult:
     prompt_tokens: int
     completion_tokens: int
     finish_reason: str  # "stop" (EOS or a stop string), "length", "cancelled"
+    # One per generated token whose text is in `text` (with request.logprobs), the stop string's own
+    # tokens and the end-of-sequence token left out.
+    logprobs: list[TokenLogprob] | None = None
+    # With request.echo (and logprobs): one per prompt token.
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
 class Chunk:
-    """One piece of a streamed answer; `result` is set on the last chunk only."""
+    """One piece of a streamed answer; `result` is set on the last chunk only. `logprobs`: the tokens
+    whose text completed in this delta (with request.logprobs); `prompt_logprobs`: with request.echo, on
+    one chunk before any text (as in the result)."""
 
     delta: str
     result: GenerationResult | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob] | None = None
+    index: int = 0  # which of a request's n choices it belongs to (set by the engine)
 
 
 class Backend(Protocol):
@@ -76,6 +120,10 @@ class Backend(Protocol):
     context_length: int
     supports_logits_processors: bool
     constrains_json: bool  # response_format is enforced by constrained decoding, so replies always parse
+    # What of the OpenAI parameters it honours: logprobs of generated tokens, plain-text prompts with their
+    # echoed log-probabilities (backends without them refuse such requests: Unsupported).
+    supports_logprobs: bool
+    supports_echo: bool
 
     def count_prompt_tokens(self, messages: list[dict[str, str]]) -> int:
         """Tokens the chat-formatted messages take (what the context limit is checked against)."""

@@ -25,10 +25,12 @@ so this is what keeps a holder's answer near its idle latency under load.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -36,8 +38,16 @@ from typing import Any
 import torch
 
 from zoo.inference.adapters import BASE, LoadedAdapters
-from zoo.inference.backend import GenerationRequest
-from zoo.inference.decoding import BatchStats, DecodingState, Detokenizer, Emit
+from zoo.inference.backend import ChoiceGroup, GenerationRequest
+from zoo.inference.decoding import (
+    BatchStats,
+    DecodingState,
+    Detokenizer,
+    Emit,
+    log_softmax,
+    token_logprob,
+    unscored,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -118,8 +128,11 @@ class ContinuousBatcher:
         prefill_budget_tokens: int = 1024,
         context_length: int = 2048,
         max_adapters: int = 8,
+        token_bytes: Any = None,
     ) -> None:
+        """token_bytes: a token id's bytes (what log-probability entries name tokens by)."""
         self.model = model
+        self.token_bytes = token_bytes or (lambda i: tokenizer.decode([i]).encode())
         self.adapters = LoadedAdapters(model, max_adapters)
         self.tokenizer = tokenizer
         self.device = device
@@ -146,6 +159,9 @@ class ContinuousBatcher:
         # Rows set aside while priority rows decode: (rows, their cache layers, the cache width then).
         self._parked: list[tuple[list[Sequence], list[tuple[torch.Tensor, torch.Tensor]], int]] = []
         self._shadow = False  # the cache holds one extra row copying row 0 (see the module docstring)
+        # A prefilled prompt kept for the other choices of its request (n > 1), however late they join;
+        # dropped once they all have, or with the request.
+        self._prefilled: weakref.WeakKeyDictionary[ChoiceGroup, _Prefilled] = weakref.WeakKeyDictionary()
         self._cache: Any = None
         self._thread = threading.Thread(target=self._run, name="batcher", daemon=True)
         self._thread.start()
@@ -227,21 +243,37 @@ class ContinuousBatcher:
                 if seq.request.adapter is not None:
                     in_use = {s.adapter_key for s in self._rows} | {s.adapter_key for s, _ in joined}
                     seq.adapter_key = self.adapters.ensure(seq.request.adapter, in_use)
-                cache = DynamicCache()
-                ids = torch.tensor([seq.prompt_ids], device=self.device)
-                out = self.adapters.forward(
-                    [seq.adapter_key],
-                    input_ids=ids,
-                    past_key_values=cache,
-                    use_cache=True,
-                    **self._last_logits,
-                )
-                logits = out.logits[0, -1]
-                token = self._sample(seq, logits)
+                group = seq.request.group
+                sibling = self._prefilled.get(group) if group is not None else None
+                if sibling is not None and sibling.serves(seq):
+                    cache, logits = copy.deepcopy(sibling.cache), sibling.logits
+                    sibling.left -= 1
+                    if not sibling.left:
+                        del self._prefilled[group]
+                else:
+                    cache = DynamicCache()
+                    ids = torch.tensor([seq.prompt_ids], device=self.device)
+                    scores_prompt = seq.request.echo and seq.request.logprobs is not None
+                    out = self.adapters.forward(
+                        [seq.adapter_key],
+                        input_ids=ids,
+                        past_key_values=cache,
+                        use_cache=True,
+                        **({} if scores_prompt else self._last_logits),  # scoring needs every position's
+                    )
+                    if scores_prompt:
+                        seq.scored_prompt(self._prompt_logprobs(seq, out.logits[0, :-1]))
+                    logits = out.logits[0, -1]
+                    if group is not None and group.n > 1:
+                        kept = _Prefilled(
+                            seq.prompt_ids, seq.adapter_key, copy.deepcopy(cache), logits, group.n - 1
+                        )
+                        self._prefilled[group] = kept
+                token, entry = self._sample(seq, logits)
             except Exception as e:  # one bad request (a processor that raises) fails alone
                 seq.fail(e)
                 continue
-            if seq.accept(token, self.eos_ids, self.context_length):
+            if seq.accept(token, self.eos_ids, self.context_length, entry):
                 joined.append((seq, cache))
         if joined:
             self._merge(joined)
@@ -274,11 +306,11 @@ class ContinuousBatcher:
                 seq.end("cancelled")
                 continue
             try:
-                token = self._sample(seq, logits[i])
+                token, entry = self._sample(seq, logits[i])
             except Exception as e:
                 seq.fail(e)
                 continue
-            if seq.accept(token, self.eos_ids, self.context_length):
+            if seq.accept(token, self.eos_ids, self.context_length, entry):
                 keep.append(i)
         self.stats.steps += 1
         self.stats.last_batch = len(rows)
@@ -289,7 +321,15 @@ class ContinuousBatcher:
 
     # -- sampling and finishing ----------------------------------------------------------------------
 
-    def _sample(self, seq: Sequence, logits: torch.Tensor) -> int:
+    def _prompt_logprobs(self, seq: Sequence, logits: torch.Tensor) -> list[Any]:
+        """Position j's logits score prompt token j+1 (the first token has no log-probability)."""
+        rows = torch.log_softmax(logits.float(), -1).cpu().numpy()
+        top, ids = seq.request.logprobs or 0, seq.prompt_ids
+        scored = (token_logprob(rows[j], ids[j + 1], top, self.token_bytes) for j in range(len(rows)))
+        return [unscored(ids[0], self.token_bytes), *scored]
+
+    def _sample(self, seq: Sequence, logits: torch.Tensor) -> tuple[int, Any]:
+        """The next token, and its log-probability entry when the request asks for them."""
         req = seq.request
         scores = logits.float()
         if req.logits_processor is not None:
@@ -297,6 +337,14 @@ class ContinuousBatcher:
             scores = req.logits_processor(ids, scores[None])[0]
         if seq.constraint is not None:
             scores = seq.constraint.mask_logits(scores)
+        token = self._choose(seq, scores)
+        if req.logprobs is None:
+            return token, None
+        row = log_softmax(scores.cpu().numpy())
+        return token, token_logprob(row, token, req.logprobs, self.token_bytes)
+
+    def _choose(self, seq: Sequence, scores: torch.Tensor) -> int:
+        req = seq.request
         if req.temperature <= 0:
             return int(scores.argmax())
         scores = scores / req.temperature
@@ -382,6 +430,20 @@ class ContinuousBatcher:
         trim = width - max(s.length - 1 for s in self._rows)
         index = torch.tensor(keep, dtype=torch.long, device=self.device)
         self._set_cache([(k[index, :, trim:], v[index, :, trim:]) for k, v in self._layers()])
+
+
+@dataclass
+class _Prefilled:
+    """(Not the sequence itself: it refers to its group, which must be free to go.)"""
+
+    prompt_ids: list[int]
+    adapter_key: str
+    cache: Any
+    logits: torch.Tensor
+    left: int  # choices still to join
+
+    def serves(self, seq: Sequence) -> bool:
+        return self.prompt_ids == seq.prompt_ids and self.adapter_key == seq.adapter_key
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:

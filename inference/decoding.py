@@ -13,10 +13,19 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from zoo.inference.adapters import AdapterLoadError
-from zoo.inference.backend import BackendError, Chunk, GenerationRequest, GenerationResult, apply_stop
+import numpy as np
 
-Emit = Callable[[Any], None]  # receives text deltas (str), then a GenerationResult or an exception
+from zoo.inference.adapters import AdapterLoadError
+from zoo.inference.backend import (
+    BackendError,
+    Chunk,
+    GenerationRequest,
+    GenerationResult,
+    TokenLogprob,
+    apply_stop,
+)
+
+Emit = Callable[[Any], None]  # receives text deltas (str, or Chunk with logprobs), then a result or an error
 
 
 async def relay(request: GenerationRequest, submit: Callable[[Emit], None]) -> AsyncIterator[Chunk]:
@@ -38,6 +47,8 @@ async def relay(request: GenerationRequest, submit: Callable[[Emit], None]) -> A
             item = await queue.get()
             if isinstance(item, str):
                 yield Chunk(item)
+            elif isinstance(item, Chunk):
+                yield item
             elif isinstance(item, GenerationResult):
                 yield Chunk("", item)
                 return
@@ -47,6 +58,39 @@ async def relay(request: GenerationRequest, submit: Callable[[Emit], None]) -> A
                 raise BackendError(f"generation failed: {type(item).__name__}: {item}") from item
     finally:
         request.cancel.set()
+
+
+def log_softmax(scores: np.ndarray) -> np.ndarray:
+    """Log-probabilities of one row of logits (float64: a masked row's -inf stays -inf, no NaN)."""
+    x = scores.astype(np.float64, copy=False)
+    top = np.max(x)
+    return x - (top + np.log(np.sum(np.exp(x - top))))
+
+
+def token_logprob(
+    logprobs: np.ndarray, token: int, top: int, token_bytes: Callable[[int], bytes]
+) -> TokenLogprob:
+    """The entry of `token` in a row of log-probabilities, with its `top` most likely alternatives."""
+    alternatives: tuple[tuple[str, bytes, float], ...] = ()
+    if top > 0:
+        best = np.argpartition(-logprobs, top - 1)[:top]
+        best = best[np.argsort(-logprobs[best], kind="stable")]
+        # Tokens a grammar masked out (-inf) are no alternative (and JSON has no infinity).
+        alternatives = tuple(
+            (_text(b := token_bytes(int(i))), b, float(logprobs[i])) for i in best if np.isfinite(logprobs[i])
+        )
+    data = token_bytes(token)
+    return TokenLogprob(_text(data), data, float(logprobs[token]), alternatives, token)
+
+
+def unscored(token: int, token_bytes: Callable[[int], bytes]) -> TokenLogprob:
+    """A prompt's first token: nothing precedes it, so it has no log-probability."""
+    data = token_bytes(token)
+    return TokenLogprob(_text(data), data, None, (), token)
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
 
 
 class Decoder(Protocol):
@@ -99,14 +143,22 @@ class DecodingState:
     sent: int = 0  # characters of `text` emitted
     finish: str = ""
     enqueued: float = field(default_factory=time.perf_counter)
+    # With request.logprobs: an entry per generated token (EOS left out), the length of `text` once it was
+    # decoded (its text has been sent once that much is), and how many entries were emitted.
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    logprob_ends: list[int] = field(default_factory=list)
+    logprobs_sent: int = 0
+    prompt_logprobs: list[TokenLogprob] | None = None  # with request.echo, set by the scheduler
 
     @property
     def length(self) -> int:
         """Tokens of this request in the KV cache once its last generated token has been fed."""
         return len(self.prompt_ids) + len(self.generated)
 
-    def accept(self, token: int, eos_ids: set[int], context_length: int) -> bool:
-        """Record a sampled token and emit text; False when the request has finished."""
+    def accept(
+        self, token: int, eos_ids: set[int], context_length: int, logprob: TokenLogprob | None = None
+    ) -> bool:
+        """Record a sampled token (and its log-probability) and emit text; False when it has finished."""
         self.generated.append(token)
         req = self.request
         if self.constraint is not None:
@@ -114,6 +166,9 @@ class DecodingState:
         if token in eos_ids:
             return self.end("stop")
         self.text += self.detok.push(token)
+        if logprob is not None:
+            self.logprobs.append(logprob)
+            self.logprob_ends.append(len(self.text))
         if req.stop:
             cut, hit = apply_stop(self.text, req.stop)
             if hit:
@@ -130,10 +185,30 @@ class DecodingState:
             return self.end("cancelled")
         return True
 
-    def send(self, upto: int) -> None:
-        if upto > self.sent:
-            self.emit(self.text[self.sent : upto])
-            self.sent = upto
+    def send(self, upto: int, final: bool = False) -> None:
+        """Emit the text up to `upto` (and the entries of the tokens whose text it completes; `final`: of
+        every token that reached the text)."""
+        if self.request.logprobs is None:
+            if upto > self.sent:
+                self.emit(self.text[self.sent : upto])
+                self.sent = upto
+            return
+        done = self.logprobs_sent
+        while done < len(self.logprobs) and (
+            self.logprob_ends[done] <= upto or (final and self._start(done) < upto)
+        ):
+            done += 1
+        if upto > self.sent or done > self.logprobs_sent:
+            self.emit(Chunk(self.text[self.sent : upto], logprobs=self.logprobs[self.logprobs_sent : done]))
+            self.sent, self.logprobs_sent = max(upto, self.sent), done
+
+    def scored_prompt(self, entries: list[TokenLogprob]) -> None:
+        """With request.echo: the prompt tokens' log-probabilities, sent before any text."""
+        self.prompt_logprobs = entries
+        self.emit(Chunk("", prompt_logprobs=entries))
+
+    def _start(self, i: int) -> int:
+        return self.logprob_ends[i - 1] if i else 0
 
     def end(self, reason: str) -> bool:
         """Finish with `reason`: emit what is left and the result. Always False (the request is done)."""
@@ -144,9 +219,21 @@ class DecodingState:
             if len(full) > len(self.text) and full.startswith(self.text):
                 self.text = full
             reason = "stop" if hit else reason
-        self.send(len(self.text))
+            if not hit:  # nothing was cut: every token's text is in
+                self.logprob_ends = [min(e, len(self.text)) for e in self.logprob_ends]
+        self.send(len(self.text), final=True)
         self.finish = reason
-        self.emit(GenerationResult(self.text, len(self.prompt_ids), len(self.generated), reason))
+        logprobs = self.logprobs[: self.logprobs_sent] if self.request.logprobs is not None else None
+        self.emit(
+            GenerationResult(
+                self.text,
+                len(self.prompt_ids),
+                len(self.generated),
+                reason,
+                logprobs,
+                self.prompt_logprobs,
+            )
+        )
         return False
 
     def fail(self, error: Exception) -> None:

@@ -5,6 +5,7 @@ node; this module is the domain logic they call."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -12,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from zoo.inference.adapters import AdapterDirectory, AdapterRef
-from zoo.inference.backend import Backend, Chunk, GenerationRequest, ResponseFormat
+from zoo.inference.backend import Backend, ChoiceGroup, Chunk, GenerationRequest, ResponseFormat, TokenLogprob
 from zoo.inference.defaults import DEFAULT_EXPERIENCE_BUDGET, DEFAULT_LESSON_POSITION, LessonPosition
-from zoo.inference.prompt import assemble, parse_citations
-from zoo.registry.errors import ZooError
+from zoo.inference.prompt import Assembled, PromptTooLong, assemble, parse_citations
+from zoo.registry.errors import ValidationError, ZooError
 
 
 class Unsupported(ZooError):
@@ -41,6 +42,12 @@ class InferParams:
     client: str = ""  # the account that signed the request (node.credits); "" when anonymous
     spend: Any = None  # the client's consent to be charged credits here (node.credits; opaque to inference)
     priority: bool = False  # a credit holder's request: decoded ahead of the others (GenerationRequest)
+    logprobs: int | None = None  # log-probabilities of the answer's tokens, with this many alternatives
+    # A plain-text prompt continued as given: no chat template and no experiences, which would change what
+    # its log-probabilities score (completions with echo); `messages` then holds it as one user turn.
+    prompt: str | None = None
+    echo: bool = False  # with `prompt`: its tokens' log-probabilities come back too
+    n: int = 1  # choices: one prompt (one prefill, one admission), each choice its own seed-derived stream
 
 
 @dataclass
@@ -52,6 +59,17 @@ class UsedExperience:
     kind: str = "lesson"
     answer: str = ""
     author: str = ""  # provenance.author: whom its use is credited to
+
+
+@dataclass
+class Choice:
+    """One of a request's n answers."""
+
+    text: str
+    finish_reason: str
+    completion_tokens: int
+    seed: int
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -72,6 +90,17 @@ class InferOutcome:
     seed: int
     stop: list[str]
     adapter: str = ""
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None
+    # Every choice, the first being the one the fields above describe; completion_tokens counts them all,
+    # and an experience is cited when any choice cites it.
+    choices: list[Choice] = field(default_factory=list)
+
+
+def choice_seed(seed: int, index: int) -> int:
+    """The seed of a request's choice `index`: the request's own for the first (so n = 1 and the first of
+    n answer alike), then a well-spread derivation."""
+    return seed if index == 0 else (seed + index * 0x9E3779B97F4A7C15) % 2**64
 
 
 class SearchIndex(Protocol):
@@ -125,10 +154,11 @@ class InferenceEngine:
 
         if p.use_expert_factors and not self.backend.supports_logits_processors:
             raise Unsupported(f"the {type(self.backend).__name__} cannot apply decode-time expert factors")
+        self._check_supported(p)
         adapter = self._adapter(p.adapter) if p.adapter else None
         t0 = time.perf_counter()
         query = next((m["content"] for m in reversed(p.messages) if m["role"] == "user"), "")
-        if p.disable_experiences:
+        if p.disable_experiences or p.prompt is not None:
             _index, root, version, _ = await asyncio.to_thread(self.library.resolve, p.library_root)
             hits: list[Any] = []
         else:
@@ -136,45 +166,63 @@ class InferenceEngine:
                 self.retrieve, query, p.k, p.domain, p.min_score, p.library_root
             )
         retrieval_ms = (time.perf_counter() - t0) * 1000
-        assembled = await asyncio.to_thread(
-            assemble,
-            p.messages,
-            hits,
-            self.backend.count_prompt_tokens,
-            experience_budget=self.experience_budget,
-            context_length=self.backend.context_length,
-            max_tokens=p.max_tokens,
-            lesson_position=self.lesson_position,
-        )
-        processor = None
-        if p.use_expert_factors and self.factor_builder is not None and assembled.used:
-            processor = self.factor_builder([h.experience for h in assembled.used])
+        if p.prompt is not None:
+            assembled = await asyncio.to_thread(self._plain_prompt, p)
+        else:
+            assembled = await asyncio.to_thread(
+                assemble,
+                p.messages,
+                hits,
+                self.backend.count_prompt_tokens,
+                experience_budget=self.experience_budget,
+                context_length=self.backend.context_length,
+                max_tokens=p.max_tokens,
+                lesson_position=self.lesson_position,
+            )
+
+        def factors() -> Any:  # a processor of its own for each choice (processors may keep state)
+            if p.use_expert_factors and self.factor_builder is not None and assembled.used:
+                return self.factor_builder([h.experience for h in assembled.used])
+            return None
+
         seed = p.seed if p.seed is not None else random.SystemRandom().randrange(2**63)
-        request = GenerationRequest(
-            assembled.messages,
-            p.max_tokens,
-            p.temperature,
-            p.top_p,
-            seed,
-            list(p.stop),
-            processor,
-            response_format=p.response_format,
-            adapter=adapter,
-            priority=p.priority,
-        )
+        group = ChoiceGroup(p.n) if p.n > 1 else None
+        requests = [
+            GenerationRequest(
+                assembled.messages,
+                p.max_tokens,
+                p.temperature,
+                p.top_p,
+                choice_seed(seed, i),
+                list(p.stop),
+                factors(),
+                response_format=p.response_format,
+                adapter=adapter,
+                priority=p.priority,
+                logprobs=p.logprobs,
+                prompt=p.prompt,
+                echo=p.echo and i == 0,  # the prompt is scored once
+                group=group,
+            )
+            for i in range(p.n)
+        ]
         t1 = time.perf_counter()
-        result = None
-        try:
-            async for chunk in self.backend.stream(request):
+        results: dict[int, Any] = {}
+        async with contextlib.aclosing(merged([self.backend.stream(r) for r in requests])) as chunks:
+            async for index, chunk in chunks:
                 if chunk.result is not None:
-                    result = chunk.result
-                elif chunk.delta:
+                    results[index] = chunk.result
+                elif chunk.delta or chunk.logprobs or chunk.prompt_logprobs is not None:
+                    chunk.index = index
                     yield chunk
-        finally:
-            request.cancel.set()
-        assert result is not None  # every backend ends its stream with a result
+        # every backend ends its stream with a result
+        choices = [
+            Choice(r.text, r.finish_reason, r.completion_tokens, q.seed, r.logprobs)
+            for r, q in ((results[i], requests[i]) for i in range(p.n))
+        ]
+        result = results[0]
         ids = [h.experience.id for h in assembled.used]
-        cited = set(parse_citations(result.text, ids))
+        cited = {c for choice in choices for c in parse_citations(choice.text, ids)}
         outcome = InferOutcome(
             text=result.text,
             experiences=[
@@ -193,7 +241,7 @@ class InferenceEngine:
             library_version=version,
             model_id=self.backend.model_id,
             prompt_tokens=result.prompt_tokens,
-            completion_tokens=result.completion_tokens,
+            completion_tokens=sum(c.completion_tokens for c in choices),
             retrieval_ms=retrieval_ms,
             generation_ms=(time.perf_counter() - t1) * 1000,
             finish_reason=result.finish_reason,
@@ -203,10 +251,35 @@ class InferenceEngine:
             seed=seed,
             stop=list(p.stop),
             adapter=p.adapter,
+            logprobs=result.logprobs,
+            prompt_logprobs=result.prompt_logprobs,
+            choices=choices,
         )
         if self.on_answered is not None:  # before the answer goes out: metering commits what it answered
             await self.on_answered(outcome, p)
         yield outcome
+
+    def _check_supported(self, p: InferParams) -> None:
+        """Refuse what this backend cannot honour, naming the parameter (HTTP's names; 400)."""
+        kind = type(self.backend).__name__
+        if p.logprobs is not None and not getattr(self.backend, "supports_logprobs", False):
+            raise ValidationError("logprobs", f"log-probabilities are not supported by the {kind}")
+        if p.prompt is not None and not getattr(self.backend, "supports_echo", False):
+            raise ValidationError("echo", f"echoing a scored prompt is not supported by the {kind}")
+
+    def _plain_prompt(self, p: InferParams) -> Assembled:
+        """A plain-text prompt as given (no experiences), checked against the context window."""
+        assert p.prompt is not None
+        tokens = self.backend.count_text_tokens(p.prompt)  # type: ignore[attr-defined]
+        if tokens + p.max_tokens > self.backend.context_length:
+            raise PromptTooLong(
+                "prompt",
+                f"the prompt takes {tokens} tokens and max_tokens is {p.max_tokens}; together they exceed "
+                f"the model's context of {self.backend.context_length} tokens",
+                prompt_tokens=tokens,
+                context_length=self.backend.context_length,
+            )
+        return Assembled(p.messages, [], prompt_tokens=tokens)
 
     def _adapter(self, name: str) -> AdapterRef:
         if not getattr(self.backend, "supports_adapters", False):
@@ -214,3 +287,41 @@ class InferenceEngine:
         if self.adapters is None:
             raise Unsupported("this node has no adapters directory")
         return self.adapters.resolve(name)  # NotFound names the directory and the adapters it holds
+
+
+async def merged(streams: list[AsyncIterator[Chunk]]) -> AsyncIterator[tuple[int, Chunk]]:
+    """Several streams' chunks as they come, each with its stream's index. Written by hand: asyncio has
+    no merge of async iterators. The first error stops every stream and is raised; closing this generator
+    (a client gone) closes every stream, which cancels their generation."""
+    if len(streams) == 1:
+        async with contextlib.aclosing(streams[0]) as only:
+            async for chunk in only:
+                yield 0, chunk
+        return
+    queue: asyncio.Queue[tuple[int, Chunk | BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncIterator[Chunk]) -> None:
+        try:
+            async with contextlib.aclosing(stream) as chunks:  # type: ignore[type-var]
+                async for chunk in chunks:
+                    await queue.put((index, chunk))
+        except Exception as e:
+            await queue.put((index, e))
+        else:
+            await queue.put((index, None))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        running = len(tasks)
+        while running:
+            index, item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

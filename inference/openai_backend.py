@@ -11,7 +11,14 @@ from typing import Any
 
 import httpx
 
-from zoo.inference.backend import BackendError, BackendUnavailable, Chunk, GenerationRequest, GenerationResult
+from zoo.inference.backend import (
+    BackendError,
+    BackendUnavailable,
+    Chunk,
+    GenerationRequest,
+    GenerationResult,
+    TokenLogprob,
+)
 
 
 class OpenAIBackend:
@@ -19,6 +26,10 @@ class OpenAIBackend:
     supports_logits_processors = False
     # response_format is forwarded, but whether the server enforces it is the server's business.
     constrains_json = False
+    # Chat logprobs are forwarded and read back; a scored plain-text prompt (completions' echo) is not,
+    # since this backend speaks only the server's chat endpoint.
+    supports_logprobs = True
+    supports_echo = False
 
     def __init__(
         self,
@@ -62,6 +73,10 @@ class OpenAIBackend:
         }
         if request.stop:
             body["stop"] = request.stop
+        if request.logprobs is not None:
+            body["logprobs"] = True
+            if request.logprobs:
+                body["top_logprobs"] = request.logprobs
         fmt = request.response_format
         if fmt is not None:
             # The server constrains decoding itself (OpenAI, vLLM and SGLang all accept this shape).
@@ -71,6 +86,7 @@ class OpenAIBackend:
                 else {"type": "json_object"}
             )
         text: list[str] = []
+        logprobs: list[TokenLogprob] = []
         finish = "stop"
         usage: dict[str, int] = {}
         try:
@@ -91,14 +107,16 @@ class OpenAIBackend:
                     usage = event.get("usage") or usage
                     for choice in event.get("choices", []):
                         delta = (choice.get("delta") or {}).get("content") or ""
-                        if delta:
+                        entries = _logprobs_of(choice) if request.logprobs is not None else []
+                        if delta or entries:
                             text.append(delta)
-                            yield Chunk(delta)
+                            logprobs.extend(entries)
+                            yield Chunk(delta, logprobs=entries)
                         finish = choice.get("finish_reason") or finish
         except httpx.TransportError as e:
             raise BackendUnavailable(f"OpenAI-compatible server unreachable: {type(e).__name__}: {e}") from e
-        except json.JSONDecodeError as e:
-            raise BackendError(f"OpenAI-compatible server sent malformed JSON: {e}") from e
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            raise BackendError(f"OpenAI-compatible server sent a malformed event: {e}") from e
         finally:
             request.cancel.set()
         result = GenerationResult(
@@ -106,8 +124,28 @@ class OpenAIBackend:
             int(usage.get("prompt_tokens", self.count_prompt_tokens(request.messages))),
             int(usage.get("completion_tokens", len(text))),
             finish,
+            logprobs if request.logprobs is not None else None,
         )
         yield Chunk("", result)
 
     async def close(self) -> None:
         await self._http.aclose()
+
+
+def _logprobs_of(choice: dict[str, Any]) -> list[TokenLogprob]:
+    """A streamed choice's token log-probabilities (OpenAI's chat shape), as this node's entries."""
+    content = (choice.get("logprobs") or {}).get("content") or []
+
+    def data(entry: dict[str, Any]) -> bytes:
+        raw = entry.get("bytes")
+        return bytes(raw) if raw is not None else str(entry["token"]).encode()
+
+    return [
+        TokenLogprob(
+            str(e["token"]),
+            data(e),
+            float(e["logprob"]),
+            tuple((str(t["token"]), data(t), float(t["logprob"])) for t in e.get("top_logprobs") or []),
+        )
+        for e in content
+    ]

@@ -51,6 +51,8 @@ class TransformersBackend:
     constrains_json = True
     # Named LoRA adapters (inference.adapters) decode beside the base model in one batch.
     supports_adapters = True
+    supports_logprobs = True
+    supports_echo = True
 
     def __init__(
         self,
@@ -68,6 +70,8 @@ class TransformersBackend:
         self.context_length = int(getattr(model.config, "max_position_embeddings", 2048))
         self._grammars: GrammarCache | None = None
         self._grammars_lock = threading.Lock()
+        self._info: Any = None
+        self._decoded: list[bytes] | None = None
         self.batcher = ContinuousBatcher(
             model,
             tokenizer,
@@ -75,7 +79,23 @@ class TransformersBackend:
             max_batch_size=max_batch_size,
             context_length=self.context_length,
             max_adapters=max_adapters,
+            token_bytes=self.token_bytes,
         )
+
+    def _tokenizer_info(self) -> Any:
+        """The vocabulary as xgrammar's TokenizerInfo (built once: grammars and token bytes use it)."""
+        with self._grammars_lock:
+            if self._info is None:
+                self._info = hf_tokenizer_info(self.tokenizer, int(self.model.config.vocab_size))
+            return self._info
+
+    def token_bytes(self, token: int) -> bytes:
+        """A token's bytes (xgrammar decodes byte-level and byte-fallback vocabularies alike); a special
+        token as its name."""
+        if self._decoded is None:
+            self._decoded = list(self._tokenizer_info().decoded_vocab)
+        data = self._decoded[token] if token < len(self._decoded) else b""
+        return data or str(self.tokenizer.convert_ids_to_tokens(token)).encode()
 
     @property
     def max_batch_size(self) -> int:
@@ -125,16 +145,27 @@ class TransformersBackend:
     def count_prompt_tokens(self, messages: list[dict[str, str]]) -> int:
         return int(self._encode(messages)["input_ids"].shape[1])
 
+    def count_text_tokens(self, text: str) -> int:
+        return len(self._tokenize(text))
+
+    def _tokenize(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _prompt_ids(self, request: GenerationRequest) -> list[int]:
+        if request.prompt is not None:
+            return self._tokenize(request.prompt)
+        return list(self._encode(request.messages)["input_ids"][0].tolist())
+
     def constraint(self, fmt: ResponseFormat) -> JsonConstraint:
         """A grammar constraint for one request (ValidationError naming the schema's problem)."""
+        info = self._tokenizer_info()
         with self._grammars_lock:
             if self._grammars is None:
-                vocab = int(self.model.config.vocab_size)
-                self._grammars = GrammarCache(hf_tokenizer_info(self.tokenizer, vocab), vocab)
+                self._grammars = GrammarCache(info, int(self.model.config.vocab_size))
         return self._grammars.constraint(fmt)
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
-        prompt_ids = await asyncio.to_thread(lambda: self._encode(request.messages)["input_ids"][0].tolist())
+        prompt_ids = await asyncio.to_thread(self._prompt_ids, request)
         fmt = request.response_format
         constraint = await asyncio.to_thread(self.constraint, fmt) if fmt is not None else None
         submit = functools.partial(self.batcher.submit, request, prompt_ids, constraint=constraint)

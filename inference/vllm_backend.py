@@ -22,6 +22,9 @@ class VllmBackend:
     supports_logits_processors = True
     # Grammar-constrained JSON output (response_format) is enforced while decoding.
     constrains_json = True
+    # Not wired to vLLM's SamplingParams(logprobs, prompt_logprobs) yet: refused by name (the engine).
+    supports_logprobs = False
+    supports_echo = False
 
     def __init__(self, engine: Any, tokenizer: Any, model_id: str, context_length: int) -> None:
         self.engine = engine

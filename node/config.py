@@ -282,6 +282,9 @@ class InferenceConfig(_Section):
     """Tokens generated when a request does not say."""
     max_tokens_limit: int = Field(2048, ge=1, le=100_000)
     """Largest max_tokens a request may ask for."""
+    max_n: int = Field(8, ge=1, le=128)
+    """Most choices (OpenAI's `n`) one request may ask for. The n choices share one prefill and one
+    admission slot, and take n rows of the batch."""
     max_batch_size: int = Field(16, ge=1, le=1024)
     """Requests generating at once. The transformers backend decodes them as one batch (continuous
     batching: requests join and leave between steps); the openai backend sends at most this many to its

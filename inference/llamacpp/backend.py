@@ -30,6 +30,8 @@ class LlamaCppBackend:
     supports_logits_processors = True
     constrains_json = True
     supports_adapters = True
+    supports_logprobs = True
+    supports_echo = True
 
     def __init__(
         self,
@@ -101,6 +103,14 @@ class LlamaCppBackend:
     def count_prompt_tokens(self, messages: list[dict[str, str]]) -> int:
         return len(self.gguf.encode_chat(messages))
 
+    def count_text_tokens(self, text: str) -> int:
+        return len(self.gguf.tokenize(text))
+
+    def _prompt_ids(self, request: GenerationRequest) -> list[int]:
+        if request.prompt is not None:
+            return self.gguf.tokenize(request.prompt)
+        return self.gguf.encode_chat(request.messages)
+
     def constraint(self, fmt: ResponseFormat) -> Any:
         """A grammar constraint for one request (ValidationError naming the schema's problem)."""
         from zoo.inference.structured import GrammarCache
@@ -111,7 +121,7 @@ class LlamaCppBackend:
         return self._grammars.constraint(fmt)
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
-        prompt_ids = await asyncio.to_thread(self.gguf.encode_chat, request.messages)
+        prompt_ids = await asyncio.to_thread(self._prompt_ids, request)
         adapter = None
         if request.adapter is not None:
             if self.scheduler.adapters is None:

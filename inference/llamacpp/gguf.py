@@ -91,6 +91,10 @@ class GgufModel:
         """The token as the vocabulary stores it (byte-level BPE: 'Ġthe' for ' the')."""
         return self.lib.llama_vocab_get_text(self.vocab, token).decode(errors="replace")
 
+    def token_bytes(self, token: int) -> bytes:
+        """The token's bytes as text (a control token, which renders as nothing, as its name)."""
+        return self._pieces[token] or self.token_text(token).encode()
+
     def _piece(self, token: int) -> bytes:
         buf = ctypes.create_string_buffer(256)
         n = self.lib.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)

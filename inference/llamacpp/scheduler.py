@@ -40,7 +40,15 @@ import numpy as np
 
 from zoo.inference.adapters import AdapterLoadError
 from zoo.inference.backend import GenerationRequest
-from zoo.inference.decoding import BatchStats, DecodingState, Detokenizer, Emit
+from zoo.inference.decoding import (
+    BatchStats,
+    DecodingState,
+    Detokenizer,
+    Emit,
+    log_softmax,
+    token_logprob,
+    unscored,
+)
 from zoo.inference.llamacpp.gguf import GgufLoadError, GgufModel
 
 logger = logging.getLogger(__name__)
@@ -58,6 +66,12 @@ class Slot(DecodingState):
     rng: np.random.Generator | None = None
     fed: int = 0  # prompt tokens already in the KV cache
     adapter_key: str = BASE
+    scored: list[Any] | None = None  # the prompt's log-probabilities so far (request.echo with logprobs)
+
+    @property
+    def scores_prompt(self) -> bool:
+        return self.request.echo and self.request.logprobs is not None
+
     adapter_file: Path | None = None  # the converted GGUF adapter (llamacpp.lora), loaded at admission
 
     @property
@@ -261,17 +275,17 @@ class LlamaCppScheduler:
         """Whether a row that runs next step will then hold, prefilled, at least SHARED_PREFIX more of this
         prompt than any free slot's cache does now (TF-GRPO's group rollouts of one question). Never for a
         row that waits on priority rows, nor a priority request behind another request."""
-        if not self._reuse:
+        if not self._reuse or slot.scores_prompt:
             return False
         urgent = any(r.request.priority for r in self._rows)
-        target = self._cached_start(slot)[1] + SHARED_PREFIX
+        cached = self._cached_start(slot)[1]
         for row in self._rows:
             if not row.prefilling or row.adapter_key != slot.adapter_key:
                 continue
             if (urgent or slot.request.priority) and not row.request.priority:
                 continue
             shared = min(_common_prefix(row.prompt_ids, slot.prompt_ids), len(slot.prompt_ids) - 1)
-            if shared >= target and row.fed < shared:
+            if shared >= cached + _worth_copying(row, slot) and row.fed < shared:
                 return True
         return False
 
@@ -281,16 +295,18 @@ class LlamaCppScheduler:
         a copy of that row's KV stream into the least recently used free sequence. The rest is dropped; at
         least one prompt token is always fed (its logits are needed)."""
         lru = min(self._free, key=lambda seq: self._used.get(seq, -1))
-        cached, common = self._cached_start(slot) if self._reuse else (None, 0)
+        # A scored prompt needs every position's logits: all of it is fed.
+        reuse = self._reuse and not slot.scores_prompt
+        cached, common = self._cached_start(slot) if reuse else (None, 0)
         best = cached if cached is not None else lru
         source, shared = None, 0
-        for row in self._rows if self._reuse else ():
+        for row in self._rows if reuse else ():
             if row.adapter_key == slot.adapter_key:
                 n = _common_prefix(_in_cache(row), slot.prompt_ids)
                 if n > shared:
                     source, shared = row, n
         mem, lib = self.memory, self.lib
-        if source is not None and shared >= common + SHARED_PREFIX:
+        if source is not None and shared >= common + _worth_copying(source, slot):
             # A whole-stream copy (one KV stream per sequence), done by llama.cpp before its next decode,
             # into the least recently used sequence so a useful cache survives; the copied cells past the
             # shared prefix are then dropped.
@@ -340,6 +356,7 @@ class LlamaCppScheduler:
             self._adapter_in_context = adapter_key
         batch.n_tokens = 0
         readers: list[tuple[Slot, int]] = []  # (slot, batch index whose logits it samples from)
+        scorers: list[tuple[Slot, int, int]] = []  # (slot, its first prompt position here, batch index)
         prefilled = 0
 
         def add(token: int, pos: int, seq: int, logits: bool) -> None:
@@ -361,11 +378,13 @@ class LlamaCppScheduler:
             if room <= 0:
                 break
             take = min(room, len(slot.prompt_ids) - slot.fed)
+            if slot.scores_prompt:
+                scorers.append((slot, slot.fed, batch.n_tokens))
             for j in range(slot.fed, slot.fed + take):
                 last = j == len(slot.prompt_ids) - 1
                 if last:
                     readers.append((slot, batch.n_tokens))
-                add(slot.prompt_ids[j], j, slot.seq_id, last)
+                add(slot.prompt_ids[j], j, slot.seq_id, last or slot.scores_prompt)
             slot.fed += take
             prefilled += take
         if not batch.n_tokens:
@@ -373,10 +392,18 @@ class LlamaCppScheduler:
         rc = lib.llama_decode(self.ctx, batch)
         if rc != 0:
             raise RuntimeError(f"llama_decode failed (code {rc})")
-        for slot, index in readers:
+        for slot, first, index in scorers:
             try:
-                token = self._choose(slot, index)
-                done = not slot.accept(token, self.eos_ids, self.context_length)
+                self._score_prompt(slot, first, index)
+            except Exception as e:
+                slot.fail(e)
+                self._release(slot)
+        for slot, index in readers:
+            if slot.finish:  # failed while its prompt was scored
+                continue
+            try:
+                token, entry = self._choose(slot, index)
+                done = not slot.accept(token, self.eos_ids, self.context_length, entry)
             except Exception as e:  # one bad request (a processor or grammar that raises) fails alone
                 slot.fail(e)
                 done = True
@@ -388,18 +415,41 @@ class LlamaCppScheduler:
         self.stats.decode_seconds += elapsed * decoding / total
         return decoding
 
-    def _choose(self, slot: Slot, index: int) -> int:
-        req = slot.request
+    def _logits(self, index: int) -> np.ndarray:
         row = self.lib.llama_get_logits_ith(self.ctx, index)
-        logits = np.ctypeslib.as_array(row, shape=(self.model.n_vocab,))
+        return np.ctypeslib.as_array(row, shape=(self.model.n_vocab,))
+
+    def _choose(self, slot: Slot, index: int) -> tuple[int, Any]:
+        """The next token, and its log-probability entry when the request asks for them."""
+        req = slot.request
+        logits = self._logits(index)
         if req.logits_processor is None and slot.constraint is None and req.temperature <= 0:
-            return int(np.argmax(logits))
+            token = int(np.argmax(logits))
+            return token, self._entry(req, logits, token)
         scores = logits.copy()
         if req.logits_processor is not None:
             scores = apply_processor(req.logits_processor, slot.prompt_ids + slot.generated, scores)
         if slot.constraint is not None:
             scores = slot.constraint.mask_array(scores)
-        return sample(scores, req.temperature, req.top_p, slot.rng)
+        token = sample(scores, req.temperature, req.top_p, slot.rng)
+        return token, self._entry(req, scores, token)
+
+    def _entry(self, req: GenerationRequest, scores: np.ndarray, token: int) -> Any:
+        if req.logprobs is None:
+            return None
+        return token_logprob(log_softmax(scores), token, req.logprobs, self.model.token_bytes)
+
+    def _score_prompt(self, slot: Slot, first: int, index: int) -> None:
+        """Log-probabilities of the prompt tokens this step's logits predict (position j scores token j+1);
+        once the whole prompt is in, they go out before any text."""
+        ids, top = slot.prompt_ids, slot.request.logprobs or 0
+        if slot.scored is None:
+            slot.scored = [unscored(ids[0], self.model.token_bytes)]
+        for j in range(first, min(slot.fed, len(ids) - 1)):
+            logprobs = log_softmax(self._logits(index + j - first))
+            slot.scored.append(token_logprob(logprobs, ids[j + 1], top, self.model.token_bytes))
+        if not slot.prefilling:
+            slot.scored_prompt(slot.scored)
 
     def _release(self, slot: Slot) -> None:
         """Free the slot's sequence, keeping what its cache holds for a later prompt that starts the same
@@ -414,6 +464,13 @@ class LlamaCppScheduler:
         self._clock += 1
         self._used[slot.seq_id] = self._clock  # its cache is the freshest
         self._free.append(slot.seq_id)
+
+
+def _worth_copying(source: Slot, slot: Slot) -> int:
+    """Tokens a row's cache must hold beyond what a free slot holds for the slot to copy it: any for a
+    choice of the same request (n > 1: one prefill for all), else SHARED_PREFIX."""
+    group = slot.request.group
+    return 1 if group is not None and source.request.group is group else SHARED_PREFIX
 
 
 def _in_cache(slot: Slot) -> list[int]:

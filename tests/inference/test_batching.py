@@ -303,3 +303,41 @@ def test_models_with_sliding_windows_decode_one_at_a_time(backend: TransformersB
         model.config = original
         model.set_attn_implementation("zoo_ragged")
     assert results[0].text == backend.tokenizer.decode(expected_ids, skip_special_tokens=True)
+
+
+def test_the_choices_of_one_request_prefill_its_prompt_once(backend: TransformersBackend) -> None:
+    from zoo.inference.backend import ChoiceGroup
+
+    wait_idle(backend)
+    prefills: list[int] = []
+    forward = backend.batcher.adapters.forward
+
+    def counting(keys, **kwargs):
+        if kwargs["input_ids"].shape[1] > 1:
+            prefills.append(kwargs["input_ids"].shape[1])
+        return forward(keys, **kwargs)
+
+    backend.batcher.adapters.forward = counting
+
+    async def ask(seeds: list[int]) -> list:
+        group = ChoiceGroup(len(seeds))
+        requests = [
+            GenerationRequest(msgs(PROMPTS[1]), max_tokens=10, temperature=1.0, seed=s, group=group)
+            for s in seeds
+        ]
+        return list(await asyncio.gather(*(generate(backend, r) for r in requests)))
+
+    try:
+        results = asyncio.run(ask([0, 1, 2, 3]))
+    finally:
+        backend.batcher.adapters.forward = forward
+    assert len(prefills) == 1  # however the four joined the batch
+    assert len({r.text for r in results}) > 1
+    assert not backend.batcher._prefilled  # nothing kept once every choice has joined
+    alone = [
+        asyncio.run(
+            generate(backend, GenerationRequest(msgs(PROMPTS[1]), max_tokens=10, temperature=1.0, seed=s))
+        )
+        for s in (0, 3)
+    ]
+    assert [a.text for a in alone] == [results[0].text, results[3].text]  # as each seed gives alone

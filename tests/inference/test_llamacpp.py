@@ -389,3 +389,33 @@ def test_a_cancelled_load_stops_and_an_uncancelled_one_loads() -> None:
         assert model.n_vocab > 1000
     finally:
         model.close()
+
+
+def test_the_choices_of_one_request_prefill_its_prompt_once(backend: LlamaCppBackend) -> None:
+    from zoo.inference.backend import ChoiceGroup
+
+    wait_idle(backend)
+    # A short plain-text prompt (below SHARED_PREFIX, which unrelated requests must share to wait and copy).
+    prompt, text = msgs("x"), "Quick, name one vegetable:"
+    group = ChoiceGroup(4)
+    asks = [
+        GenerationRequest(prompt, max_tokens=12, temperature=1.0, seed=i, group=group, prompt=text)
+        for i in range(4)
+    ]
+    before = backend.scheduler.reused_tokens
+    results = together(backend, asks)
+    prompt_tokens = results[0].prompt_tokens
+    assert prompt_tokens < 32
+    assert backend.scheduler.reused_tokens - before == 3 * (prompt_tokens - 1)  # three copies of one prefill
+    assert len({r.text for r in results}) > 1  # their own seeds: their own answers
+    # Each choice is what its seed gives when asked again.
+    again = together(
+        backend,
+        [
+            GenerationRequest(
+                prompt, max_tokens=12, temperature=1.0, seed=i, group=ChoiceGroup(4), prompt=text
+            )
+            for i in range(4)
+        ],
+    )
+    assert [r.text for r in again] == [r.text for r in results]

@@ -133,6 +133,120 @@ def test_completions_plain_and_streamed(client: openai.OpenAI) -> None:
     assert one.choices[0].text == whole.choices[0].text
 
 
+def test_chat_logprobs_whole_and_streamed(client: openai.OpenAI) -> None:
+    kw = {"model": MODEL, "messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 8}
+    whole = client.chat.completions.create(**kw, logprobs=True, top_logprobs=3, temperature=0)
+    choice = whole.choices[0]
+    assert choice.logprobs is not None and choice.logprobs.content
+    content = choice.logprobs.content
+    assert "".join(t.token for t in content) == choice.message.content
+    for t in content:
+        assert t.logprob <= 0 and bytes(t.bytes or []).decode() == t.token
+        assert len(t.top_logprobs) == 3 and t.top_logprobs[0].token == t.token  # greedy
+        assert t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob >= t.top_logprobs[2].logprob
+    streamed = list(client.chat.completions.create(**kw, logprobs=True, top_logprobs=3, stream=True))
+    tokens = [
+        t for c in streamed if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content
+    ]
+    assert [(t.token, t.logprob) for t in tokens] == [(t.token, t.logprob) for t in content]
+    # Asked for none, none come back.
+    plain = client.chat.completions.create(**kw)
+    assert plain.choices[0].logprobs is None
+
+
+def test_completions_echo_scores_the_prompt_as_sent(client: openai.OpenAI) -> None:
+    # What log-likelihood harnesses send: the text to score, echo, one token, logprobs.
+    prompt = "The capital of France is Paris"
+    r = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=1, echo=True, logprobs=2, temperature=0
+    )
+    choice = r.choices[0]
+    assert choice.text.startswith(prompt) and len(choice.text) > len(prompt)
+    lp = choice.logprobs
+    assert lp is not None and lp.tokens and lp.token_logprobs and lp.top_logprobs and lp.text_offset
+    assert "".join(lp.tokens) == choice.text  # the prompt's tokens (no chat template), then the answer's
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert len(lp.tokens) == r.usage.prompt_tokens + r.usage.completion_tokens
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    for token, value, top in zip(lp.tokens[1:], lp.token_logprobs[1:], lp.top_logprobs[1:], strict=True):
+        assert value is not None and value <= 0 and top[token] == value and len(top) <= 3
+    paris = lp.tokens.index(" Paris")
+    assert lp.token_logprobs[paris] > -1.0  # the model knows it
+    assert r.to_dict()["zoo"]["experiences"] == []  # a scored prompt is the text as sent, nothing added
+    # Streamed: the scored prompt first, then the answer; the same numbers.
+    chunks = list(
+        client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=1, echo=True, logprobs=2, temperature=0, stream=True
+        )
+    )
+    assert "".join(c.choices[0].text for c in chunks) == choice.text
+    values = [v for c in chunks if c.choices[0].logprobs for v in c.choices[0].logprobs.token_logprobs]
+    assert values == lp.token_logprobs
+    offsets = [v for c in chunks if c.choices[0].logprobs for v in c.choices[0].logprobs.text_offset]
+    assert offsets == lp.text_offset
+    # logprobs without echo: the answer's tokens only.
+    r = client.completions.create(
+        model=MODEL, prompt="Name a colour.", max_tokens=4, logprobs=0, temperature=0
+    )
+    lp = r.choices[0].logprobs
+    assert lp is not None and "".join(lp.tokens) == r.choices[0].text and None not in lp.token_logprobs
+
+
+def test_n_choices_whole_and_streamed(client: openai.OpenAI) -> None:
+    kw = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Say something about the sea."}],
+        "max_tokens": 12,
+        "temperature": 1.0,
+        "seed": 11,
+    }
+    whole = client.chat.completions.create(**kw, n=3, logprobs=True)
+    assert [c.index for c in whole.choices] == [0, 1, 2]
+    assert len({c.message.content for c in whole.choices}) > 1  # a seed of its own for each choice
+    tokens = [len(c.logprobs.content) for c in whole.choices]
+    assert whole.usage.completion_tokens == sum(tokens)  # every choice's tokens, the prompt's once
+    assert whole.to_dict()["zoo"]["seed"] == 11
+    # The first choice is the answer n = 1 gives with that seed.
+    one = client.chat.completions.create(**kw)
+    assert one.choices[0].message.content == whole.choices[0].message.content
+    streamed = list(client.chat.completions.create(**kw, n=3, stream=True))
+    texts = {i: "" for i in range(3)}
+    finished = set()
+    for chunk in streamed:
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+            if c.finish_reason:
+                finished.add(c.index)
+    assert finished == {0, 1, 2}
+    assert [texts[i] for i in range(3)] == [c.message.content for c in whole.choices]
+    # Completions too, with echo: each choice carries the prompt.
+    r = client.completions.create(model=MODEL, prompt="Waves", max_tokens=4, n=2, echo=True, temperature=0)
+    assert [c.index for c in r.choices] == [0, 1] and all(c.text.startswith("Waves") for c in r.choices)
+
+
+def test_an_openai_backend_reads_logprobs_from_a_node(node: NodeProcess) -> None:
+    # The openai backend (a node in front of another OpenAI-compatible server) forwards logprobs; here the
+    # server it forwards to is a real node.
+    import asyncio
+
+    from zoo.inference.backend import GenerationRequest, generate
+    from zoo.inference.openai_backend import OpenAIBackend
+
+    async def ask() -> tuple:
+        backend = OpenAIBackend(str(node.info["http"]), MODEL)
+        try:
+            turns = [{"role": "user", "content": "Name a colour."}]
+            with_logprobs = await generate(backend, GenerationRequest(turns, max_tokens=6, logprobs=2))
+            return with_logprobs, await generate(backend, GenerationRequest(turns, max_tokens=6))
+        finally:
+            await backend.close()
+
+    result, plain = asyncio.run(ask())
+    assert result.logprobs and "".join(e.token for e in result.logprobs) == result.text
+    assert all(len(e.top) == 2 and e.top[0][2] >= e.top[1][2] for e in result.logprobs)
+    assert plain.logprobs is None and plain.text == result.text
+
+
 def test_embeddings_float_and_base64(client: openai.OpenAI) -> None:
     texts = ["The area of a triangle is half base times height.", "Compound interest grows."]
     as_float = client.embeddings.create(model=EMBEDDER, input=texts, encoding_format="float")
@@ -203,9 +317,12 @@ def test_bad_requests_name_the_field(client: openai.OpenAI) -> None:
         ({"top_p": 1.5}, "top_p"),
         ({"seed": -1}, "seed"),
         ({"stop": [""]}, "stop[0]"),
-        ({"n": 2}, "n"),
+        ({"n": 0}, "n"),
+        ({"n": 9}, "n"),  # beyond inference.max_n
         ({"presence_penalty": 0.5}, "presence_penalty"),
-        ({"logprobs": True}, "logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": -1}, "top_logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),  # needs logprobs = true
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
@@ -237,9 +354,10 @@ def test_bad_chat_requests_are_400(node: NodeProcess, change: dict, param: str |
         ({"prompt": ["a", "b"]}, "prompt"),
         ({"prompt": [1, 2, 3]}, "prompt"),
         ({"prompt": ""}, "prompt"),
-        ({"echo": True}, "echo"),
         ({"best_of": 2}, "best_of"),
-        ({"logprobs": 1}, "logprobs"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"logprobs": -1}, "logprobs"),
+        ({"echo": True, "prompt": "word " * 3000}, "prompt"),  # beyond the context, as given
         ({"suffix": "end"}, "suffix"),
     ],
 )

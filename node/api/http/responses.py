@@ -13,12 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from zoo.inference.engine import InferOutcome
+from zoo.inference.backend import Chunk, TokenLogprob
+from zoo.inference.engine import Choice, InferOutcome
 
 
 @dataclass
 class Answer:
-    """How one generation endpoint's answers look, whole or as a stream of chunks."""
+    """How one generation endpoint's answers look, whole or as a stream of chunks, for n choices."""
 
     id: str
     model: str
@@ -26,6 +27,7 @@ class Answer:
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
     object: str = ""
     chunk_object: str = ""
+    n: int = 1
 
     def head(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -33,7 +35,7 @@ class Answer:
     def whole(self, o: InferOutcome, queue_ms: float) -> dict[str, Any]:
         return {
             **self.head(self.object),
-            "choices": [self.choice(o.text, finish_reason(o))],
+            "choices": [self.choice(i, c, o) for i, c in enumerate(choices_of(o))],
             "usage": usage(o),
             "zoo": zoo_extension(o, queue_ms),
         }
@@ -47,19 +49,29 @@ class Answer:
     def opening(self) -> list[dict[str, Any]]:
         return []
 
-    def delta(self, text: str) -> dict[str, Any]:
-        return self.chunk(self.chunk_choice(text, None))
+    def delta(self, chunk: Chunk) -> list[dict[str, Any]]:
+        return [self.chunk(self.chunk_choice(chunk.index, chunk.delta, None, chunk.logprobs))]
 
     def closing(self, o: InferOutcome, queue_ms: float) -> list[dict[str, Any]]:
-        events = [self.chunk(self.chunk_choice(None, finish_reason(o)), zoo=zoo_extension(o, queue_ms))]
+        """Each choice's finish, the last carrying the zoo extension; then usage when asked for."""
+        choices = choices_of(o)
+        events = [
+            self.chunk(
+                self.chunk_choice(i, None, finish_reason(c.finish_reason)),
+                **({"zoo": zoo_extension(o, queue_ms)} if i == len(choices) - 1 else {}),
+            )
+            for i, c in enumerate(choices)
+        ]
         if self.include_usage:
             events.append({**self.head(self.chunk_object), "choices": [], "usage": usage(o)})
         return events
 
-    def choice(self, text: str, finish: str) -> dict[str, Any]:
+    def choice(self, index: int, c: Choice, o: InferOutcome) -> dict[str, Any]:
         raise NotImplementedError
 
-    def chunk_choice(self, text: str | None, finish: str | None) -> dict[str, Any]:
+    def chunk_choice(
+        self, index: int, text: str | None, finish: str | None, logprobs: list[TokenLogprob] | None = None
+    ) -> dict[str, Any]:
         raise NotImplementedError
 
 
@@ -67,35 +79,131 @@ class Answer:
 class ChatAnswer(Answer):
     object: str = "chat.completion"
     chunk_object: str = "chat.completion.chunk"
+    logprobs: bool = False
 
-    def choice(self, text: str, finish: str) -> dict[str, Any]:
-        message = {"role": "assistant", "content": text, "refusal": None}
-        return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+    def choice(self, index: int, c: Choice, o: InferOutcome) -> dict[str, Any]:
+        message = {"role": "assistant", "content": c.text, "refusal": None}
+        return {
+            "index": index,
+            "message": message,
+            "logprobs": self._logprobs(c.logprobs),
+            "finish_reason": finish_reason(c.finish_reason),
+        }
 
-    def chunk_choice(self, text: str | None, finish: str | None) -> dict[str, Any]:
+    def chunk_choice(
+        self, index: int, text: str | None, finish: str | None, logprobs: list[TokenLogprob] | None = None
+    ) -> dict[str, Any]:
         delta = {} if text is None else {"content": text}
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        entries = self._logprobs(logprobs or []) if text is not None else None
+        return {"index": index, "delta": delta, "logprobs": entries, "finish_reason": finish}
+
+    def _logprobs(self, entries: list[TokenLogprob] | None) -> dict[str, Any] | None:
+        """OpenAI's chat shape: {"content": [{token, logprob, bytes, top_logprobs}], "refusal": null}."""
+        if not self.logprobs or entries is None:
+            return None
+        return {"content": [chat_logprob(e) for e in entries], "refusal": None}
 
     def opening(self) -> list[dict[str, Any]]:
-        first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
-        return [self.chunk({**first, "finish_reason": None})]
+        return [
+            self.chunk(
+                {
+                    "index": i,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            )
+            for i in range(self.n)
+        ]
 
 
 @dataclass
 class CompletionAnswer(Answer):
+    """`echo`: the prompt (as given) leads each choice's text, and with `logprobs` its tokens lead the
+    choice's logprobs."""
+
     object: str = "text_completion"
     chunk_object: str = "text_completion"
+    logprobs: int | None = None
+    echo: str | None = None  # the prompt, when echoed
+    # Per choice, characters of its text sent so far (a stream's next token's text_offset).
+    _offsets: dict[int, int] = dataclasses.field(default_factory=dict)
 
-    def choice(self, text: str, finish: str) -> dict[str, Any]:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    def choice(self, index: int, c: Choice, o: InferOutcome) -> dict[str, Any]:
+        text, entries = c.text, list(c.logprobs or [])
+        if self.echo is not None:
+            text = self.echo + text
+            entries = [*(o.prompt_logprobs or []), *entries]
+        logprobs = self._logprobs(entries, 0) if self.logprobs is not None else None
+        return {
+            "index": index,
+            "text": text,
+            "logprobs": logprobs,
+            "finish_reason": finish_reason(c.finish_reason),
+        }
 
-    def chunk_choice(self, text: str | None, finish: str | None) -> dict[str, Any]:
-        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+    def opening(self) -> list[dict[str, Any]]:
+        if self.echo is None or self.logprobs is not None:  # with logprobs, it goes out with its scores
+            return []
+        return [self.chunk(self.chunk_choice(i, self.echo, None)) for i in range(self.n)]
+
+    def delta(self, chunk: Chunk) -> list[dict[str, Any]]:
+        events = []
+        if chunk.prompt_logprobs is not None and self.echo is not None:
+            # The scored prompt (scored once) leads every choice's text.
+            events = [
+                self.chunk(self.chunk_choice(i, self.echo, None, chunk.prompt_logprobs))
+                for i in range(self.n)
+            ]
+        if chunk.delta or chunk.logprobs:
+            events += super().delta(chunk)
+        return events
+
+    def chunk_choice(
+        self, index: int, text: str | None, finish: str | None, logprobs: list[Any] | None = None
+    ) -> dict[str, Any]:
+        offset = self._offsets.get(index, 0)
+        entries = None
+        if self.logprobs is not None and text is not None:
+            entries = self._logprobs(logprobs or [], offset)
+        self._offsets[index] = offset + len(text or "")
+        return {"index": index, "text": text or "", "logprobs": entries, "finish_reason": finish}
+
+    def _logprobs(self, entries: list[TokenLogprob], offset: int) -> dict[str, Any]:
+        """OpenAI's completions shape: parallel lists of tokens, their log-probabilities, the alternatives
+        (a dict, the chosen token in it) and each token's character offset in the choice's text."""
+        tokens, values, tops, offsets = [], [], [], []
+        for e in entries:
+            tokens.append(e.token)
+            values.append(e.logprob)
+            offsets.append(offset)
+            offset += len(e.token)
+            if e.logprob is None:  # the prompt's first token: nothing precedes it
+                tops.append(None)
+                continue
+            top = {t: lp for t, _b, lp in e.top[: self.logprobs]}
+            top.setdefault(e.token, e.logprob)
+            tops.append(top)
+        return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
 
-def finish_reason(o: InferOutcome) -> str:
+def choices_of(o: InferOutcome) -> list[Choice]:
+    """The outcome's choices (an outcome relayed from a peer carries its one answer only)."""
+    return o.choices or [Choice(o.text, o.finish_reason, o.completion_tokens, o.seed, o.logprobs)]
+
+
+def chat_logprob(e: TokenLogprob) -> dict[str, Any]:
+    return {
+        "token": e.token,
+        "logprob": e.logprob,
+        "bytes": list(e.bytes),
+        "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(b)} for t, b, lp in e.top],
+    }
+
+
+def finish_reason(reason: str) -> str:
     """OpenAI knows "stop" and "length"; a generation ended early by cancellation reads as "stop"."""
-    return "length" if o.finish_reason == "length" else "stop"
+    return "length" if reason == "length" else "stop"
 
 
 def usage(o: InferOutcome) -> dict[str, int]:

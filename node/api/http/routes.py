@@ -23,7 +23,7 @@ from starlette.types import Receive, Scope, Send
 from zoo.inference.backend import BackendError, Chunk
 from zoo.inference.engine import InferOutcome, InferParams
 from zoo.node.api.admission import Admission
-from zoo.node.api.http.errors import ApiError, api_error_for, unsupported
+from zoo.node.api.http.errors import ApiError, api_error_for, invalid, unsupported
 from zoo.node.api.http.responses import SSE_DONE, Answer, ChatAnswer, CompletionAnswer, encode_vector, sse
 from zoo.node.api.http.schemas import (
     CHAT_FIELDS,
@@ -125,7 +125,7 @@ class OpenAIApi:
         data, client = await self._signed_json(request)
         body = ChatRequest.model_validate(data)
         adapter, remote = self._placement(body.model)
-        check_chat(body)
+        logprobs = check_chat(body)
         names = CHAT_FIELDS
         if body.max_completion_tokens is not None:
             names = dataclasses.replace(names, max_tokens="max_completion_tokens")
@@ -139,7 +139,15 @@ class OpenAIApi:
             adapter=adapter,
             client=client,
         )
-        answer = ChatAnswer("chatcmpl-" + uuid.uuid4().hex, body.model, _include_usage(body))
+        n = self._choices(body)
+        params = dataclasses.replace(params, logprobs=logprobs, n=n)
+        answer = ChatAnswer(
+            "chatcmpl-" + uuid.uuid4().hex,
+            body.model,
+            _include_usage(body),
+            n=n,
+            logprobs=logprobs is not None,
+        )
         return await self._answer(request, params, answer, body.stream, chat_field, remote)
 
     async def completions(self, request: Request) -> Response:
@@ -151,8 +159,27 @@ class OpenAIApi:
         params = self._params(
             body, COMPLETION_FIELDS, prompt=prompt, max_tokens=body.max_tokens, adapter=adapter, client=client
         )
-        answer = CompletionAnswer("cmpl-" + uuid.uuid4().hex, body.model, _include_usage(body))
+        # echo: the prompt is continued as given (no chat template, no experiences), so that the
+        # log-probabilities it comes back with score exactly the text the client sent.
+        n = self._choices(body)
+        params = dataclasses.replace(
+            params, logprobs=body.logprobs, prompt=prompt if body.echo else None, echo=bool(body.echo), n=n
+        )
+        answer = CompletionAnswer(
+            "cmpl-" + uuid.uuid4().hex,
+            body.model,
+            _include_usage(body),
+            n=n,
+            logprobs=body.logprobs,
+            echo=prompt if body.echo else None,
+        )
         return await self._answer(request, params, answer, body.stream, completion_field, remote)
+
+    def _choices(self, body: Generation) -> int:
+        n, limit = (1 if body.n is None else body.n), self.deps.inference.max_n
+        if not 1 <= n <= limit:
+            raise invalid("n", f"must be in [1, {limit}] (inference.max_n) (got {n})")
+        return n
 
     def _params(
         self, body: Generation, names: FieldNames, client: Client = ANONYMOUS, **fields: Any
@@ -188,6 +215,17 @@ class OpenAIApi:
         fields as gRPC does, `rename` maps them to this endpoint's JSON."""
         from zoo.node.p2p.routing import PeerRefused
 
+        if remote:
+            # The peer protocol carries none of these: refused rather than answered without them.
+            for name, used in (
+                ("logprobs", params.logprobs is not None),
+                ("echo", params.echo),
+                ("n", params.n > 1),
+            ):
+                if used:
+                    raise unsupported(
+                        name, f"is not supported for {remote!r}, a model this node routes to a peer"
+                    )
         try:
             if stream:
                 return await self._stream(request, params, answer, remote)
@@ -364,7 +402,8 @@ async def _events(
             yield sse(event)
         queue_ms, item = head
         while not isinstance(item, InferOutcome):
-            yield sse(answer.delta(item.delta))
+            for event in answer.delta(item):
+                yield sse(event)
             queue_ms, item = await anext(items)
         for event in answer.closing(item, queue_ms):
             yield sse(event)

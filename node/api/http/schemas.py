@@ -12,7 +12,7 @@ from typing import Any, Literal
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict
 
-from zoo.inference.backend import ResponseFormat
+from zoo.inference.backend import MAX_TOP_LOGPROBS, ResponseFormat
 from zoo.inference.structured import parse_response_format
 from zoo.node.api.http.errors import ApiError, api_error_for, invalid, unsupported
 from zoo.node.api.serving import FieldNames
@@ -178,8 +178,6 @@ def response_format(rf: dict[str, Any] | None) -> ResponseFormat | None:
 
 def _check_generation(body: Generation) -> None:
     """Refuse the OpenAI parameters this node cannot honour instead of silently ignoring them."""
-    if body.n not in (None, 1):
-        raise invalid("n", "only n = 1 is supported", code="unsupported_value")
     for name in ("presence_penalty", "frequency_penalty"):
         if getattr(body, name) not in (None, 0):
             raise unsupported(name, "is not supported by this node (only 0)")
@@ -187,26 +185,34 @@ def _check_generation(body: Generation) -> None:
         raise unsupported("logit_bias")
 
 
-def check_chat(body: ChatRequest) -> None:
+def check_chat(body: ChatRequest) -> int | None:
+    """The checks of a chat request's generation fields; returns the alternatives each token's
+    log-probability lists (None: no log-probabilities)."""
     _check_generation(body)
-    if body.logprobs or body.top_logprobs:
-        raise unsupported("logprobs" if body.logprobs else "top_logprobs")
+    if body.top_logprobs is not None:
+        _check_top(body.top_logprobs, "top_logprobs")
+        if not body.logprobs:
+            raise invalid("top_logprobs", "needs logprobs = true")
     for name in ("tools", "functions"):
         if getattr(body, name):
             raise unsupported(name, "tool calling is not supported by this node")
     for name in ("tool_choice", "function_call"):
         if getattr(body, name) not in (None, "none"):
             raise unsupported(name, "tool calling is not supported by this node")
+    return (body.top_logprobs or 0) if body.logprobs else None
+
+
+def _check_top(value: int, name: str) -> None:
+    if not 0 <= value <= MAX_TOP_LOGPROBS:
+        raise invalid(name, f"must be in [0, {MAX_TOP_LOGPROBS}] (got {value})")
 
 
 def check_completion(body: CompletionRequest) -> None:
     _check_generation(body)
-    if body.echo:
-        raise unsupported("echo")
     if body.best_of not in (None, 1):
         raise unsupported("best_of", "only best_of = 1 is supported")
     if body.logprobs is not None:
-        raise unsupported("logprobs")
+        _check_top(body.logprobs, "logprobs")
     if body.suffix:
         raise unsupported("suffix")
 
