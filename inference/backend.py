@@ -80,9 +80,9 @@ class GenerationRequest:
     priority: bool = False
     # Log-probabilities of the generated tokens, each with this many alternatives (None: none computed).
     logprobs: int | None = None
-    # A plain-text prompt, tokenized as given with no chat template (completions); `messages` is then
-    # only what the prompt is counted as. With `echo`, its tokens' log-probabilities come back too.
-    prompt: str | None = None
+    # A prompt continued as given, with no chat template: text, or token ids (completions); `messages` is
+    # then ignored. With `echo`, its tokens and their log-probabilities come back too.
+    prompt: str | list[int] | None = None
     echo: bool = False
     # The n choices of one client request share its prompt: a scheduler prefills it once and copies its
     # cache to the others (None: a request of its own).
@@ -98,7 +98,7 @@ class GenerationResult:
     # One per generated token whose text is in `text` (with request.logprobs), the stop string's own
     # tokens and the end-of-sequence token left out.
     logprobs: list[TokenLogprob] | None = None
-    # With request.echo (and logprobs): one per prompt token.
+    # With request.echo: one per prompt token (alternatives: request.logprobs of them).
     prompt_logprobs: list[TokenLogprob] | None = None
 
 
@@ -145,6 +145,16 @@ async def generate(backend: Backend, request: GenerationRequest) -> GenerationRe
     if result is None:
         raise BackendError("the backend ended its stream without a result")
     return result
+
+
+def prompt_token_ids(prompt: list[int], vocab_size: int) -> list[int]:
+    """A prompt given as token ids, checked against the vocabulary (ValidationError naming `prompt`)."""
+    from zoo.registry.errors import ValidationError
+
+    bad = next((t for t in prompt if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise ValidationError("prompt", f"token id {bad} is outside the vocabulary (0 to {vocab_size - 1})")
+    return list(prompt)
 
 
 def apply_stop(text: str, stop: list[str]) -> tuple[str, bool]:

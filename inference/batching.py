@@ -253,7 +253,7 @@ class ContinuousBatcher:
                 else:
                     cache = DynamicCache()
                     ids = torch.tensor([seq.prompt_ids], device=self.device)
-                    scores_prompt = seq.request.echo and seq.request.logprobs is not None
+                    scores_prompt = seq.request.echo
                     out = self.adapters.forward(
                         [seq.adapter_key],
                         input_ids=ids,

@@ -43,9 +43,9 @@ class InferParams:
     spend: Any = None  # the client's consent to be charged credits here (node.credits; opaque to inference)
     priority: bool = False  # a credit holder's request: decoded ahead of the others (GenerationRequest)
     logprobs: int | None = None  # log-probabilities of the answer's tokens, with this many alternatives
-    # A plain-text prompt continued as given: no chat template and no experiences, which would change what
-    # its log-probabilities score (completions with echo); `messages` then holds it as one user turn.
-    prompt: str | None = None
+    # A prompt continued as given (text, or token ids): no chat template and no experiences, which would
+    # change what its log-probabilities score (completions with echo or token ids); `messages` is ignored.
+    prompt: str | list[int] | None = None
     echo: bool = False  # with `prompt`: its tokens' log-probabilities come back too
     n: int = 1  # choices: one prompt (one prefill, one admission), each choice its own seed-derived stream
 
@@ -270,7 +270,7 @@ class InferenceEngine:
     def _plain_prompt(self, p: InferParams) -> Assembled:
         """A plain-text prompt as given (no experiences), checked against the context window."""
         assert p.prompt is not None
-        tokens = self.backend.count_text_tokens(p.prompt)  # type: ignore[attr-defined]
+        tokens = len(p.prompt) if isinstance(p.prompt, list) else self.backend.count_text_tokens(p.prompt)  # type: ignore[attr-defined]
         if tokens + p.max_tokens > self.backend.context_length:
             raise PromptTooLong(
                 "prompt",

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from zoo.inference.backend import Chunk, GenerationRequest, ResponseFormat
+from zoo.inference.backend import Chunk, GenerationRequest, ResponseFormat, prompt_token_ids
 from zoo.inference.batching import ContinuousBatcher
 from zoo.inference.decoding import relay
 from zoo.inference.model_loading import MODEL_LOADING
@@ -152,6 +152,8 @@ class TransformersBackend:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def _prompt_ids(self, request: GenerationRequest) -> list[int]:
+        if isinstance(request.prompt, list):
+            return prompt_token_ids(request.prompt, int(self.model.config.vocab_size))
         if request.prompt is not None:
             return self._tokenize(request.prompt)
         return list(self._encode(request.messages)["input_ids"][0].tolist())

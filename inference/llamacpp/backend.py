@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from zoo.inference.adapters import AdapterLoadError
-from zoo.inference.backend import Chunk, GenerationRequest, ResponseFormat
+from zoo.inference.backend import Chunk, GenerationRequest, ResponseFormat, prompt_token_ids
 from zoo.inference.decoding import relay
 from zoo.inference.llamacpp.gguf import GgufModel
 from zoo.inference.llamacpp.scheduler import LlamaCppScheduler
@@ -107,6 +107,8 @@ class LlamaCppBackend:
         return len(self.gguf.tokenize(text))
 
     def _prompt_ids(self, request: GenerationRequest) -> list[int]:
+        if isinstance(request.prompt, list):
+            return prompt_token_ids(request.prompt, self.gguf.n_vocab)
         if request.prompt is not None:
             return self.gguf.tokenize(request.prompt)
         return self.gguf.encode_chat(request.messages)

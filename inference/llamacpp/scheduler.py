@@ -66,11 +66,11 @@ class Slot(DecodingState):
     rng: np.random.Generator | None = None
     fed: int = 0  # prompt tokens already in the KV cache
     adapter_key: str = BASE
-    scored: list[Any] | None = None  # the prompt's log-probabilities so far (request.echo with logprobs)
+    scored: list[Any] | None = None  # the prompt's log-probabilities so far (request.echo)
 
     @property
     def scores_prompt(self) -> bool:
-        return self.request.echo and self.request.logprobs is not None
+        return self.request.echo
 
     adapter_file: Path | None = None  # the converted GGUF adapter (llamacpp.lora), loaded at admission
 

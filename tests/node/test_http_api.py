@@ -184,6 +184,13 @@ def test_completions_echo_scores_the_prompt_as_sent(client: openai.OpenAI) -> No
     assert values == lp.token_logprobs
     offsets = [v for c in chunks if c.choices[0].logprobs for v in c.choices[0].logprobs.text_offset]
     assert offsets == lp.text_offset
+    # The same prompt as token ids (what harnesses that tokenize themselves send): the same scores.
+    ids = [int(t) for t in _token_ids(prompt)]
+    by_ids = client.completions.create(
+        model=MODEL, prompt=ids, max_tokens=1, echo=True, logprobs=2, temperature=0
+    )
+    assert by_ids.choices[0].text == choice.text
+    assert by_ids.choices[0].logprobs.token_logprobs == lp.token_logprobs
     # logprobs without echo: the answer's tokens only.
     r = client.completions.create(
         model=MODEL, prompt="Name a colour.", max_tokens=4, logprobs=0, temperature=0
@@ -245,6 +252,16 @@ def test_an_openai_backend_reads_logprobs_from_a_node(node: NodeProcess) -> None
     assert result.logprobs and "".join(e.token for e in result.logprobs) == result.text
     assert all(len(e.top) == 2 and e.top[0][2] >= e.top[1][2] for e in result.logprobs)
     assert plain.logprobs is None and plain.text == result.text
+
+
+def _token_ids(text: str) -> list[int]:
+    from transformers import AutoTokenizer
+
+    from zoo.inference.models import prepare_bundled_chat_model
+    from zoo.node.config import default_cache_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(prepare_bundled_chat_model(default_cache_dir()).path)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def test_embeddings_float_and_base64(client: openai.OpenAI) -> None:
@@ -352,7 +369,9 @@ def test_bad_chat_requests_are_400(node: NodeProcess, change: dict, param: str |
     ("change", "param"),
     [
         ({"prompt": ["a", "b"]}, "prompt"),
-        ({"prompt": [1, 2, 3]}, "prompt"),
+        ({"prompt": [1, -2, 3]}, "prompt"),
+        ({"prompt": [[1, 2], [3]]}, "prompt"),  # one prompt a request
+        ({"prompt": [1, 10**9]}, "prompt"),  # outside the vocabulary
         ({"prompt": ""}, "prompt"),
         ({"best_of": 2}, "best_of"),
         ({"logprobs": 21}, "logprobs"),

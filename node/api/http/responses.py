@@ -125,14 +125,14 @@ class CompletionAnswer(Answer):
     object: str = "text_completion"
     chunk_object: str = "text_completion"
     logprobs: int | None = None
-    echo: str | None = None  # the prompt, when echoed
+    echo: bool = False
     # Per choice, characters of its text sent so far (a stream's next token's text_offset).
     _offsets: dict[int, int] = dataclasses.field(default_factory=dict)
 
     def choice(self, index: int, c: Choice, o: InferOutcome) -> dict[str, Any]:
         text, entries = c.text, list(c.logprobs or [])
-        if self.echo is not None:
-            text = self.echo + text
+        if self.echo:
+            text = echoed(o.prompt_logprobs) + text
             entries = [*(o.prompt_logprobs or []), *entries]
         logprobs = self._logprobs(entries, 0) if self.logprobs is not None else None
         return {
@@ -142,18 +142,13 @@ class CompletionAnswer(Answer):
             "finish_reason": finish_reason(c.finish_reason),
         }
 
-    def opening(self) -> list[dict[str, Any]]:
-        if self.echo is None or self.logprobs is not None:  # with logprobs, it goes out with its scores
-            return []
-        return [self.chunk(self.chunk_choice(i, self.echo, None)) for i in range(self.n)]
-
     def delta(self, chunk: Chunk) -> list[dict[str, Any]]:
         events = []
-        if chunk.prompt_logprobs is not None and self.echo is not None:
-            # The scored prompt (scored once) leads every choice's text.
+        if chunk.prompt_logprobs is not None and self.echo:
+            # The scored prompt (scored once, before any answer) leads every choice's text.
+            prompt = echoed(chunk.prompt_logprobs)
             events = [
-                self.chunk(self.chunk_choice(i, self.echo, None, chunk.prompt_logprobs))
-                for i in range(self.n)
+                self.chunk(self.chunk_choice(i, prompt, None, chunk.prompt_logprobs)) for i in range(self.n)
             ]
         if chunk.delta or chunk.logprobs:
             events += super().delta(chunk)
@@ -185,6 +180,11 @@ class CompletionAnswer(Answer):
             top.setdefault(e.token, e.logprob)
             tops.append(top)
         return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+
+
+def echoed(entries: list[TokenLogprob] | None) -> str:
+    """The prompt as its tokens spell it (the text sent, or what the token ids sent decode to)."""
+    return b"".join(e.bytes for e in entries or []).decode("utf-8", errors="replace")
 
 
 def choices_of(o: InferOutcome) -> list[Choice]:

@@ -156,14 +156,22 @@ class OpenAIApi:
         adapter, remote = self._placement(body.model)
         check_completion(body)
         prompt = completion_prompt(body.prompt)
+        # A text prompt is one user turn of the chat template, with experiences; token ids (which no
+        # template can wrap) and any echoed prompt are continued as given, so that the log-probabilities
+        # that come back score exactly what the client sent.
+        as_given = isinstance(prompt, list) or bool(body.echo)
+        stand_in = prompt if isinstance(prompt, str) else f"[{len(prompt)} token ids]"
         params = self._params(
-            body, COMPLETION_FIELDS, prompt=prompt, max_tokens=body.max_tokens, adapter=adapter, client=client
+            body,
+            COMPLETION_FIELDS,
+            prompt=stand_in,
+            max_tokens=body.max_tokens,
+            adapter=adapter,
+            client=client,
         )
-        # echo: the prompt is continued as given (no chat template, no experiences), so that the
-        # log-probabilities it comes back with score exactly the text the client sent.
         n = self._choices(body)
         params = dataclasses.replace(
-            params, logprobs=body.logprobs, prompt=prompt if body.echo else None, echo=bool(body.echo), n=n
+            params, logprobs=body.logprobs, prompt=prompt if as_given else None, echo=bool(body.echo), n=n
         )
         answer = CompletionAnswer(
             "cmpl-" + uuid.uuid4().hex,
@@ -171,7 +179,7 @@ class OpenAIApi:
             _include_usage(body),
             n=n,
             logprobs=body.logprobs,
-            echo=prompt if body.echo else None,
+            echo=bool(body.echo),
         )
         return await self._answer(request, params, answer, body.stream, completion_field, remote)
 

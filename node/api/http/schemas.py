@@ -147,14 +147,31 @@ def _text_of(content: str | list[dict[str, Any]] | None, field: str) -> str:
     return "\n".join(texts)
 
 
-def completion_prompt(prompt: Any) -> str:
-    if isinstance(prompt, list) and len(prompt) == 1:
+MAX_PROMPT_TOKEN_IDS = 100_000
+
+
+def completion_prompt(prompt: Any) -> str | list[int]:
+    """A completion's prompt: a string, or token ids (what harnesses that tokenize themselves send), alone
+    or as a list of exactly one."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
+    if isinstance(prompt, list) and prompt and all(_is_token_id(t) for t in prompt):
+        if len(prompt) > MAX_PROMPT_TOKEN_IDS:
+            raise invalid("prompt", f"at most {MAX_PROMPT_TOKEN_IDS} token ids")
+        return [int(t) for t in prompt]
     if not isinstance(prompt, str):
-        raise invalid("prompt", "must be a string (or a list of exactly one string)")
+        raise invalid(
+            "prompt",
+            "must be a string or a list of token ids (or a list of exactly one of either); "
+            "several prompts in one request are not supported",
+        )
     if not prompt:
         raise invalid("prompt", "must not be empty")
     return prompt
+
+
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def response_format(rf: dict[str, Any] | None) -> ResponseFormat | None:
