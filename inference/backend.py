@@ -24,13 +24,14 @@ class BackendUnavailable(BackendError):
 class ResponseFormat:
     """Structured output: the answer must be JSON. `json_object`: any JSON object; `json_schema`: an
     instance of `schema` (JSON text of a JSON Schema). Backends that can constrain decoding do; the
-    OpenAI-compatible backend passes it to its server."""
+    OpenAI-compatible backend passes it to its server. `structural_tag` (set by the engine for tool calls,
+    never by clients): `schema` is an xgrammar structural tag (inference.tools)."""
 
-    type: str  # "json_object" | "json_schema"
+    type: str  # "json_object" | "json_schema" | "structural_tag"
     schema: str = ""
 
     def __post_init__(self) -> None:
-        if self.type not in ("json_object", "json_schema"):
+        if self.type not in ("json_object", "json_schema", "structural_tag"):
             raise ValueError(f"unknown response format type {self.type!r}")
 
 

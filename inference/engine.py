@@ -16,6 +16,7 @@ from zoo.inference.adapters import AdapterDirectory, AdapterRef
 from zoo.inference.backend import Backend, ChoiceGroup, Chunk, GenerationRequest, ResponseFormat, TokenLogprob
 from zoo.inference.defaults import DEFAULT_EXPERIENCE_BUDGET, DEFAULT_LESSON_POSITION, LessonPosition
 from zoo.inference.prompt import Assembled, PromptTooLong, assemble, parse_citations
+from zoo.inference.tools import ToolCall, ToolSpec, parse_answer
 from zoo.registry.errors import ValidationError, ZooError
 
 
@@ -48,6 +49,9 @@ class InferParams:
     prompt: str | list[int] | None = None
     echo: bool = False  # with `prompt`: its tokens' log-probabilities come back too
     n: int = 1  # choices: one prompt (one prefill, one admission), each choice its own seed-derived stream
+    # Tools the model may call (the messages already describe them: inference.tools.render_turns); their
+    # calls are constrained where the backend constrains decoding, and read out of each answer.
+    tools: ToolSpec | None = None
 
 
 @dataclass
@@ -70,6 +74,10 @@ class Choice:
     completion_tokens: int
     seed: int
     logprobs: list[TokenLogprob] | None = None
+    # With tools: the calls the answer makes (then finish_reason is "tool_calls") and the text beside them.
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    content: str | None = None
+    invalid_call: str = ""  # why what looked like a call was kept as text
 
 
 @dataclass
@@ -95,6 +103,18 @@ class InferOutcome:
     # Every choice, the first being the one the fields above describe; completion_tokens counts them all,
     # and an experience is cited when any choice cites it.
     choices: list[Choice] = field(default_factory=list)
+
+
+def _choice(text: str, finish: str, tokens: int, seed: int, logprobs: Any, tools: ToolSpec | None) -> Choice:
+    """One answer as a choice; with tools, its calls read out of the text."""
+    choice = Choice(text, finish, tokens, seed, logprobs, content=text)
+    if tools is None or not tools.calls:
+        return choice
+    parsed = parse_answer(text, tools)
+    choice.content, choice.tool_calls, choice.invalid_call = parsed.content, parsed.calls, parsed.invalid
+    if parsed.calls:
+        choice.finish_reason = "tool_calls"
+    return choice
 
 
 def choice_seed(seed: int, index: int) -> int:
@@ -187,6 +207,10 @@ class InferenceEngine:
 
         seed = p.seed if p.seed is not None else random.SystemRandom().randrange(2**63)
         group = ChoiceGroup(p.n) if p.n > 1 else None
+        response_format = p.response_format
+        if p.tools is not None and p.tools.calls and getattr(self.backend, "constrains_json", False):
+            tag = await asyncio.to_thread(p.tools.structural_tag)
+            response_format = ResponseFormat("structural_tag", tag)
         requests = [
             GenerationRequest(
                 assembled.messages,
@@ -196,7 +220,7 @@ class InferenceEngine:
                 choice_seed(seed, i),
                 list(p.stop),
                 factors(),
-                response_format=p.response_format,
+                response_format=response_format,
                 adapter=adapter,
                 priority=p.priority,
                 logprobs=p.logprobs,
@@ -217,7 +241,7 @@ class InferenceEngine:
                     yield chunk
         # every backend ends its stream with a result
         choices = [
-            Choice(r.text, r.finish_reason, r.completion_tokens, q.seed, r.logprobs)
+            _choice(r.text, r.finish_reason, r.completion_tokens, q.seed, r.logprobs, p.tools)
             for r, q in ((results[i], requests[i]) for i in range(p.n))
         ]
         result = results[0]

@@ -124,12 +124,14 @@ class GrammarCache:
                 return compiled
         schema = fmt.schema if fmt.type == "json_schema" else '{"type": "object"}'
         try:
-            compiled = self._compiler.compile_json_schema(schema, any_whitespace=False)
+            if fmt.type == "structural_tag":
+                compiled = self._compiler.compile_structural_tag(fmt.schema)
+            else:
+                compiled = self._compiler.compile_json_schema(schema, any_whitespace=False)
         except Exception as e:  # xgrammar reports unsupported or malformed schemas as RuntimeError/ValueError
             reason = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
-            raise ValidationError(
-                "response_format.json_schema", f"cannot be used for constrained decoding: {reason}"
-            ) from None
+            field = "tools" if fmt.type == "structural_tag" else "response_format.json_schema"
+            raise ValidationError(field, f"cannot be used for constrained decoding: {reason}") from None
         with self._lock:
             if key not in self._compiled:  # two threads may compile the same schema at once
                 self._compiled[key] = compiled

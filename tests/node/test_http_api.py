@@ -231,6 +231,91 @@ def test_n_choices_whole_and_streamed(client: openai.OpenAI) -> None:
     assert [c.index for c in r.choices] == [0, 1] and all(c.text.startswith("Waves") for c in r.choices)
 
 
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["C", "F"]}},
+            "required": ["city"],
+        },
+    },
+}
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two numbers.",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+            "required": ["a", "b"],
+        },
+    },
+}
+
+
+def test_required_and_named_tool_calls_always_parse_and_validate(client: openai.OpenAI) -> None:
+    import jsonschema
+
+    ask = [{"role": "user", "content": "What is the weather like in Lisbon today?"}]
+    for choice in ("required", {"type": "function", "function": {"name": "add"}}):
+        r = client.chat.completions.create(
+            model=MODEL, messages=ask, tools=[WEATHER, ADD], tool_choice=choice, max_tokens=60
+        )
+        c = r.choices[0]
+        assert c.finish_reason == "tool_calls" and c.message.tool_calls
+        for call in c.message.tool_calls:
+            assert call.type == "function" and call.id.startswith("call_")
+            tool = {"get_weather": WEATHER, "add": ADD}[call.function.name]
+            jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+        if isinstance(choice, dict):
+            assert {call.function.name for call in c.message.tool_calls} == {"add"}
+        assert r.to_dict()["zoo"]["library_version"] >= 0  # experiences still go in (the zoo extension)
+    # Streamed: the calls arrive whole as deltas, and are the same calls.
+    kw = {"model": MODEL, "messages": ask, "tools": [WEATHER], "tool_choice": "required", "max_tokens": 60}
+    whole = client.chat.completions.create(**kw).choices[0].message.tool_calls
+    calls: dict[int, dict] = {}
+    finish = None
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        for c in chunk.choices:
+            for d in c.delta.tool_calls or []:
+                entry = calls.setdefault(d.index, {"name": "", "arguments": ""})
+                entry["name"] += d.function.name or ""
+                entry["arguments"] += d.function.arguments or ""
+            finish = c.finish_reason or finish
+    assert finish == "tool_calls"
+    assert [(e["name"], json.loads(e["arguments"])) for e in calls.values()] == [
+        (w.function.name, json.loads(w.function.arguments)) for w in whole
+    ]
+
+
+def test_a_tool_result_goes_back_and_the_model_answers(client: openai.OpenAI) -> None:
+    ask = [{"role": "user", "content": "What is 2 + 3? Use the add tool."}]
+    first = client.chat.completions.create(
+        model=MODEL, messages=ask, tools=[ADD], tool_choice="required", max_tokens=60
+    )
+    call = first.choices[0].message.tool_calls[0]
+    history = [
+        *ask,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "5"},
+    ]
+    second = client.chat.completions.create(model=MODEL, messages=history, tools=[ADD], max_tokens=40)
+    c = second.choices[0]
+    # Under auto the model may answer or call again; either way the answer is well-formed.
+    assert (c.finish_reason == "tool_calls") == bool(c.message.tool_calls)
+    if not c.message.tool_calls:
+        assert c.message.content
+    # With tool_choice none it answers in text, the result in its context.
+    third = client.chat.completions.create(
+        model=MODEL, messages=history, tools=[ADD], tool_choice="none", max_tokens=40
+    )
+    assert third.choices[0].message.content and not third.choices[0].message.tool_calls
+
+
 def test_an_openai_backend_reads_logprobs_from_a_node(node: NodeProcess) -> None:
     # The openai backend (a node in front of another OpenAI-compatible server) forwards logprobs; here the
     # server it forwards to is a real node.
@@ -338,9 +423,62 @@ def test_bad_requests_name_the_field(client: openai.OpenAI) -> None:
         ({"n": 9}, "n"),  # beyond inference.max_n
         ({"presence_penalty": 0.5}, "presence_penalty"),
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        (
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "f",
+                            "parameters": {"type": "object", "properties": {"a": {"type": "nonsense"}}},
+                        },
+                    }
+                ]
+            },
+            "tools[0].function.parameters",
+        ),
+        ({"tools": [{"type": "function", "function": {"name": "f g"}}]}, "tools[0].function.name"),
+        ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
+        ({"tool_choice": "required"}, "tool_choice"),  # no tools
+        (
+            {
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+                "tool_choice": {"type": "function", "function": {"name": "g"}},
+            },
+            "tool_choice",
+        ),
+        (
+            {
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+                "response_format": {"type": "json_object"},
+            },
+            "response_format",
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "tool", "tool_call_id": "call_x", "content": "1"},
+                ]
+            },
+            "messages[1].tool_call_id",
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {
+                        "role": "assistant",
+                        "tool_calls": [
+                            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "[1"}}
+                        ],
+                    },
+                ]
+            },
+            "messages[1].tool_calls[0].function.arguments",
+        ),
         ({"logprobs": True, "top_logprobs": -1}, "top_logprobs"),
         ({"top_logprobs": 2}, "top_logprobs"),  # needs logprobs = true
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
         ({"messages": [{"role": "user", "content": ""}]}, "messages[0].content"),

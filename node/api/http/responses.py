@@ -14,7 +14,9 @@ from typing import Any
 import numpy as np
 
 from zoo.inference.backend import Chunk, TokenLogprob
+from zoo.inference.decoding import held_back
 from zoo.inference.engine import Choice, InferOutcome
+from zoo.inference.tools import ToolCall
 
 
 @dataclass
@@ -77,12 +79,20 @@ class Answer:
 
 @dataclass
 class ChatAnswer(Answer):
+    """With `tools`, a streamed choice's text goes out only up to where a call may begin; its calls go out
+    whole, one delta each, before its final chunk (OpenAI's clients accumulate them by index)."""
+
     object: str = "chat.completion"
     chunk_object: str = "chat.completion.chunk"
     logprobs: bool = False
+    tools: bool = False
+    _texts: dict[int, str] = dataclasses.field(default_factory=dict)  # per choice, its text so far
+    _sent: dict[int, int] = dataclasses.field(default_factory=dict)  # per choice, characters sent
 
     def choice(self, index: int, c: Choice, o: InferOutcome) -> dict[str, Any]:
-        message = {"role": "assistant", "content": c.text, "refusal": None}
+        message: dict[str, Any] = {"role": "assistant", "content": c.content, "refusal": None}
+        if c.tool_calls:
+            message["tool_calls"] = [tool_call(call) for call in c.tool_calls]
         return {
             "index": index,
             "message": message,
@@ -96,6 +106,36 @@ class ChatAnswer(Answer):
         delta = {} if text is None else {"content": text}
         entries = self._logprobs(logprobs or []) if text is not None else None
         return {"index": index, "delta": delta, "logprobs": entries, "finish_reason": finish}
+
+    def delta(self, chunk: Chunk) -> list[dict[str, Any]]:
+        if not self.tools:
+            return super().delta(chunk)
+        i = chunk.index
+        text = self._texts[i] = self._texts.get(i, "") + chunk.delta
+        safe = _before_a_call(text)
+        piece, self._sent[i] = text[self._sent.get(i, 0) : safe], max(safe, self._sent.get(i, 0))
+        if not piece and not chunk.logprobs:
+            return []
+        return [self.chunk(self.chunk_choice(i, piece, None, chunk.logprobs))]
+
+    def closing(self, o: InferOutcome, queue_ms: float) -> list[dict[str, Any]]:
+        if not self.tools:
+            return super().closing(o, queue_ms)
+        events = []
+        for i, c in enumerate(choices_of(o)):
+            if c.tool_calls:
+                calls = [{"index": k, **tool_call(call)} for k, call in enumerate(c.tool_calls)]
+                events += [
+                    self.chunk(
+                        {"index": i, "delta": {"tool_calls": [call]}, "logprobs": None, "finish_reason": None}
+                    )
+                    for call in calls
+                ]
+            else:  # no call after all (or none that parses): the text held back is the answer's
+                rest = (c.content or "")[self._sent.get(i, 0) :]
+                if rest:
+                    events.append(self.chunk(self.chunk_choice(i, rest, None)))
+        return events + super().closing(o, queue_ms)
 
     def _logprobs(self, entries: list[TokenLogprob] | None) -> dict[str, Any] | None:
         """OpenAI's chat shape: {"content": [{token, logprob, bytes, top_logprobs}], "refusal": null}."""
@@ -189,7 +229,24 @@ def echoed(entries: list[TokenLogprob] | None) -> str:
 
 def choices_of(o: InferOutcome) -> list[Choice]:
     """The outcome's choices (an outcome relayed from a peer carries its one answer only)."""
-    return o.choices or [Choice(o.text, o.finish_reason, o.completion_tokens, o.seed, o.logprobs)]
+    return o.choices or [
+        Choice(o.text, o.finish_reason, o.completion_tokens, o.seed, o.logprobs, content=o.text)
+    ]
+
+
+def _before_a_call(text: str) -> int:
+    """How much of a streamed answer is surely content: up to a call's opening tag, less a tail that may
+    still become one, less trailing whitespace (dropped when a call follows)."""
+    from zoo.inference.tools import OPEN
+
+    at = text.find(OPEN)
+    if at < 0:
+        at = len(text) - held_back(text, [OPEN])
+    return len(text[:at].rstrip())
+
+
+def tool_call(call: ToolCall) -> dict[str, Any]:
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
 
 def chat_logprob(e: TokenLogprob) -> dict[str, Any]:
@@ -202,8 +259,9 @@ def chat_logprob(e: TokenLogprob) -> dict[str, Any]:
 
 
 def finish_reason(reason: str) -> str:
-    """OpenAI knows "stop" and "length"; a generation ended early by cancellation reads as "stop"."""
-    return "length" if reason == "length" else "stop"
+    """OpenAI knows "stop", "length" and "tool_calls"; a generation ended early by cancellation reads as
+    "stop"."""
+    return reason if reason in ("length", "tool_calls") else "stop"
 
 
 def usage(o: InferOutcome) -> dict[str, int]:

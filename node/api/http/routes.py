@@ -22,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from zoo.inference.backend import BackendError, Chunk
 from zoo.inference.engine import InferOutcome, InferParams
+from zoo.inference.tools import render_turns
 from zoo.node.api.admission import Admission
 from zoo.node.api.http.errors import ApiError, api_error_for, invalid, unsupported
 from zoo.node.api.http.responses import SSE_DONE, Answer, ChatAnswer, CompletionAnswer, encode_vector, sse
@@ -43,6 +44,7 @@ from zoo.node.api.http.schemas import (
     parse_json,
     read_body,
     response_format,
+    tool_spec,
 )
 from zoo.node.api.serving import (
     FieldNames,
@@ -126,6 +128,9 @@ class OpenAIApi:
         body = ChatRequest.model_validate(data)
         adapter, remote = self._placement(body.model)
         logprobs = check_chat(body)
+        tools = tool_spec(body)
+        if tools is not None and tools.calls and body.response_format is not None:
+            raise invalid("response_format", "cannot be combined with tools the model may call")
         names = CHAT_FIELDS
         if body.max_completion_tokens is not None:
             names = dataclasses.replace(names, max_tokens="max_completion_tokens")
@@ -133,20 +138,22 @@ class OpenAIApi:
         params = self._params(
             body,
             names,
-            messages=chat_messages(body.messages),
+            messages=render_turns(chat_messages(body.messages), tools),
             max_tokens=tokens,
             response_format=response_format(body.response_format),
             adapter=adapter,
             client=client,
         )
         n = self._choices(body)
-        params = dataclasses.replace(params, logprobs=logprobs, n=n)
+        calls = tools if tools is not None and tools.calls else None
+        params = dataclasses.replace(params, logprobs=logprobs, n=n, tools=calls)
         answer = ChatAnswer(
             "chatcmpl-" + uuid.uuid4().hex,
             body.model,
             _include_usage(body),
             n=n,
             logprobs=logprobs is not None,
+            tools=calls is not None,
         )
         return await self._answer(request, params, answer, body.stream, chat_field, remote)
 
@@ -229,6 +236,7 @@ class OpenAIApi:
                 ("logprobs", params.logprobs is not None),
                 ("echo", params.echo),
                 ("n", params.n > 1),
+                ("tools", params.tools is not None),
             ):
                 if used:
                     raise unsupported(

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict
 
 from zoo.inference.backend import MAX_TOP_LOGPROBS, ResponseFormat
 from zoo.inference.structured import parse_response_format
+from zoo.inference.tools import Tool, ToolSpec, check_tools
 from zoo.node.api.http.errors import ApiError, api_error_for, invalid, unsupported
 from zoo.node.api.serving import FieldNames
 from zoo.registry.errors import ValidationError
@@ -88,6 +89,9 @@ class Generation(_Body):
 class ChatMessage(_Body):
     role: str
     content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[Any] | None = None  # an assistant turn's calls
+    tool_call_id: str | None = None  # a tool turn: the call it answers
+    function_call: Any = None  # the legacy single call of an assistant turn
 
 
 class ChatRequest(Generation):
@@ -98,8 +102,9 @@ class ChatRequest(Generation):
     top_logprobs: int | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
-    functions: list[Any] | None = None
-    function_call: Any = None
+    parallel_tool_calls: bool | None = None
+    functions: list[Any] | None = None  # the legacy form of tools
+    function_call: Any = None  # the legacy form of tool_choice
 
 
 class CompletionRequest(Generation):
@@ -121,15 +126,107 @@ class EmbeddingRequest(_Body):
 # ---------------------------------------------------------------------------------------------- parsing
 
 
-def chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """Plain {"role", "content"} turns; text parts are joined, "developer" is the system role."""
+def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """{"role", "content"} turns (text parts joined, "developer" as the system role); an assistant turn's
+    calls as "tool_calls" [{id, name, arguments}], a tool turn's call id as "tool_call_id". Every tool turn
+    must answer a call an earlier assistant turn made."""
     if not messages:
         raise invalid("messages", "must contain at least one message")
-    out = []
+    out: list[dict[str, Any]] = []
+    calls: set[str] = set()
     for i, m in enumerate(messages):
         role = "system" if m.role == "developer" else m.role
-        out.append({"role": role, "content": _text_of(m.content, f"messages[{i}].content")})
+        turn: dict[str, Any] = {"role": role, "content": _text_of(m.content, f"messages[{i}].content")}
+        if role == "assistant" and (m.tool_calls or m.function_call):
+            turn["tool_calls"] = _calls_of(m, i)
+            calls.update(c["id"] for c in turn["tool_calls"])
+        elif role in ("tool", "function"):
+            if role == "function" or m.tool_call_id is None:
+                raise invalid(f"messages[{i}].tool_call_id", "a tool message must name the call it answers")
+            if m.tool_call_id not in calls:
+                raise invalid(
+                    f"messages[{i}].tool_call_id",
+                    f"{m.tool_call_id[:80]!r} answers no call of an earlier assistant message",
+                )
+            turn = {"role": "tool", "content": turn["content"], "tool_call_id": m.tool_call_id}
+        out.append(turn)
     return out
+
+
+def _calls_of(m: ChatMessage, i: int) -> list[dict[str, str]]:
+    raw = m.tool_calls or [{"id": f"legacy-{i}", "type": "function", "function": m.function_call}]
+    calls = []
+    for j, call in enumerate(raw):
+        where = f"messages[{i}].tool_calls[{j}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise invalid(f"{where}.function", "must be an object with the function's name and arguments")
+        arguments = function.get("arguments", "{}")
+        try:
+            parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except json.JSONDecodeError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise invalid(f"{where}.function.arguments", "must be a JSON object (as text)")
+        call_id = call.get("id")
+        calls.append(
+            {
+                "id": call_id if isinstance(call_id, str) and call_id else f"call-{i}-{j}",
+                "name": function["name"],
+                "arguments": json.dumps(parsed),
+            }
+        )
+    return calls
+
+
+def tool_spec(body: ChatRequest) -> ToolSpec | None:
+    """The request's tools and tool choice (or the legacy functions and function_call); None without
+    tools. Every schema must be a JSON Schema of an object; a named choice must name one of them."""
+    if body.tools and body.functions:
+        raise invalid("functions", "send tools or functions, not both")
+    entries, field = (body.tools, "tools") if body.tools else (body.functions, "functions")
+    choice_field = "tool_choice" if body.tools or body.tool_choice is not None else "function_call"
+    choice = body.tool_choice if body.tools or body.tool_choice is not None else body.function_call
+    if not entries:
+        if choice not in (None, "none", "auto"):
+            raise invalid(choice_field, "needs tools")
+        return None
+    tools = []
+    for i, entry in enumerate(entries):
+        spec = entry.get("function") if field == "tools" and isinstance(entry, dict) else entry
+        if field == "tools" and (not isinstance(entry, dict) or entry.get("type") != "function"):
+            raise invalid(f"tools[{i}].type", "only function tools are supported")
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+            raise invalid(
+                f"{field}[{i}].function" if field == "tools" else f"{field}[{i}]",
+                "must carry the function's name",
+            )
+        parameters = spec.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(parameters, dict):
+            raise invalid(f"tools[{i}].function.parameters", "must be a JSON Schema object")
+        tools.append(Tool(spec["name"], str(spec.get("description") or ""), parameters))
+    try:
+        check_tools(tools)
+    except ValidationError as e:
+        raise api_error_for(
+            e, lambda f: f if field == "tools" else f.replace("tools", "functions").replace(".function", "")
+        ) from None
+    names = [t.name for t in tools]
+    if choice is None or choice in ("auto", "none", "required"):
+        chosen = choice or "auto"
+    elif isinstance(choice, dict) and isinstance((choice.get("function") or choice).get("name"), str):
+        chosen = (choice.get("function") or choice)["name"]
+        if chosen not in names:
+            raise invalid(
+                choice_field, f"names {chosen[:64]!r}, which is not one of the tools ({', '.join(names)})"
+            )
+    else:
+        raise invalid(
+            choice_field,
+            "must be 'auto', 'none', 'required' or {'type': 'function', 'function': {'name': ...}}",
+        )
+    parallel = True if body.parallel_tool_calls is None else body.parallel_tool_calls
+    return ToolSpec(tuple(tools), chosen, parallel)
 
 
 def _text_of(content: str | list[dict[str, Any]] | None, field: str) -> str:
@@ -210,12 +307,6 @@ def check_chat(body: ChatRequest) -> int | None:
         _check_top(body.top_logprobs, "top_logprobs")
         if not body.logprobs:
             raise invalid("top_logprobs", "needs logprobs = true")
-    for name in ("tools", "functions"):
-        if getattr(body, name):
-            raise unsupported(name, "tool calling is not supported by this node")
-    for name in ("tool_choice", "function_call"):
-        if getattr(body, name) not in (None, "none"):
-            raise unsupported(name, "tool calling is not supported by this node")
     return (body.top_logprobs or 0) if body.logprobs else None
 
 
