@@ -1,7 +1,8 @@
 """Clients people point at an OpenAI-compatible server, run unchanged against a real node over a socket:
 lm-evaluation-harness (generation through chat completions, multiple choice by log-likelihood through
-completions), with the repository's local task (benchmarks/lmeval/, no network). Each test checks what the
-client received against what the node answers when asked directly."""
+completions) with the repository's local task (benchmarks/lmeval/, no network); LangChain's ChatOpenAI
+(bind_tools and a two-step tool loop); the OpenAI Agents SDK (an agent with a function tool, on its
+chat-completions model provider). Each test checks what the client received, not only that it ran."""
 
 from __future__ import annotations
 
@@ -115,3 +116,99 @@ def test_lm_eval_generates_through_chat_completions(node: NodeProcess, tmp_path:
     body = {"model": MODEL, "messages": question, "max_tokens": 24, "temperature": 0, "stop": ["\n\n"]}
     direct = httpx.post(http(node) + "/v1/chat/completions", json=body, timeout=60).json()
     assert direct["choices"][0]["message"]["content"] == answers[3]
+
+
+# ---------------------------------------------------------------------------------------------- agents
+
+
+def test_langchain_binds_tools_and_runs_a_two_step_loop(node: NodeProcess) -> None:
+    from langchain_core.messages import AIMessageChunk, HumanMessage, ToolMessage
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    @tool
+    def add(a: float, b: float) -> float:
+        """Add two numbers."""
+        return a + b
+
+    llm = ChatOpenAI(
+        model=MODEL,
+        base_url=http(node) + "/v1",
+        api_key="unused",
+        temperature=0,
+        max_tokens=60,
+        max_retries=0,
+    )
+    bound = llm.bind_tools([add], tool_choice="required")
+    messages = [HumanMessage("What is 2 + 3? Use the add tool.")]
+    ai = bound.invoke(messages)
+    assert ai.response_metadata["finish_reason"] == "tool_calls" and ai.tool_calls
+    call = ai.tool_calls[0]
+    assert call["name"] == "add" and set(call["args"]) == {"a", "b"}
+    assert all(isinstance(v, int | float) for v in call["args"].values())
+    # Streamed, LangChain assembles the same call from the deltas.
+    merged: AIMessageChunk | None = None
+    for piece in bound.stream(messages):
+        merged = piece if merged is None else merged + piece
+    assert merged is not None and [(c["name"], c["args"]) for c in merged.tool_calls] == [
+        (call["name"], call["args"])
+    ]
+    # Step two: the tool's result goes back, and the model answers in text.
+    messages += [ai, ToolMessage(str(add.invoke(call["args"])), tool_call_id=call["id"])]
+    final = llm.invoke(messages)
+    assert final.response_metadata["finish_reason"] == "stop" and final.content and not final.tool_calls
+
+
+def test_an_openai_agents_agent_calls_its_function_tool_through_the_node(node: NodeProcess) -> None:
+    import asyncio
+
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+    from agents.items import MessageOutputItem, ToolCallItem, ToolCallOutputItem
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)  # the SDK would otherwise send traces to OpenAI
+    cities: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The current weather in a city."""
+        cities.append(city)
+        return f"Sunny and 21 C in {city}."
+
+    async def run() -> tuple:
+        client = AsyncOpenAI(base_url=http(node) + "/v1", api_key="unused", max_retries=0)
+        model = OpenAIChatCompletionsModel(model=MODEL, openai_client=client)
+        settings = ModelSettings(tool_choice="required", max_tokens=60, temperature=0)
+        weather = Agent(
+            name="weather",
+            instructions="Answer weather questions with the get_weather tool.",
+            tools=[get_weather],
+            model=model,
+            model_settings=settings,
+            tool_use_behavior="stop_on_first_tool",
+        )
+        called = await Runner.run(weather, "What is the weather in Lisbon?", max_turns=3)
+        plain = Agent(
+            name="plain",
+            instructions="Answer briefly.",
+            model=model,
+            model_settings=ModelSettings(max_tokens=30),
+        )
+        answered = await Runner.run(plain, "Name a colour.", max_turns=1)
+        await client.close()
+        return called, answered
+
+    called, answered = asyncio.run(run())
+    assert len(cities) == 1 and cities[0].strip()  # the model's call reached the tool, its arguments valid
+    assert called.final_output == f"Sunny and 21 C in {cities[0]}."  # the tool's output ended the run
+    kinds = [type(item) for item in called.new_items]
+    assert kinds[:2] == [ToolCallItem, ToolCallOutputItem]
+    assert isinstance(answered.final_output, str) and answered.final_output.strip()
+    assert [type(item) for item in answered.new_items] == [MessageOutputItem]
