@@ -125,6 +125,7 @@ class Backend(Protocol):
     # echoed log-probabilities (backends without them refuse such requests: Unsupported).
     supports_logprobs: bool
     supports_echo: bool
+    supports_tools: bool
 
     def count_prompt_tokens(self, messages: list[dict[str, str]]) -> int:
         """Tokens the chat-formatted messages take (what the context limit is checked against)."""

@@ -290,6 +290,8 @@ class InferenceEngine:
             raise ValidationError("logprobs", f"log-probabilities are not supported by the {kind}")
         if p.prompt is not None and not getattr(self.backend, "supports_echo", False):
             raise ValidationError("echo", f"echoing a scored prompt is not supported by the {kind}")
+        if p.tools is not None and p.tools.calls and not getattr(self.backend, "supports_tools", False):
+            raise ValidationError("tools", f"tool calling is not supported by the {kind}")
 
     def _plain_prompt(self, p: InferParams) -> Assembled:
         """A plain-text prompt as given (no experiences), checked against the context window."""

@@ -30,6 +30,9 @@ class OpenAIBackend:
     # since this backend speaks only the server's chat endpoint.
     supports_logprobs = True
     supports_echo = False
+    # Tools are described in the prompt and read out of the answer here, as for local models, without
+    # a grammar: the server's own tool support is not used yet.
+    supports_tools = True
 
     def __init__(
         self,

@@ -53,6 +53,7 @@ class TransformersBackend:
     supports_adapters = True
     supports_logprobs = True
     supports_echo = True
+    supports_tools = True  # calls constrained by the grammar of inference.tools
 
     def __init__(
         self,

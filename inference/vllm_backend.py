@@ -25,6 +25,7 @@ class VllmBackend:
     # Not wired to vLLM's SamplingParams(logprobs, prompt_logprobs) yet: refused by name (the engine).
     supports_logprobs = False
     supports_echo = False
+    supports_tools = False
 
     def __init__(self, engine: Any, tokenizer: Any, model_id: str, context_length: int) -> None:
         self.engine = engine

@@ -32,6 +32,7 @@ class LlamaCppBackend:
     supports_adapters = True
     supports_logprobs = True
     supports_echo = True
+    supports_tools = True  # calls constrained by the grammar of inference.tools
 
     def __init__(
         self,
