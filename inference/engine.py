@@ -268,7 +268,7 @@ class InferenceEngine:
             completion_tokens=sum(c.completion_tokens for c in choices),
             retrieval_ms=retrieval_ms,
             generation_ms=(time.perf_counter() - t1) * 1000,
-            finish_reason=result.finish_reason,
+            finish_reason=choices[0].finish_reason,
             max_tokens=p.max_tokens,
             temperature=p.temperature,
             top_p=p.top_p,

@@ -83,8 +83,9 @@ def new_call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
 
-def check_tools(tools: list[Tool]) -> None:
-    """Refuse tools a model cannot be asked to call: a bad name, a duplicate, a schema that is not one."""
+def check_tools(tools: list[Tool], path: str = "tools[{i}].function.{key}") -> None:
+    """Refuse tools a model cannot be asked to call: a bad name, a duplicate, a schema that is not one.
+    `path` names a tool's field in errors (the HTTP API's JSON by default)."""
     from jsonschema import Draft202012Validator
     from jsonschema.exceptions import SchemaError
 
@@ -93,18 +94,20 @@ def check_tools(tools: list[Tool]) -> None:
     seen: set[str] = set()
     for i, tool in enumerate(tools):
         if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", tool.name):
-            raise ValidationError(f"tools[{i}].function.name", "must be 1 to 64 letters, digits, _ or -")
+            raise ValidationError(path.format(i=i, key="name"), "must be 1 to 64 letters, digits, _ or -")
         if tool.name in seen:
-            raise ValidationError(f"tools[{i}].function.name", f"{tool.name!r} is given twice")
+            raise ValidationError(path.format(i=i, key="name"), f"{tool.name!r} is given twice")
         seen.add(tool.name)
         try:
             Draft202012Validator.check_schema(tool.parameters)
         except SchemaError as e:
             raise ValidationError(
-                f"tools[{i}].function.parameters", f"is not a valid JSON Schema: {e.message}"
+                path.format(i=i, key="parameters"), f"is not a valid JSON Schema: {e.message}"
             ) from None
         if tool.parameters.get("type", "object") != "object":
-            raise ValidationError(f"tools[{i}].function.parameters", "must describe an object (type: object)")
+            raise ValidationError(
+                path.format(i=i, key="parameters"), "must describe an object (type: object)"
+            )
 
 
 def describe(spec: ToolSpec) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -16,16 +17,20 @@ import grpc
 
 from zoo.inference.engine import InferOutcome, InferParams
 from zoo.inference.structured import parse_response_format
+from zoo.inference.tools import Tool, render_turns
 from zoo.node.api.admission import Admission
 from zoo.node.api.serving import (
     MAX_CONTENT_CHARS,
     ROOT_RE,
     ServingRules,
     check_field,
+    check_tool_history,
+    tool_spec_of,
     validate_params,
 )
 from zoo.node.config import InferenceConfig
 from zoo.node.credits.identity import CLIENT
+from zoo.registry.errors import ValidationError
 from zoo.registry.experience import DOMAIN_RE
 from zoo.v1 import inference_pb2, inference_pb2_grpc, node_pb2
 
@@ -59,10 +64,29 @@ def params_from_request(req: Any, cfg: InferenceConfig) -> InferParams:
     proto3 cannot tell 0 from unset, so 0 means "the default" for k, max_tokens and top_p.
     """
     s = req.sampling
-    return validate_params(
+    turns = [
+        {
+            "role": m.role,
+            "content": m.content,
+            "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in m.tool_calls],
+            "tool_call_id": m.tool_call_id,
+        }
+        for m in req.messages
+    ]
+    check_tool_history(turns)
+    tools = tool_spec_of(
+        [_tool(t, i) for i, t in enumerate(req.tools)],
+        req.tool_choice or None,
+        req.parallel_tool_calls if req.HasField("parallel_tool_calls") else None,
+        path="tools[{i}].{key}",
+    )
+    prompt = req.prompt
+    if not turns and prompt and tools is not None and tools.calls:  # the prompt is the user's turn
+        turns, prompt = [{"role": "user", "content": prompt}], ""
+    params = validate_params(
         cfg,
-        messages=[{"role": m.role, "content": m.content} for m in req.messages],
-        prompt=req.prompt,
+        messages=render_turns(turns, tools) if turns else [],
+        prompt=prompt,
         domain=req.domain,
         k=req.k or None,
         max_tokens=s.max_tokens or None,
@@ -76,11 +100,29 @@ def params_from_request(req: Any, cfg: InferenceConfig) -> InferParams:
         response_format=parse_response_format(req.response_format.type, req.response_format.json_schema),
         adapter=req.adapter,
     )
+    if tools is not None and tools.calls:
+        check_field(
+            params.response_format is None,
+            "response_format",
+            "cannot be combined with tools the model may call",
+        )
+        params = dataclasses.replace(params, tools=tools)
+    return params
+
+
+def _tool(t: Any, i: int) -> Tool:
+    try:
+        parameters = json.loads(t.parameters) if t.parameters else {"type": "object", "properties": {}}
+    except json.JSONDecodeError as e:
+        raise ValidationError(f"tools[{i}].parameters", f"is not valid JSON: {e}") from None
+    check_field(isinstance(parameters, dict), f"tools[{i}].parameters", "must be a JSON Schema object")
+    return Tool(t.name, t.description, parameters)
 
 
 def outcome_to_proto(o: InferOutcome, queue_ms: float) -> inference_pb2.InferResponse:
+    calls = o.choices[0].tool_calls if o.choices else []
     return inference_pb2.InferResponse(
-        text=o.text,
+        text=(o.choices[0].content or "") if calls else o.text,
         experiences=[
             inference_pb2.UsedExperience(
                 id=e.id, score=e.score, cited=e.cited, text=e.text, kind=e.kind, answer=e.answer
@@ -102,6 +144,7 @@ def outcome_to_proto(o: InferOutcome, queue_ms: float) -> inference_pb2.InferRes
         ),
         finish_reason=o.finish_reason,
         adapter=o.adapter,
+        tool_calls=[inference_pb2.ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in calls],
     )
 
 

@@ -11,6 +11,7 @@ found (gRPC NOT_FOUND, HTTP 404 model_not_found), naming what this node serves.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -20,6 +21,7 @@ from typing import Any, NamedTuple
 from zoo.inference.adapters import check_adapter_name
 from zoo.inference.backend import BackendUnavailable, ResponseFormat
 from zoo.inference.engine import InferenceEngine, InferOutcome, InferParams, UsedExperience
+from zoo.inference.tools import Tool, ToolSpec, check_tools
 from zoo.node.config import InferenceConfig
 from zoo.node.credits.book import CreditBook
 from zoo.registry.errors import NotFound, ValidationError
@@ -37,6 +39,58 @@ MAX_STOP_CHARS = 64
 def check_field(condition: bool, field: str, message: str) -> None:
     if not condition:
         raise ValidationError(field, message)
+
+
+def check_tool_history(messages: Sequence[Mapping[str, Any]], field: str = "messages") -> None:
+    """A conversation's calls and results, as both doors take them ({role, content, tool_calls: [{id, name,
+    arguments}], tool_call_id}): each call's arguments a JSON object, each tool turn answering a call an
+    earlier assistant turn made."""
+    calls: set[str] = set()
+    for i, m in enumerate(messages):
+        for j, call in enumerate(m.get("tool_calls") or []):
+            try:
+                arguments = json.loads(call["arguments"] or "{}")
+            except json.JSONDecodeError:
+                arguments = None
+            check_field(
+                isinstance(arguments, dict),
+                f"{field}[{i}].tool_calls[{j}].function.arguments",
+                "must be a JSON object (as text)",
+            )
+            check_field(
+                bool(call["name"]), f"{field}[{i}].tool_calls[{j}].function.name", "must not be empty"
+            )
+            calls.add(call["id"])
+        if m["role"] == "tool":
+            answered = m.get("tool_call_id") or ""
+            check_field(
+                answered in calls,
+                f"{field}[{i}].tool_call_id",
+                f"{answered[:80]!r} answers no call of an earlier assistant message",
+            )
+
+
+def tool_spec_of(
+    tools: Sequence[Tool],
+    choice: str | None,
+    parallel: bool | None,
+    choice_field: str = "tool_choice",
+    path: str = "tools[{i}].function.{key}",
+) -> ToolSpec | None:
+    """A request's tools and choice (None without tools): schemas checked (inference.tools.check_tools),
+    a named choice naming one of them."""
+    if not tools:
+        check_field(choice in (None, "", "none", "auto"), choice_field, "needs tools")
+        return None
+    check_tools(list(tools), path)
+    chosen = choice or "auto"
+    names = [t.name for t in tools]
+    check_field(
+        chosen in ("auto", "none", "required", *names),
+        choice_field,
+        f"must be 'auto', 'none', 'required' or one of the tools ({', '.join(names)}); got {chosen[:64]!r}",
+    )
+    return ToolSpec(tuple(tools), chosen, True if parallel is None else parallel)
 
 
 @dataclass(frozen=True)

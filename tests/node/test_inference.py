@@ -119,6 +119,22 @@ def test_seeded_sampling_replays(node: NodeProcess) -> None:
         ({}, "messages"),
         ({"prompt": "hi", "messages": [pb.ChatMessage(role="user", content="x")]}, "messages"),
         ({"messages": [pb.ChatMessage(role="robot", content="x")]}, "messages[0].role"),
+        (
+            {"prompt": "hi", "tools": [pb.Tool(name="f", parameters='{"type": "nonsense"}')]},
+            "tools[0].parameters",
+        ),
+        ({"prompt": "hi", "tools": [pb.Tool(name="f", parameters="{")]}, "tools[0].parameters"),
+        ({"prompt": "hi", "tools": [pb.Tool(name="f")], "tool_choice": "g"}, "tool_choice"),
+        ({"prompt": "hi", "tool_choice": "required"}, "tool_choice"),
+        (
+            {
+                "messages": [
+                    pb.ChatMessage(role="user", content="x"),
+                    pb.ChatMessage(role="tool", content="1", tool_call_id="c9"),
+                ]
+            },
+            "messages[1].tool_call_id",
+        ),
     ],
 )
 def test_bad_requests_are_invalid_argument(node: NodeProcess, kw: dict, field: str) -> None:
@@ -294,6 +310,36 @@ def test_json_schema_response_format_over_grpc(node: NodeProcess) -> None:
             infer(c, prompt="hi", response_format=pb.ResponseFormat(type="json_schema", json_schema="{oops"))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert e.value.details().startswith("response_format.json_schema")
+
+
+def test_tool_calls_over_grpc(node: NodeProcess) -> None:
+    add = pb.Tool(
+        name="add",
+        description="Add two numbers.",
+        parameters=json.dumps(
+            {
+                "type": "object",
+                "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+                "required": ["a", "b"],
+            }
+        ),
+    )
+    ask = pb.ChatMessage(role="user", content="What is 2 + 3? Use the add tool.")
+    with NodeClient(node.address) as c:
+        r = infer(c, messages=[ask], tools=[add], tool_choice="add", sampling={"max_tokens": 60})
+        assert r.finish_reason == "tool_calls" and len(r.tool_calls) >= 1
+        call = r.tool_calls[0]
+        arguments = json.loads(call.arguments)
+        assert call.name == "add" and set(arguments) == {"a", "b"} and call.id.startswith("call_")
+        assert "<tool_call>" not in r.text  # the text beside the calls, not the calls
+        # The result goes back; with tool_choice none the model answers in text.
+        history = [
+            ask,
+            pb.ChatMessage(role="assistant", tool_calls=[call]),
+            pb.ChatMessage(role="tool", tool_call_id=call.id, content=str(arguments["a"] + arguments["b"])),
+        ]
+        answer = infer(c, messages=history, tools=[add], tool_choice="none", sampling={"max_tokens": 30})
+        assert answer.text and not answer.tool_calls and answer.finish_reason in ("stop", "length")
 
 
 def test_a_payload_that_is_not_protobuf_is_invalid_argument(node: NodeProcess) -> None:

@@ -14,9 +14,9 @@ from pydantic import BaseModel, ConfigDict
 
 from zoo.inference.backend import MAX_TOP_LOGPROBS, ResponseFormat
 from zoo.inference.structured import parse_response_format
-from zoo.inference.tools import Tool, ToolSpec, check_tools
+from zoo.inference.tools import Tool, ToolSpec
 from zoo.node.api.http.errors import ApiError, api_error_for, invalid, unsupported
-from zoo.node.api.serving import FieldNames
+from zoo.node.api.serving import FieldNames, check_tool_history, tool_spec_of
 from zoo.registry.errors import ValidationError
 
 MAX_EMBED_INPUTS = 256
@@ -128,28 +128,22 @@ class EmbeddingRequest(_Body):
 
 def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     """{"role", "content"} turns (text parts joined, "developer" as the system role); an assistant turn's
-    calls as "tool_calls" [{id, name, arguments}], a tool turn's call id as "tool_call_id". Every tool turn
-    must answer a call an earlier assistant turn made."""
+    calls as "tool_calls" [{id, name, arguments}], a tool turn's call id as "tool_call_id", checked by
+    the rules gRPC shares (serving.check_tool_history)."""
     if not messages:
         raise invalid("messages", "must contain at least one message")
     out: list[dict[str, Any]] = []
-    calls: set[str] = set()
     for i, m in enumerate(messages):
         role = "system" if m.role == "developer" else m.role
         turn: dict[str, Any] = {"role": role, "content": _text_of(m.content, f"messages[{i}].content")}
         if role == "assistant" and (m.tool_calls or m.function_call):
             turn["tool_calls"] = _calls_of(m, i)
-            calls.update(c["id"] for c in turn["tool_calls"])
-        elif role in ("tool", "function"):
-            if role == "function" or m.tool_call_id is None:
-                raise invalid(f"messages[{i}].tool_call_id", "a tool message must name the call it answers")
-            if m.tool_call_id not in calls:
-                raise invalid(
-                    f"messages[{i}].tool_call_id",
-                    f"{m.tool_call_id[:80]!r} answers no call of an earlier assistant message",
-                )
-            turn = {"role": "tool", "content": turn["content"], "tool_call_id": m.tool_call_id}
+        elif role == "tool":
+            turn["tool_call_id"] = m.tool_call_id or ""
+        elif role == "function":
+            raise invalid(f"messages[{i}].role", "function messages are not supported; send tool messages")
         out.append(turn)
+    check_tool_history(out)
     return out
 
 
@@ -157,23 +151,19 @@ def _calls_of(m: ChatMessage, i: int) -> list[dict[str, str]]:
     raw = m.tool_calls or [{"id": f"legacy-{i}", "type": "function", "function": m.function_call}]
     calls = []
     for j, call in enumerate(raw):
-        where = f"messages[{i}].tool_calls[{j}]"
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise invalid(f"{where}.function", "must be an object with the function's name and arguments")
+            raise invalid(
+                f"messages[{i}].tool_calls[{j}].function",
+                "must be an object with the function's name and arguments",
+            )
         arguments = function.get("arguments", "{}")
-        try:
-            parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
-        except json.JSONDecodeError:
-            parsed = None
-        if not isinstance(parsed, dict):
-            raise invalid(f"{where}.function.arguments", "must be a JSON object (as text)")
         call_id = call.get("id")
         calls.append(
             {
                 "id": call_id if isinstance(call_id, str) and call_id else f"call-{i}-{j}",
                 "name": function["name"],
-                "arguments": json.dumps(parsed),
+                "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
             }
         )
     return calls
@@ -181,52 +171,42 @@ def _calls_of(m: ChatMessage, i: int) -> list[dict[str, str]]:
 
 def tool_spec(body: ChatRequest) -> ToolSpec | None:
     """The request's tools and tool choice (or the legacy functions and function_call); None without
-    tools. Every schema must be a JSON Schema of an object; a named choice must name one of them."""
+    tools (serving.tool_spec_of's rules, which gRPC shares)."""
     if body.tools and body.functions:
         raise invalid("functions", "send tools or functions, not both")
-    entries, field = (body.tools, "tools") if body.tools else (body.functions, "functions")
-    choice_field = "tool_choice" if body.tools or body.tool_choice is not None else "function_call"
-    choice = body.tool_choice if body.tools or body.tool_choice is not None else body.function_call
-    if not entries:
-        if choice not in (None, "none", "auto"):
-            raise invalid(choice_field, "needs tools")
-        return None
+    legacy = not body.tools and bool(body.functions)
+    entries = body.functions if legacy else body.tools
+    choice_field = (
+        "function_call" if legacy or (body.function_call and not body.tool_choice) else "tool_choice"
+    )
+    choice = body.function_call if choice_field == "function_call" else body.tool_choice
     tools = []
-    for i, entry in enumerate(entries):
-        spec = entry.get("function") if field == "tools" and isinstance(entry, dict) else entry
-        if field == "tools" and (not isinstance(entry, dict) or entry.get("type") != "function"):
+    for i, entry in enumerate(entries or []):
+        if not legacy and (not isinstance(entry, dict) or entry.get("type") != "function"):
             raise invalid(f"tools[{i}].type", "only function tools are supported")
+        spec = entry if legacy else entry.get("function")
+        where = f"functions[{i}]" if legacy else f"tools[{i}].function"
         if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-            raise invalid(
-                f"{field}[{i}].function" if field == "tools" else f"{field}[{i}]",
-                "must carry the function's name",
-            )
+            raise invalid(where, "must carry the function's name")
         parameters = spec.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(parameters, dict):
-            raise invalid(f"tools[{i}].function.parameters", "must be a JSON Schema object")
+            raise invalid(f"{where}.parameters", "must be a JSON Schema object")
         tools.append(Tool(spec["name"], str(spec.get("description") or ""), parameters))
-    try:
-        check_tools(tools)
-    except ValidationError as e:
-        raise api_error_for(
-            e, lambda f: f if field == "tools" else f.replace("tools", "functions").replace(".function", "")
-        ) from None
-    names = [t.name for t in tools]
-    if choice is None or choice in ("auto", "none", "required"):
-        chosen = choice or "auto"
-    elif isinstance(choice, dict) and isinstance((choice.get("function") or choice).get("name"), str):
-        chosen = (choice.get("function") or choice)["name"]
-        if chosen not in names:
+    if isinstance(choice, dict):
+        named = choice.get("function") if isinstance(choice.get("function"), dict) else choice
+        choice = named.get("name") if isinstance(named.get("name"), str) else None
+        if choice is None:
             raise invalid(
-                choice_field, f"names {chosen[:64]!r}, which is not one of the tools ({', '.join(names)})"
+                choice_field,
+                "must be 'auto', 'none', 'required' or {'type': 'function', 'function': {'name': ...}}",
             )
-    else:
+    elif choice is not None and not isinstance(choice, str):
         raise invalid(
             choice_field,
             "must be 'auto', 'none', 'required' or {'type': 'function', 'function': {'name': ...}}",
         )
-    parallel = True if body.parallel_tool_calls is None else body.parallel_tool_calls
-    return ToolSpec(tuple(tools), chosen, parallel)
+    path = "functions[{i}].{key}" if legacy else "tools[{i}].function.{key}"
+    return tool_spec_of(tools, choice, body.parallel_tool_calls, choice_field, path)
 
 
 def _text_of(content: str | list[dict[str, Any]] | None, field: str) -> str:
