@@ -85,6 +85,9 @@ class GenerationRequest:
     # then ignored. With `echo`, its tokens and their log-probabilities come back too.
     prompt: str | list[int] | None = None
     echo: bool = False
+    # Function tools (OpenAI's shape) for a chat template that renders them itself (inference.tools);
+    # `messages` then carry calls and results in the shape such templates take.
+    tools: list[dict[str, Any]] | None = None
     # The n choices of one client request share its prompt: a scheduler prefills it once and copies its
     # cache to the others (None: a request of its own).
     group: ChoiceGroup | None = None

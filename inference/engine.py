@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -16,7 +17,7 @@ from zoo.inference.adapters import AdapterDirectory, AdapterRef
 from zoo.inference.backend import Backend, ChoiceGroup, Chunk, GenerationRequest, ResponseFormat, TokenLogprob
 from zoo.inference.defaults import DEFAULT_EXPERIENCE_BUDGET, DEFAULT_LESSON_POSITION, LessonPosition
 from zoo.inference.prompt import Assembled, PromptTooLong, assemble, parse_citations
-from zoo.inference.tools import ToolCall, ToolSpec, parse_answer
+from zoo.inference.tools import ToolCall, ToolSpec, parse_answer, render_turns, template_messages
 from zoo.registry.errors import ValidationError, ZooError
 
 
@@ -49,8 +50,9 @@ class InferParams:
     prompt: str | list[int] | None = None
     echo: bool = False  # with `prompt`: its tokens' log-probabilities come back too
     n: int = 1  # choices: one prompt (one prefill, one admission), each choice its own seed-derived stream
-    # Tools the model may call (the messages already describe them: inference.tools.render_turns); their
-    # calls are constrained where the backend constrains decoding, and read out of each answer.
+    # Tools the model may call: described to it (by its chat template or inference.tools.render_turns),
+    # their calls constrained where the backend constrains decoding, and read out of each answer. The
+    # messages may carry earlier calls ("tool_calls": [{id, name, arguments}]) and results (role "tool").
     tools: ToolSpec | None = None
 
 
@@ -186,14 +188,20 @@ class InferenceEngine:
                 self.retrieve, query, p.k, p.domain, p.min_score, p.library_root
             )
         retrieval_ms = (time.perf_counter() - t0) * 1000
+        # Tools (and a conversation's calls and results): rendered by the model's own chat template where
+        # it knows them in the syntax inference.tools reads, else described in the system turn.
+        native = p.tools is not None and p.tools.calls and getattr(self.backend, "renders_tools", False)
+        tool_dicts = [t.openai() for t in p.tools.tools] if native and p.tools is not None else None
         if p.prompt is not None:
             assembled = await asyncio.to_thread(self._plain_prompt, p)
         else:
             assembled = await asyncio.to_thread(
                 assemble,
-                p.messages,
+                template_messages(p.messages) if native else render_turns(p.messages, p.tools),
                 hits,
-                self.backend.count_prompt_tokens,
+                functools.partial(self.backend.count_prompt_tokens, tools=tool_dicts)
+                if native
+                else self.backend.count_prompt_tokens,
                 experience_budget=self.experience_budget,
                 context_length=self.backend.context_length,
                 max_tokens=p.max_tokens,
@@ -227,18 +235,23 @@ class InferenceEngine:
                 prompt=p.prompt,
                 echo=p.echo and i == 0,  # the prompt is scored once
                 group=group,
+                tools=tool_dicts,
             )
             for i in range(p.n)
         ]
         t1 = time.perf_counter()
         results: dict[int, Any] = {}
-        async with contextlib.aclosing(merged([self.backend.stream(r) for r in requests])) as chunks:
-            async for index, chunk in chunks:
-                if chunk.result is not None:
-                    results[index] = chunk.result
-                elif chunk.delta or chunk.logprobs or chunk.prompt_logprobs is not None:
-                    chunk.index = index
-                    yield chunk
+        try:
+            async with contextlib.aclosing(merged([self.backend.stream(r) for r in requests])) as chunks:
+                async for index, chunk in chunks:
+                    if chunk.result is not None:
+                        results[index] = chunk.result
+                    elif chunk.delta or chunk.logprobs or chunk.prompt_logprobs is not None:
+                        chunk.index = index
+                        yield chunk
+        finally:  # however this stream ends (a client gone, a deadline), generation stops
+            for r in requests:
+                r.cancel.set()
         # every backend ends its stream with a result
         choices = [
             _choice(r.text, r.finish_reason, r.completion_tokens, q.seed, r.logprobs, p.tools)

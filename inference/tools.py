@@ -79,6 +79,33 @@ class ToolCall:
     arguments: str  # JSON text of an object, as OpenAI sends it
 
 
+def native_tool_syntax(template: str) -> bool:
+    """Whether a chat template renders tools itself, and in the syntax this module reads (its calls
+    between <tool_call> tags); other templates get the tools described (render_turns)."""
+    return "tools" in template and OPEN in template
+
+
+def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A conversation in the shape chat templates that know tools take: an assistant turn's calls as
+    OpenAI tool calls with their arguments as objects, tool turns as they are."""
+    out = []
+    for m in messages:
+        turn = {"role": m["role"], "content": m.get("content") or ""}
+        if m.get("tool_calls"):
+            turn["tool_calls"] = [
+                {
+                    "id": c["id"],
+                    "type": "function",
+                    "function": {"name": c["name"], "arguments": json.loads(c["arguments"] or "{}")},
+                }
+                for c in m["tool_calls"]
+            ]
+        if m["role"] == "tool":
+            turn["tool_call_id"] = m.get("tool_call_id", "")
+        out.append(turn)
+    return out
+
+
 def new_call_id() -> str:
     return "call_" + secrets.token_hex(12)
 

@@ -20,6 +20,7 @@ from zoo.inference.batching import ContinuousBatcher
 from zoo.inference.decoding import relay
 from zoo.inference.model_loading import MODEL_LOADING
 from zoo.inference.structured import GrammarCache, JsonConstraint, hf_tokenizer_info
+from zoo.inference.tools import native_tool_syntax
 
 
 def _cpu_computes_bf16() -> bool:
@@ -138,13 +139,20 @@ class TransformersBackend:
             )
             return cls(model, tokenizer, model_id, device, max_batch_size, max_adapters)
 
-    def _encode(self, messages: list[dict[str, str]]) -> Any:
+    def _encode(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> Any:
         return self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+            messages, tools=tools, add_generation_prompt=True, return_tensors="pt", return_dict=True
         )
 
-    def count_prompt_tokens(self, messages: list[dict[str, str]]) -> int:
-        return int(self._encode(messages)["input_ids"].shape[1])
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the model's chat template renders tools itself, in the syntax inference.tools reads."""
+        return native_tool_syntax(str(getattr(self.tokenizer, "chat_template", "") or ""))
+
+    def count_prompt_tokens(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> int:
+        return int(self._encode(messages, tools)["input_ids"].shape[1])
 
     def count_text_tokens(self, text: str) -> int:
         return len(self._tokenize(text))
@@ -157,7 +165,7 @@ class TransformersBackend:
             return prompt_token_ids(request.prompt, int(self.model.config.vocab_size))
         if request.prompt is not None:
             return self._tokenize(request.prompt)
-        return list(self._encode(request.messages)["input_ids"][0].tolist())
+        return list(self._encode(request.messages, request.tools)["input_ids"][0].tolist())
 
     def constraint(self, fmt: ResponseFormat) -> JsonConstraint:
         """A grammar constraint for one request (ValidationError naming the schema's problem)."""

@@ -22,6 +22,7 @@ from zoo.inference.backend import Chunk, GenerationRequest, ResponseFormat, prom
 from zoo.inference.decoding import relay
 from zoo.inference.llamacpp.gguf import GgufModel
 from zoo.inference.llamacpp.scheduler import LlamaCppScheduler
+from zoo.inference.tools import native_tool_syntax
 
 DEFAULT_CONTEXT = 2048  # tokens of KV cache per concurrent request unless model.context_length says
 
@@ -101,8 +102,15 @@ class LlamaCppBackend:
             kv_cache_type=kv_cache_type,
         )
 
-    def count_prompt_tokens(self, messages: list[dict[str, str]]) -> int:
-        return len(self.gguf.encode_chat(messages))
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the GGUF's chat template renders tools itself, in the syntax inference.tools reads."""
+        return native_tool_syntax(self.gguf.chat_template)
+
+    def count_prompt_tokens(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> int:
+        return len(self.gguf.encode_chat(messages, tools))
 
     def count_text_tokens(self, text: str) -> int:
         return len(self.gguf.tokenize(text))
@@ -112,7 +120,7 @@ class LlamaCppBackend:
             return prompt_token_ids(request.prompt, self.gguf.n_vocab)
         if request.prompt is not None:
             return self.gguf.tokenize(request.prompt)
-        return self.gguf.encode_chat(request.messages)
+        return self.gguf.encode_chat(request.messages, request.tools)
 
     def constraint(self, fmt: ResponseFormat) -> Any:
         """A grammar constraint for one request (ValidationError naming the schema's problem)."""

@@ -10,6 +10,7 @@ transformers backend's for the same messages (a test holds this for the bundled 
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import threading
 from functools import cached_property
@@ -123,24 +124,35 @@ class GgufModel:
         def raise_exception(message: str) -> None:
             raise ValueError(message)
 
+        def tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
+                   sort_keys: bool = False) -> str:  # fmt: skip
+            # transformers' filter (jinja's own escapes HTML, which tool schemas must not be).
+            return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                              sort_keys=sort_keys)  # fmt: skip
+
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = raise_exception
+        env.filters["tojson"] = tojson
         return env.from_string(self.chat_template)
 
-    def render(self, messages: list[dict[str, str]]) -> str:
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        """The prompt of a conversation; `tools` (OpenAI function tools) go to a template that takes them."""
         bos = self.lib.llama_vocab_bos(self.vocab)
         eos = self.lib.llama_vocab_eos(self.vocab)
         return str(
             self._template.render(
                 messages=messages,
+                tools=tools,
                 add_generation_prompt=True,
                 bos_token=self.token_text(bos) if bos >= 0 else "",
                 eos_token=self.token_text(eos) if eos >= 0 else "",
             )
         )
 
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        return self.tokenize(self.render(messages))
+    def encode_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        return self.tokenize(self.render(messages, tools))
 
     def xgrammar_info(self) -> Any:
         """The vocabulary as xgrammar's TokenizerInfo (for grammar-constrained decoding)."""

@@ -100,6 +100,8 @@ def params_from_request(req: Any, cfg: InferenceConfig) -> InferParams:
         response_format=parse_response_format(req.response_format.type, req.response_format.json_schema),
         adapter=req.adapter,
     )
+    if turns:  # the engine renders calls and results (by the model's template where it knows tools)
+        params = dataclasses.replace(params, messages=turns)
     if tools is not None and tools.calls:
         check_field(
             params.response_format is None,

@@ -129,6 +129,7 @@ class OpenAIApi:
         adapter, remote = self._placement(body.model)
         logprobs = check_chat(body)
         tools = tool_spec(body)
+        conversation = chat_messages(body.messages)
         if tools is not None and tools.calls and body.response_format is not None:
             raise invalid("response_format", "cannot be combined with tools the model may call")
         names = CHAT_FIELDS
@@ -138,7 +139,7 @@ class OpenAIApi:
         params = self._params(
             body,
             names,
-            messages=render_turns(chat_messages(body.messages), tools),
+            messages=render_turns(conversation, tools),  # validated as the model will read them
             max_tokens=tokens,
             response_format=response_format(body.response_format),
             adapter=adapter,
@@ -146,7 +147,7 @@ class OpenAIApi:
         )
         n = self._choices(body)
         calls = tools if tools is not None and tools.calls else None
-        params = dataclasses.replace(params, logprobs=logprobs, n=n, tools=calls)
+        params = dataclasses.replace(params, messages=conversation, logprobs=logprobs, n=n, tools=calls)
         answer = ChatAnswer(
             "chatcmpl-" + uuid.uuid4().hex,
             body.model,
