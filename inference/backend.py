@@ -85,9 +85,13 @@ class GenerationRequest:
     # then ignored. With `echo`, its tokens and their log-probabilities come back too.
     prompt: str | list[int] | None = None
     echo: bool = False
-    # Function tools (OpenAI's shape) for a chat template that renders them itself (inference.tools);
-    # `messages` then carry calls and results in the shape such templates take.
+    # Function tools (OpenAI's shape) for a backend that renders them itself (a chat template that knows
+    # tools, a server that takes them); `messages` then carry calls and results in the shape such
+    # templates take, and `tool_choice` / `parallel_tool_calls` are OpenAI's. Whatever the backend, calls
+    # come back in the answer's text in inference.tools' syntax.
     tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool = True
     # The n choices of one client request share its prompt: a scheduler prefills it once and copies its
     # cache to the others (None: a request of its own).
     group: ChoiceGroup | None = None

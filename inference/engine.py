@@ -236,6 +236,8 @@ class InferenceEngine:
                 echo=p.echo and i == 0,  # the prompt is scored once
                 group=group,
                 tools=tool_dicts,
+                tool_choice=p.tools.openai_choice() if native and p.tools is not None else None,
+                parallel_tool_calls=p.tools.parallel if p.tools is not None else True,
             )
             for i in range(p.n)
         ]

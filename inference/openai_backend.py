@@ -19,6 +19,7 @@ from zoo.inference.backend import (
     GenerationResult,
     TokenLogprob,
 )
+from zoo.inference.tools import written_call
 
 
 class OpenAIBackend:
@@ -30,9 +31,11 @@ class OpenAIBackend:
     # since this backend speaks only the server's chat endpoint.
     supports_logprobs = True
     supports_echo = False
-    # Tools are described in the prompt and read out of the answer here, as for local models, without
-    # a grammar: the server's own tool support is not used yet.
+    # Tools, the conversation's calls and results, tool_choice and parallel_tool_calls go to the server as
+    # OpenAI's fields; the calls it answers with come back written into the text (inference.tools'
+    # syntax), where the engine reads and validates every backend's calls alike.
     supports_tools = True
+    renders_tools = True
 
     def __init__(
         self,
@@ -53,10 +56,13 @@ class OpenAIBackend:
             base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s, transport=transport
         )
 
-    def count_prompt_tokens(self, messages: list[dict[str, str]]) -> int:
+    def count_prompt_tokens(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> int:
         # No tokenizer here: a conservative estimate (about 4 characters a token, plus per-message framing)
         # that the server's own limit still backs up.
-        return sum(len(m["content"]) // 3 + 4 for m in messages)
+        calls = sum(len(json.dumps(m.get("tool_calls") or [])) // 3 for m in messages)
+        return sum(len(m["content"]) // 3 + 4 for m in messages) + calls + len(json.dumps(tools or [])) // 3
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         async with self._slots:
@@ -66,7 +72,7 @@ class OpenAIBackend:
     async def _stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         body: dict[str, Any] = {
             "model": self.model_id,
-            "messages": request.messages,
+            "messages": [_wire(m) for m in request.messages],
             "max_tokens": request.max_tokens,
             "temperature": request.temperature,
             "top_p": request.top_p,
@@ -76,6 +82,10 @@ class OpenAIBackend:
         }
         if request.stop:
             body["stop"] = request.stop
+        if request.tools:
+            body["tools"] = request.tools
+            body["tool_choice"] = request.tool_choice or "auto"
+            body["parallel_tool_calls"] = request.parallel_tool_calls
         if request.logprobs is not None:
             body["logprobs"] = True
             if request.logprobs:
@@ -89,6 +99,7 @@ class OpenAIBackend:
                 else {"type": "json_object"}
             )
         text: list[str] = []
+        calls: dict[int, dict[str, str]] = {}  # the server's streamed calls, by index
         logprobs: list[TokenLogprob] = []
         finish = "stop"
         usage: dict[str, int] = {}
@@ -109,6 +120,13 @@ class OpenAIBackend:
                     event = json.loads(data)
                     usage = event.get("usage") or usage
                     for choice in event.get("choices", []):
+                        for part in (choice.get("delta") or {}).get("tool_calls") or []:
+                            call = calls.setdefault(
+                                int(part.get("index", len(calls))), {"name": "", "arguments": ""}
+                            )
+                            function = part.get("function") or {}
+                            call["name"] += function.get("name") or ""
+                            call["arguments"] += function.get("arguments") or ""
                         delta = (choice.get("delta") or {}).get("content") or ""
                         entries = _logprobs_of(choice) if request.logprobs is not None else []
                         if delta or entries:
@@ -122,6 +140,11 @@ class OpenAIBackend:
             raise BackendError(f"OpenAI-compatible server sent a malformed event: {e}") from e
         finally:
             request.cancel.set()
+        if calls:  # written into the text, where the engine reads every backend's calls
+            written = "\n".join(written_call(c["name"], c["arguments"]) for _, c in sorted(calls.items()))
+            text.append(("\n" if text else "") + written)
+            yield Chunk(text[-1])
+            finish = "stop"
         result = GenerationResult(
             "".join(text),
             int(usage.get("prompt_tokens", self.count_prompt_tokens(request.messages))),
@@ -152,3 +175,16 @@ def _logprobs_of(choice: dict[str, Any]) -> list[TokenLogprob]:
         )
         for e in content
     ]
+
+
+def _wire(m: dict[str, Any]) -> dict[str, Any]:
+    """A turn as OpenAI's API takes it: calls' arguments as JSON text."""
+    if not m.get("tool_calls"):
+        return m
+    calls = [
+        {**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"])}}
+        if not isinstance(c["function"]["arguments"], str)
+        else c
+        for c in m["tool_calls"]
+    ]
+    return {**m, "content": m.get("content") or None, "tool_calls": calls}

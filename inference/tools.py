@@ -54,18 +54,20 @@ class ToolSpec:
     def tool(self, name: str) -> Tool | None:
         return next((t for t in self.tools if t.name == name), None)
 
+    def openai_choice(self) -> Any:
+        """tool_choice as OpenAI writes it."""
+        if self.choice in ("auto", "none", "required"):
+            return self.choice
+        return {"type": "function", "function": {"name": self.choice}}
+
     def structural_tag(self) -> str:
         """The grammar of this spec's answers, as xgrammar's structural tag (JSON)."""
         import xgrammar as xgr
 
-        if self.choice in ("auto", "required"):
-            choice: Any = self.choice
-        else:
-            choice = {"type": "function", "function": {"name": self.choice}}
         tag = xgr.get_model_structural_tag(
             "qwen_3",
             tools=[t.openai() for t in self.tools],
-            tool_choice=choice,
+            tool_choice=self.openai_choice(),
             reasoning="disabled",
             parallel_tool_calls=self.parallel,
         )
@@ -104,6 +106,17 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             turn["tool_call_id"] = m.get("tool_call_id", "")
         out.append(turn)
     return out
+
+
+def written_call(name: str, arguments: str) -> str:
+    """A call in the syntax this module reads (how a backend whose server returns calls reports them)."""
+    try:
+        parsed: Any = json.loads(arguments or "{}")
+    except json.JSONDecodeError:
+        parsed = arguments  # kept as sent: parse_answer then refuses it with the reason
+    return (
+        f"{OPEN}\n" + json.dumps({"name": name, "arguments": parsed}, ensure_ascii=False) + "\n</tool_call>"
+    )
 
 
 def new_call_id() -> str:

@@ -140,6 +140,23 @@ class _Server(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
+        if type(self).requests[-1].get("tools"):  # a call streamed in fragments, as OpenAI's servers do
+            parts = [
+                {
+                    "index": 0,
+                    "id": "x1",
+                    "type": "function",
+                    "function": {"name": "add", "arguments": '{"a": '},
+                },
+                {"index": 0, "function": {"arguments": '2, "b": 3}'}},
+            ]
+            for part in parts:
+                event = {"choices": [{"delta": {"tool_calls": [part]}, "finish_reason": None}]}
+                self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+            self.wfile.write(
+                b'data: {"choices": [{"delta": {}, "finish_reason": "tool_calls"}]}\n\ndata: [DONE]\n\n'
+            )
+            return
         for piece in ["The area ", "is ", "6."]:
             event = {"choices": [{"delta": {"content": piece}, "finish_reason": None}]}
             self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
@@ -212,3 +229,40 @@ def test_openai_backend_forwards_the_response_format(openai_server: str) -> None
         "json_schema": {"name": "response", "schema": json.loads(schema)},
     }
     assert sent[1] == {"type": "json_object"}
+
+
+def test_openai_backend_forwards_tools_and_reads_streamed_calls(openai_server: str) -> None:
+    from zoo.inference.tools import Tool, ToolSpec, parse_answer
+
+    add = {
+        "name": "add",
+        "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}},
+    }
+    history = [
+        *MSGS,
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "c0", "type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 1}}}
+            ],
+        },
+        {"role": "tool", "content": "2", "tool_call_id": "c0"},
+    ]
+    b = OpenAIBackend(openai_server, "m")
+    request = GenerationRequest(
+        history,
+        tools=[{"type": "function", "function": add}],
+        tool_choice="required",
+        parallel_tool_calls=False,
+    )
+    result = asyncio.run(generate(b, request))
+    sent = _Server.requests[0]
+    assert sent["tools"] == [{"type": "function", "function": add}]
+    assert sent["tool_choice"] == "required" and sent["parallel_tool_calls"] is False
+    assert (
+        sent["messages"][-2]["tool_calls"][0]["function"]["arguments"] == '{"a": 1, "b": 1}'
+    )  # JSON text on the wire
+    assert sent["messages"][-1] == {"role": "tool", "content": "2", "tool_call_id": "c0"}
+    calls = parse_answer(result.text, ToolSpec((Tool("add", "", add["parameters"]),))).calls
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("add", {"a": 2, "b": 3})]

@@ -349,6 +349,49 @@ def _token_ids(text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def test_an_openai_backend_forwards_tools_and_their_history_to_a_node(node: NodeProcess) -> None:
+    # The openai backend sends tools, tool_choice and the conversation's calls and results as OpenAI's
+    # fields; the server's calls come back written into the text, where the engine reads them.
+    import asyncio
+
+    from zoo.inference.backend import GenerationRequest, generate
+    from zoo.inference.openai_backend import OpenAIBackend
+    from zoo.inference.tools import Tool, ToolSpec, parse_answer, template_messages
+
+    add = ADD["function"]
+    spec = ToolSpec((Tool(add["name"], add["description"], add["parameters"]),), "required")
+    ask = [{"role": "user", "content": "What is 2 + 3? Use the add tool."}]
+
+    async def run() -> tuple:
+        backend = OpenAIBackend(str(node.info["http"]), MODEL)
+        try:
+            first = await generate(
+                backend, GenerationRequest(ask, max_tokens=60, tools=[ADD], tool_choice="required")
+            )
+            call = parse_answer(first.text, spec).calls[0]
+            history = template_messages(
+                [
+                    *ask,
+                    {
+                        "role": "assistant",
+                        "content": "",
+                        "tool_calls": [{"id": call.id, "name": call.name, "arguments": call.arguments}],
+                    },
+                    {"role": "tool", "content": "5", "tool_call_id": call.id},
+                ]
+            )
+            second = await generate(
+                backend, GenerationRequest(history, max_tokens=30, tools=[ADD], tool_choice="none")
+            )
+            return call, second
+        finally:
+            await backend.close()
+
+    call, second = asyncio.run(run())
+    assert call.name == "add" and set(json.loads(call.arguments)) == {"a", "b"}
+    assert second.text and "<tool_call>" not in second.text  # the node took the history and answered
+
+
 def test_embeddings_float_and_base64(client: openai.OpenAI) -> None:
     texts = ["The area of a triangle is half base times height.", "Compound interest grows."]
     as_float = client.embeddings.create(model=EMBEDDER, input=texts, encoding_format="float")
