@@ -292,6 +292,21 @@ def test_required_and_named_tool_calls_always_parse_and_validate(client: openai.
     ]
 
 
+def test_experiences_still_go_in_beside_tools(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": GEOMETRY}],
+        tools=[ADD],
+        tool_choice="required",
+        max_tokens=60,
+        extra_body={"zoo": {"k": 2, "domain": "math"}},
+    )
+    zoo = r.to_dict()["zoo"]
+    geometry = {e.id for e in genesis_library().experiences if e.domain == "math.geometry"}
+    assert r.choices[0].message.tool_calls and zoo["experiences"] and zoo["experiences"][0]["id"] in geometry
+    assert set(zoo["cited"]) <= {e["id"] for e in zoo["experiences"]}
+
+
 def test_a_tool_result_goes_back_and_the_model_answers(client: openai.OpenAI) -> None:
     ask = [{"role": "user", "content": "What is 2 + 3? Use the add tool."}]
     first = client.chat.completions.create(
@@ -733,6 +748,27 @@ def wait_until(condition, timeout_s: float = 60.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not reached in time"
         time.sleep(0.05)
+
+
+def test_n_choices_take_one_admission_slot(start_node) -> None:
+    # One slot and no queue: were the choices counted apiece, the request would be refused (429).
+    n = start_node({"inference": {"max_batch_size": 1, "max_queued": 0, "max_n": 4}}, name="onechoice")
+    n.wait_component("model", "SERVING", timeout_s=180)
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Name a fruit."}],
+        "max_tokens": 8,
+        "n": 4,
+    }
+    r = httpx.post(
+        str(n.info["http"]) + "/v1/chat/completions", json={**body, "temperature": 1.0}, timeout=120
+    )
+    assert r.status_code == 200, r.text
+    assert [c["index"] for c in r.json()["choices"]] == [0, 1, 2, 3]
+    r = httpx.post(str(n.info["http"]) + "/v1/chat/completions", json={**body, "n": 5}, timeout=60)
+    assert (
+        r.status_code == 400 and error_of(r)["param"] == "n" and "inference.max_n" in error_of(r)["message"]
+    )
 
 
 def test_full_queue_is_429_and_hanging_up_frees_slots(start_node) -> None:
