@@ -51,6 +51,9 @@ class TokenLogprob:
     logprob: float | None
     top: tuple[tuple[str, bytes, float], ...] = ()
     id: int = -1  # the token id, where the backend knows it (not sent to clients)
+    # The end-of-sequence token that ended the answer: its text is not in the answer. Completions list it
+    # (harnesses count one entry per generated token); chat leaves it out, as OpenAI's does.
+    eos: bool = False
 
 
 class ChoiceGroup:
@@ -104,7 +107,7 @@ class GenerationResult:
     completion_tokens: int
     finish_reason: str  # "stop" (EOS or a stop string), "length", "cancelled"
     # One per generated token whose text is in `text` (with request.logprobs), the stop string's own
-    # tokens and the end-of-sequence token left out.
+    # tokens left out, and the end-of-sequence token that ended it (marked `eos`).
     logprobs: list[TokenLogprob] | None = None
     # With request.echo: one per prompt token (alternatives: request.logprobs of them).
     prompt_logprobs: list[TokenLogprob] | None = None

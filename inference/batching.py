@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
+import math
 import threading
 import time
 import weakref
@@ -38,7 +39,7 @@ from typing import Any
 import torch
 
 from zoo.inference.adapters import BASE, LoadedAdapters
-from zoo.inference.backend import ChoiceGroup, GenerationRequest
+from zoo.inference.backend import ChoiceGroup, GenerationRequest, TokenLogprob
 from zoo.inference.decoding import (
     BatchStats,
     DecodingState,
@@ -54,6 +55,7 @@ logger = logging.getLogger(__name__)
 RAGGED_ATTENTION = "zoo_ragged"
 _ROW_STARTS = "zoo_row_starts"  # forward kwarg: per row, the first cache position that row may attend to
 _register_lock = threading.Lock()
+PROMPT_SCORE_BLOCK = 256  # prompt positions scored at once (a block's log-softmax is positions x vocab)
 _registered = False
 
 
@@ -245,8 +247,10 @@ class ContinuousBatcher:
                     seq.adapter_key = self.adapters.ensure(seq.request.adapter, in_use)
                 group = seq.request.group
                 sibling = self._prefilled.get(group) if group is not None else None
-                if sibling is not None and sibling.serves(seq):
-                    cache, logits = copy.deepcopy(sibling.cache), sibling.logits
+                # (A choice that scores the prompt prefills it itself: it needs every position's logits.)
+                if sibling is not None and sibling.serves(seq) and not seq.request.echo:
+                    # Copies: processors and grammar masks may change a row's logits in place.
+                    cache, logits = copy.deepcopy(sibling.cache), sibling.logits.clone()
                     sibling.left -= 1
                     if not sibling.left:
                         del self._prefilled[group]
@@ -264,9 +268,9 @@ class ContinuousBatcher:
                     if scores_prompt:
                         seq.scored_prompt(self._prompt_logprobs(seq, out.logits[0, :-1]))
                     logits = out.logits[0, -1]
-                    if group is not None and group.n > 1:
+                    if group is not None and group.n > 1 and group not in self._prefilled:
                         kept = _Prefilled(
-                            seq.prompt_ids, seq.adapter_key, copy.deepcopy(cache), logits, group.n - 1
+                            seq.prompt_ids, seq.adapter_key, copy.deepcopy(cache), logits.clone(), group.n - 1
                         )
                         self._prefilled[group] = kept
                 token, entry = self._sample(seq, logits)
@@ -322,11 +326,31 @@ class ContinuousBatcher:
     # -- sampling and finishing ----------------------------------------------------------------------
 
     def _prompt_logprobs(self, seq: Sequence, logits: torch.Tensor) -> list[Any]:
-        """Position j's logits score prompt token j+1 (the first token has no log-probability)."""
-        rows = torch.log_softmax(logits.float(), -1).cpu().numpy()
+        """Position j's logits score prompt token j+1 (the first token has no log-probability). Worked out
+        on the model's device a block of positions at a time; only each position's token and its best
+        alternatives come back to the host."""
         top, ids = seq.request.logprobs or 0, seq.prompt_ids
-        scored = (token_logprob(rows[j], ids[j + 1], top, self.token_bytes) for j in range(len(rows)))
-        return [unscored(ids[0], self.token_bytes), *scored]
+        targets = torch.tensor(ids[1:], device=logits.device)
+        entries = [unscored(ids[0], self.token_bytes)]
+        for start in range(0, len(targets), PROMPT_SCORE_BLOCK):
+            rows = torch.log_softmax(logits[start : start + PROMPT_SCORE_BLOCK].float(), -1)
+            block = targets[start : start + PROMPT_SCORE_BLOCK]
+            chosen = rows.gather(1, block[:, None])[:, 0].tolist()
+            best = rows.topk(top, -1) if top else None
+            for j, token in enumerate(block.tolist()):
+                alternatives: tuple[tuple[str, bytes, float], ...] = ()
+                if best is not None:
+                    pairs = zip(best.indices[j].tolist(), best.values[j].tolist(), strict=True)
+                    alternatives = tuple(
+                        (b.decode("utf-8", "replace"), b, v)
+                        for i, v in pairs
+                        if math.isfinite(v) and (b := self.token_bytes(i)) is not None
+                    )
+                data = self.token_bytes(token)
+                entries.append(
+                    TokenLogprob(data.decode("utf-8", "replace"), data, chosen[j], alternatives, token)
+                )
+        return entries
 
     def _sample(self, seq: Sequence, logits: torch.Tensor) -> tuple[int, Any]:
         """The next token, and its log-probability entry when the request asks for them."""

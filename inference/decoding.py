@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -164,6 +165,9 @@ class DecodingState:
         if self.constraint is not None:
             self.constraint.accept(token)
         if token in eos_ids:
+            if logprob is not None:
+                self.logprobs.append(dataclasses.replace(logprob, eos=True))
+                self.logprob_ends.append(len(self.text))
             return self.end("stop")
         self.text += self.detok.push(token)
         if logprob is not None:

@@ -121,8 +121,8 @@ def _choice(text: str, finish: str, tokens: int, seed: int, logprobs: Any, tools
 
 def choice_seed(seed: int, index: int) -> int:
     """The seed of a request's choice `index`: the request's own for the first (so n = 1 and the first of
-    n answer alike), then a well-spread derivation."""
-    return seed if index == 0 else (seed + index * 0x9E3779B97F4A7C15) % 2**64
+    n answer alike), then a well-spread derivation below 2^63 (what servers taking int64 seeds accept)."""
+    return seed if index == 0 else (seed + index * 0x9E3779B97F4A7C15) % 2**63
 
 
 class SearchIndex(Protocol):

@@ -144,7 +144,7 @@ class OpenAIBackend:
             written = "\n".join(written_call(c["name"], c["arguments"]) for _, c in sorted(calls.items()))
             text.append(("\n" if text else "") + written)
             yield Chunk(text[-1])
-            finish = "stop"
+            finish = "length" if finish == "length" else "stop"  # the engine reads valid calls as tool_calls
         result = GenerationResult(
             "".join(text),
             int(usage.get("prompt_tokens", self.count_prompt_tokens(request.messages))),

@@ -179,7 +179,9 @@ def render_turns(messages: list[dict[str, Any]], spec: ToolSpec | None) -> list[
         if role == "assistant" and m.get("tool_calls"):
             calls = [
                 "<tool_call>\n"
-                + json.dumps({"name": c["name"], "arguments": json.loads(c["arguments"])}, ensure_ascii=False)
+                + json.dumps(
+                    {"name": c["name"], "arguments": json.loads(c["arguments"] or "{}")}, ensure_ascii=False
+                )
                 + "\n</tool_call>"
                 for c in m["tool_calls"]
             ]

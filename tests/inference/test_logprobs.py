@@ -183,3 +183,25 @@ def test_streamed_logprobs_add_up_to_the_results(ref: Reference) -> None:
 def test_without_logprobs_nothing_is_computed(ref: Reference) -> None:
     result = run(ref, GenerationRequest(PROMPT, max_tokens=4))
     assert result.logprobs is None and result.prompt_logprobs is None
+
+
+def test_the_end_of_sequence_token_is_listed_last_and_marked(ref: Reference) -> None:
+    request = GenerationRequest(
+        [{"role": "user", "content": "Reply with the single word: yes"}], max_tokens=40, logprobs=2
+    )
+    result = run(ref, request)
+    assert result.finish_reason == "stop" and result.completion_tokens < 40  # ended by the model's EOS
+    entries = result.logprobs
+    assert entries is not None and len(entries) == result.completion_tokens  # one per generated token
+    assert entries[-1].eos and not any(e.eos for e in entries[:-1])
+    assert entries[-1].logprob is not None and entries[-1].logprob <= 0
+    assert "".join(e.token for e in entries[:-1]) == result.text  # its text is not the answer's
+
+
+def test_choice_seeds_fit_a_signed_64_bit_integer() -> None:
+    from zoo.inference.engine import choice_seed
+
+    for seed in (0, 1, 2**63 - 1, 2**64 - 1, 12345):
+        assert choice_seed(seed, 0) == seed
+        derived = [choice_seed(seed, i) for i in range(1, 9)]
+        assert all(0 <= s < 2**63 for s in derived) and len(set(derived)) == 8

@@ -226,9 +226,16 @@ def test_n_choices_whole_and_streamed(client: openai.OpenAI) -> None:
                 finished.add(c.index)
     assert finished == {0, 1, 2}
     assert [texts[i] for i in range(3)] == [c.message.content for c in whole.choices]
-    # Completions too, with echo: each choice carries the prompt.
-    r = client.completions.create(model=MODEL, prompt="Waves", max_tokens=4, n=2, echo=True, temperature=0)
+    # Completions too, with echo: each choice carries the prompt, streamed before any of its text.
+    kw = {"model": MODEL, "prompt": "Waves", "max_tokens": 4, "n": 2, "echo": True, "logprobs": 1, "seed": 3}
+    r = client.completions.create(**kw, temperature=1.0)
     assert [c.index for c in r.choices] == [0, 1] and all(c.text.startswith("Waves") for c in r.choices)
+    streamed = {0: "", 1: ""}
+    for chunk in client.completions.create(**kw, temperature=1.0, stream=True):
+        for c in chunk.choices:
+            assert streamed[c.index] or c.text.startswith("Waves")  # the prompt leads
+            streamed[c.index] += c.text
+    assert all(t.startswith("Waves") and len(t) > len("Waves") for t in streamed.values())
 
 
 WEATHER = {
@@ -305,6 +312,25 @@ def test_experiences_still_go_in_beside_tools(client: openai.OpenAI) -> None:
     geometry = {e.id for e in genesis_library().experiences if e.domain == "math.geometry"}
     assert r.choices[0].message.tool_calls and zoo["experiences"] and zoo["experiences"][0]["id"] in geometry
     assert set(zoo["cited"]) <= {e["id"] for e in zoo["experiences"]}
+
+
+def test_a_call_without_arguments_in_the_history_is_taken(node: NodeProcess) -> None:
+    ping = {
+        "type": "function",
+        "function": {"name": "ping", "parameters": {"type": "object", "properties": {}}},
+    }
+    history = [
+        {"role": "user", "content": "Is the server up?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "ping", "arguments": ""}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "pong"},
+    ]
+    body = {"model": MODEL, "messages": history, "tools": [ping], "max_tokens": 8}
+    r = httpx.post(base_url(node) + "/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
 
 
 def test_a_tool_result_goes_back_and_the_model_answers(client: openai.OpenAI) -> None:

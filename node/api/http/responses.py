@@ -108,6 +108,8 @@ class ChatAnswer(Answer):
         return {"index": index, "delta": delta, "logprobs": entries, "finish_reason": finish}
 
     def delta(self, chunk: Chunk) -> list[dict[str, Any]]:
+        if not chunk.delta and all(e.eos for e in chunk.logprobs):
+            return []  # only the end-of-sequence token, which chat does not list
         if not self.tools:
             return super().delta(chunk)
         i = chunk.index
@@ -141,7 +143,7 @@ class ChatAnswer(Answer):
         """OpenAI's chat shape: {"content": [{token, logprob, bytes, top_logprobs}], "refusal": null}."""
         if not self.logprobs or entries is None:
             return None
-        return {"content": [chat_logprob(e) for e in entries], "refusal": None}
+        return {"content": [chat_logprob(e) for e in entries if not e.eos], "refusal": None}
 
     def opening(self) -> list[dict[str, Any]]:
         return [
@@ -166,8 +168,12 @@ class CompletionAnswer(Answer):
     chunk_object: str = "text_completion"
     logprobs: int | None = None
     echo: bool = False
-    # Per choice, characters of its text sent so far (a stream's next token's text_offset).
+    # Per choice, the text_offset of its next token in a stream (the whole answer's rule: the sum of the
+    # token strings before it).
     _offsets: dict[int, int] = dataclasses.field(default_factory=dict)
+    # With echo, the other choices' chunks wait here until the scored prompt has led every choice.
+    _held: list[Chunk] = dataclasses.field(default_factory=list)
+    _prompt_sent: bool = False
 
     def choice(self, index: int, c: Choice, o: InferOutcome) -> dict[str, Any]:
         text, entries = c.text, list(c.logprobs or [])
@@ -183,15 +189,28 @@ class CompletionAnswer(Answer):
         }
 
     def delta(self, chunk: Chunk) -> list[dict[str, Any]]:
+        if chunk.prompt_logprobs is None and (not self.echo or self._prompt_sent):
+            return super().delta(chunk) if chunk.delta or chunk.logprobs else []
+        if chunk.prompt_logprobs is None:
+            self._held.append(chunk)
+            return []
+        # The scored prompt (scored once, for the first choice) leads every choice's text.
+        prompt = echoed(chunk.prompt_logprobs)
+        events = [
+            self.chunk(self.chunk_choice(i, prompt, None, chunk.prompt_logprobs)) for i in range(self.n)
+        ]
+        self._prompt_sent = True
+        return events + self._release()
+
+    def closing(self, o: InferOutcome, queue_ms: float) -> list[dict[str, Any]]:
+        return self._release() + super().closing(o, queue_ms)
+
+    def _release(self) -> list[dict[str, Any]]:
+        held, self._held = self._held, []
         events = []
-        if chunk.prompt_logprobs is not None and self.echo:
-            # The scored prompt (scored once, before any answer) leads every choice's text.
-            prompt = echoed(chunk.prompt_logprobs)
-            events = [
-                self.chunk(self.chunk_choice(i, prompt, None, chunk.prompt_logprobs)) for i in range(self.n)
-            ]
-        if chunk.delta or chunk.logprobs:
-            events += super().delta(chunk)
+        for chunk in held:  # (a loop: zero-argument super() does not work in a 3.11 comprehension)
+            if chunk.delta or chunk.logprobs:
+                events += super().delta(chunk)
         return events
 
     def chunk_choice(
@@ -201,7 +220,7 @@ class CompletionAnswer(Answer):
         entries = None
         if self.logprobs is not None and text is not None:
             entries = self._logprobs(logprobs or [], offset)
-        self._offsets[index] = offset + len(text or "")
+            self._offsets[index] = offset + sum(len(e.token) for e in logprobs or [])
         return {"index": index, "text": text or "", "logprobs": entries, "finish_reason": finish}
 
     def _logprobs(self, entries: list[TokenLogprob], offset: int) -> dict[str, Any]:
