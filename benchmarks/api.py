@@ -187,23 +187,34 @@ def choices_vs_requests(backend: Any, runs: int) -> None:
         ("long prompt", LONG_PROMPT),
         ("short prompt", "Name a fruit and say why you like it."),
     ):
-        ask = [{"role": "user", "content": text}]
-        one, four = [], []
+        one: list[float] = []
+        four: list[float] = []
         for r in range(runs):
             seed = 100 + r
+            # A prompt of its own for every measurement (no cache of an earlier one helps either way),
+            # and the order alternating.
+            as_n_ask = [{"role": "user", "content": f"Run {r}, asked once. {text}"}]
+            apart_ask = [{"role": "user", "content": f"Run {r}, asked apart. {text}"}]
             group = ChoiceGroup(4)
             as_n = [
-                GenerationRequest(ask, max_tokens=48, temperature=0.8, seed=choice_seed(seed, i), group=group)
+                GenerationRequest(
+                    as_n_ask, max_tokens=48, temperature=0.8, seed=choice_seed(seed, i), group=group
+                )
                 for i in range(4)
             ]
             separate = [
-                GenerationRequest(ask, max_tokens=48, temperature=0.8, seed=seed + i) for i in range(4)
+                # The same seeds: the same answers, so only how they are scheduled differs.
+                GenerationRequest(apart_ask, max_tokens=48, temperature=0.8, seed=choice_seed(seed, i))
+                for i in range(4)
             ]
-            for batch, times in ((as_n, one), (separate, four)):
+            order = [(as_n, one), (separate, four)]
+            for batch, times in order if r % 2 == 0 else order[::-1]:
                 t0 = time.perf_counter()
                 results = run(backend, batch)
                 times.append(sum(x.completion_tokens for x in results) / (time.perf_counter() - t0))
-        prompt_tokens = backend.count_prompt_tokens(ask)
+        prompt_tokens = backend.count_prompt_tokens(
+            [{"role": "user", "content": f"Run 0, asked once. {text}"}]
+        )
         n_rate, sep_rate = statistics.median(one), statistics.median(four)
         print(
             f"   {name} ({prompt_tokens} tokens): n=4 {n_rate:.0f} tok/s, 4 requests {sep_rate:.0f} tok/s "
