@@ -9,6 +9,7 @@ again; a clock behind the node's by up to max_skew_s waits that long after a res
 from __future__ import annotations
 
 import heapq
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -69,8 +70,8 @@ class RequestVerifier:
         if signed.timestamp < self.not_before:
             raise SignatureError(
                 "stale",
-                f"request signed at {signed.timestamp}, before this node started ({int(self.not_before)}): "
-                "sign it again",
+                f"request signed at {signed.timestamp}, before this node started ({self.not_before:.3f}): "
+                f"sign it again with a timestamp from {math.floor(self.not_before) + 1} on",
             )
         if abs(now - signed.timestamp) > self.max_skew_s:
             raise SignatureError(

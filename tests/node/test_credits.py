@@ -5,6 +5,7 @@ The node-level paths (gRPC metadata, HTTP header, usage of real answers) are in 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import random
 import signal
@@ -295,7 +296,10 @@ def test_a_node_serving_signed_requests_only_refuses_unsigned_ones(signed_only: 
             c.inference.Infer(pb.InferRequest(prompt="hi"), timeout=30)
         assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
         assert "signed requests only" in e.value.details() and status.node_address in e.value.details()
-    # A signed request passes the gate (and then waits for the model like any other).
+    # A signed request passes the gate (and then waits for the model like any other). Signatures carry
+    # whole seconds, and one from the second the node started in is refused as possibly older than the
+    # node (its nonces from before a restart are forgotten): sign from the next second on.
+    time.sleep(math.ceil(time.time()) - time.time())
     with NodeClient(signed_only.address, signer=CLIENT) as c:
         try:
             c.inference.Infer(
