@@ -28,7 +28,6 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
-import math
 import threading
 import time
 import weakref
@@ -39,13 +38,14 @@ from typing import Any
 import torch
 
 from zoo.inference.adapters import BASE, LoadedAdapters
-from zoo.inference.backend import ChoiceGroup, GenerationRequest, TokenLogprob
+from zoo.inference.backend import ChoiceGroup, GenerationRequest
 from zoo.inference.decoding import (
     BatchStats,
     DecodingState,
     Detokenizer,
     Emit,
     log_softmax,
+    logprob_entry,
     token_logprob,
     unscored,
 )
@@ -338,18 +338,12 @@ class ContinuousBatcher:
             chosen = rows.gather(1, block[:, None])[:, 0].tolist()
             best = rows.topk(top, -1) if top else None
             for j, token in enumerate(block.tolist()):
-                alternatives: tuple[tuple[str, bytes, float], ...] = ()
-                if best is not None:
-                    pairs = zip(best.indices[j].tolist(), best.values[j].tolist(), strict=True)
-                    alternatives = tuple(
-                        (b.decode("utf-8", "replace"), b, v)
-                        for i, v in pairs
-                        if math.isfinite(v) and (b := self.token_bytes(i)) is not None
-                    )
-                data = self.token_bytes(token)
-                entries.append(
-                    TokenLogprob(data.decode("utf-8", "replace"), data, chosen[j], alternatives, token)
+                pairs = (
+                    zip(best.indices[j].tolist(), best.values[j].tolist(), strict=True)
+                    if best is not None
+                    else ()
                 )
+                entries.append(logprob_entry(token, chosen[j], pairs, self.token_bytes))
         return entries
 
     def _sample(self, seq: Sequence, logits: torch.Tensor) -> tuple[int, Any]:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -72,22 +73,30 @@ def token_logprob(
     logprobs: np.ndarray, token: int, top: int, token_bytes: Callable[[int], bytes]
 ) -> TokenLogprob:
     """The entry of `token` in a row of log-probabilities, with its `top` most likely alternatives."""
-    alternatives: tuple[tuple[str, bytes, float], ...] = ()
+    best: Any = ()
     if top > 0:
         best = np.argpartition(-logprobs, top - 1)[:top]
         best = best[np.argsort(-logprobs[best], kind="stable")]
-        # Tokens a grammar masked out (-inf) are no alternative (and JSON has no infinity).
-        alternatives = tuple(
-            (_text(b := token_bytes(int(i))), b, float(logprobs[i])) for i in best if np.isfinite(logprobs[i])
-        )
+    alternatives = ((int(i), float(logprobs[i])) for i in best)
+    return logprob_entry(token, float(logprobs[token]), alternatives, token_bytes)
+
+
+def logprob_entry(
+    token: int,
+    logprob: float | None,
+    alternatives: Iterable[tuple[int, float]],
+    token_bytes: Callable[[int], bytes],
+) -> TokenLogprob:
+    """A token's entry from its log-probability and its alternatives (id, log-probability), most likely
+    first. Tokens a grammar masked out (-inf) are no alternative (and JSON has no infinity)."""
+    top = tuple((_text(b), b, v) for i, v in alternatives if math.isfinite(v) for b in (token_bytes(i),))
     data = token_bytes(token)
-    return TokenLogprob(_text(data), data, float(logprobs[token]), alternatives, token)
+    return TokenLogprob(_text(data), data, logprob, top, token)
 
 
 def unscored(token: int, token_bytes: Callable[[int], bytes]) -> TokenLogprob:
     """A prompt's first token: nothing precedes it, so it has no log-probability."""
-    data = token_bytes(token)
-    return TokenLogprob(_text(data), data, None, (), token)
+    return logprob_entry(token, None, (), token_bytes)
 
 
 def _text(data: bytes) -> str:
@@ -144,8 +153,8 @@ class DecodingState:
     sent: int = 0  # characters of `text` emitted
     finish: str = ""
     enqueued: float = field(default_factory=time.perf_counter)
-    # With request.logprobs: an entry per generated token (EOS left out), the length of `text` once it was
-    # decoded (its text has been sent once that much is), and how many entries were emitted.
+    # With request.logprobs: an entry per generated token (an ending EOS marked), the length of `text` once
+    # it was decoded (its text has been sent once that much is), and how many entries were emitted.
     logprobs: list[TokenLogprob] = field(default_factory=list)
     logprob_ends: list[int] = field(default_factory=list)
     logprobs_sent: int = 0

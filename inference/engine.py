@@ -79,7 +79,6 @@ class Choice:
     # With tools: the calls the answer makes (then finish_reason is "tool_calls") and the text beside them.
     tool_calls: list[ToolCall] = field(default_factory=list)
     content: str | None = None
-    invalid_call: str = ""  # why what looked like a call was kept as text
 
 
 @dataclass
@@ -100,10 +99,9 @@ class InferOutcome:
     seed: int
     stop: list[str]
     adapter: str = ""
-    logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob] | None = None
-    # Every choice, the first being the one the fields above describe; completion_tokens counts them all,
-    # and an experience is cited when any choice cites it.
+    # Every choice, the first being the one the fields above describe (its logprobs and tool calls are
+    # there); completion_tokens counts them all, and an experience is cited when any choice cites it.
     choices: list[Choice] = field(default_factory=list)
 
 
@@ -113,7 +111,7 @@ def _choice(text: str, finish: str, tokens: int, seed: int, logprobs: Any, tools
     if tools is None or not tools.calls:
         return choice
     parsed = parse_answer(text, tools)
-    choice.content, choice.tool_calls, choice.invalid_call = parsed.content, parsed.calls, parsed.invalid
+    choice.content, choice.tool_calls = parsed.content, parsed.calls
     if parsed.calls:
         choice.finish_reason = "tool_calls"
     return choice
@@ -191,7 +189,7 @@ class InferenceEngine:
         # Tools (and a conversation's calls and results): rendered by the model's own chat template where
         # it knows them in the syntax inference.tools reads, else described in the system turn.
         native = p.tools is not None and p.tools.calls and getattr(self.backend, "renders_tools", False)
-        tool_dicts = [t.openai() for t in p.tools.tools] if native and p.tools is not None else None
+        tool_dicts = [t.openai() for t in p.tools.tools] if native and p.tools else None
         if p.prompt is not None:
             assembled = await asyncio.to_thread(self._plain_prompt, p)
         else:
@@ -290,7 +288,6 @@ class InferenceEngine:
             seed=seed,
             stop=list(p.stop),
             adapter=p.adapter,
-            logprobs=result.logprobs,
             prompt_logprobs=result.prompt_logprobs,
             choices=choices,
         )

@@ -248,9 +248,7 @@ def echoed(entries: list[TokenLogprob] | None) -> str:
 
 def choices_of(o: InferOutcome) -> list[Choice]:
     """The outcome's choices (an outcome relayed from a peer carries its one answer only)."""
-    return o.choices or [
-        Choice(o.text, o.finish_reason, o.completion_tokens, o.seed, o.logprobs, content=o.text)
-    ]
+    return o.choices or [Choice(o.text, o.finish_reason, o.completion_tokens, o.seed, content=o.text)]
 
 
 def _before_a_call(text: str) -> int:

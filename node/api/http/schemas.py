@@ -192,15 +192,10 @@ def tool_spec(body: ChatRequest) -> ToolSpec | None:
         if not isinstance(parameters, dict):
             raise invalid(f"{where}.parameters", "must be a JSON Schema object")
         tools.append(Tool(spec["name"], str(spec.get("description") or ""), parameters))
-    if isinstance(choice, dict):
+    if isinstance(choice, dict):  # {"type": "function", "function": {"name": ...}}, or legacy {"name": ...}
         named = choice.get("function") if isinstance(choice.get("function"), dict) else choice
-        choice = named.get("name") if isinstance(named.get("name"), str) else None
-        if choice is None:
-            raise invalid(
-                choice_field,
-                "must be 'auto', 'none', 'required' or {'type': 'function', 'function': {'name': ...}}",
-            )
-    elif choice is not None and not isinstance(choice, str):
+        choice = named.get("name", named)  # no name: the dict stays, refused below as any non-string
+    if choice is not None and not isinstance(choice, str):
         raise invalid(
             choice_field,
             "must be 'auto', 'none', 'required' or {'type': 'function', 'function': {'name': ...}}",
