@@ -121,3 +121,29 @@ def refused(error: str, match: str | None = None, **args: object) -> Iterator[No
         assert match in str(info.value), str(info.value)
     for name, value in args.items():
         assert info.value.args_by_name[name] == value, str(info.value)
+
+
+# Voters whose weight together passes a proposal: quorum and the two-thirds supermajority.
+FOR = (1, 3)
+
+
+def pass_ids(world: World, *ids: int) -> list[int]:
+    """Vote the proposals (made in this order, the last one just now) through and wait until all are
+    executable."""
+    world.advance(1)
+    for pid in ids:
+        for voter in FOR:
+            world.registry(voter).vote(pid, True)
+    proposal = world.registry().proposal(ids[-1])
+    assert proposal is not None
+    world.advance(proposal.vote_end + EXECUTION_DELAY - world.now())
+    return list(ids)
+
+
+def pass_calls(world: World, target: str, *calls: bytes) -> list[int]:
+    """Propose the calls, vote them through, wait until they are executable; returns the proposal ids."""
+    return pass_ids(world, *(world.registry().propose_call(target, data).proposal_id for data in calls))
+
+
+def pass_call(world: World, target: str, data: bytes) -> int:
+    return pass_calls(world, target, data)[0]

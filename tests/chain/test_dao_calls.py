@@ -12,7 +12,17 @@ import pytest
 from web3 import Web3
 from web3.logs import DISCARD
 
-from tests.chain.support import DAY, EXECUTION_DELAY, GRACE_PERIOD, World, refused
+from tests.chain.support import (
+    DAY,
+    EXECUTION_DELAY,
+    FOR,
+    GRACE_PERIOD,
+    World,
+    pass_call,
+    pass_calls,
+    pass_ids,
+    refused,
+)
 from zoo.registry.chain import (
     CallBinding,
     ProposalState,
@@ -24,7 +34,6 @@ from zoo.registry.chain import (
 from zoo.registry.keys import dev_account
 
 NODE, OTHER = 6, 7
-FOR = (1, 3)  # enough quadratic weight for quorum and the supermajority
 SALT = b"\x00" * 32
 CID = "bafybeigdyrzt5sfp7udm7hu76uh7y26nf3efuylqabf3oclgtqy55fbzdi"
 
@@ -41,28 +50,6 @@ def ledger_address(deployed: World) -> str:
         challenge_window=DAY,
         artifacts=deployed.artifacts,
     )
-
-
-def pass_calls(world: World, target: str, *calls: bytes) -> list[int]:
-    """Propose the calls, vote them through, wait until they are executable; returns the proposal ids."""
-    return pass_ids(world, *(world.registry().propose_call(target, data).proposal_id for data in calls))
-
-
-def pass_ids(world: World, *ids: int) -> list[int]:
-    """Vote the proposals (made in this order, the last one just now) through and wait until all are
-    executable."""
-    world.advance(1)
-    for pid in ids:
-        for voter in FOR:
-            world.registry(voter).vote(pid, True)
-    proposal = world.registry().proposal(ids[-1])
-    assert proposal is not None
-    world.advance(proposal.vote_end + EXECUTION_DELAY - world.now())
-    return list(ids)
-
-
-def pass_call(world: World, target: str, data: bytes) -> int:
-    return pass_calls(world, target, data)[0]
 
 
 def test_the_dao_registers_and_deregisters_a_node_and_nobody_else_can(

@@ -7,6 +7,21 @@ from __future__ import annotations
 
 import pytest
 
+from tests.chain.ledger_support import (
+    AUTHOR_A,
+    AUTHOR_B,
+    CID,
+    CLIENT,
+    GOVERNOR,
+    KEEPER,
+    NODE,
+    NOT_A_KEEPER,
+    OTHER_NODE,
+    Report,
+    consent,
+    posted,
+    sample,
+)
 from tests.chain.support import DAY, TOKEN, World, refused
 from zoo.registry.chain import (
     SpendAuthorization,
@@ -17,16 +32,11 @@ from zoo.registry.chain import (
 )
 from zoo.registry.chain.ledger import EARNED, SPENT
 from zoo.registry.keys import dev_account
-from zoo.registry.merkle import MerkleTree
 
-GOVERNOR, NODE, OTHER_NODE = 4, 6, 7
-AUTHOR_A, AUTHOR_B, CLIENT = 1, 2, 3
-KEEPER, NOT_A_KEEPER = 0, 4
 WINDOW = 2 * DAY
 CAP = 10_000
 REPORT_WINDOW = 3 * DAY
 BOND = 10**17
-CID = "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"
 
 
 @pytest.fixture(scope="module")
@@ -44,52 +54,6 @@ def ledger_address(deployed: World) -> str:
         challenge_bond=BOND,
         artifacts=deployed.artifacts,
     )
-
-
-def consent(
-    world: World, ledger_address: str, client: int, epoch: int, units: int, node: int = NODE
-) -> SpendAuthorization:
-    """Client `client` lets `node` charge it up to `units` credits in `epoch` (signed with its own key)."""
-    return sign_spend_authorization(
-        dev_account(client), world.w3.eth.chain_id, ledger_address, world.address(node), epoch, units
-    )
-
-
-class Report:
-    """Records of one report, their tree and proofs."""
-
-    def __init__(self, records: list[tuple[int, str, int]]) -> None:
-        self.records = records
-        self.tree = MerkleTree.from_leaves([record_leaf(*r) for r in records])
-
-    def proof(self, kind: int, account: str) -> tuple[int, int, list[bytes]]:
-        i = next(i for i, (k, a, _) in enumerate(self.records) if k == kind and a == account)
-        return self.records[i][2], i, self.tree.prove(i).path
-
-    @property
-    def earned(self) -> int:
-        return sum(u for k, _, u in self.records if k == EARNED)
-
-
-def posted(
-    world: World, ledger_address: str, report: Report, *, node: int = NODE, earned: int | None = None
-) -> int:
-    """Register `node` (if needed), let an epoch end, post `report` for it; returns the epoch."""
-    gov = world.ledger(ledger_address, GOVERNOR)
-    if not gov.is_registered(world.address(node)):
-        gov.register_node(world.address(node))
-    epoch = world.now() // DAY
-    world.advance(DAY)
-    world.ledger(ledger_address, node).post_report(
-        epoch, report.tree.root, tree_size=len(report.records),
-        earned_units=report.earned if earned is None else earned, cid=CID,
-    )  # fmt: skip
-    return epoch
-
-
-def sample(world: World) -> Report:
-    a, b, c = world.address(AUTHOR_A), world.address(AUTHOR_B), world.address(CLIENT)
-    return Report([(EARNED, a, 700), (EARNED, b, 300), (EARNED, c, 50), (SPENT, c, 40)])
 
 
 def test_only_the_governor_registers_nodes(world: World, ledger_address: str) -> None:
