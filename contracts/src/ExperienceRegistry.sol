@@ -8,6 +8,7 @@ import {Math} from "@openzeppelin/contracts/utils/math/Math.sol";
 import {SafeCast} from "@openzeppelin/contracts/utils/math/SafeCast.sol";
 import {Time} from "@openzeppelin/contracts/utils/types/Time.sol";
 import {CIDs} from "./CIDs.sol";
+import {DaoCalls} from "./DaoCalls.sol";
 import {IVoterRegistry} from "./IVoterRegistry.sol";
 import {RFC9162} from "./RFC9162.sol";
 
@@ -48,6 +49,11 @@ import {RFC9162} from "./RFC9162.sol";
  *   registers and deregisters nodes and resolves challenges only so). It has no parent version, so library
  *   versions executed meanwhile never make it stale; the rest (threshold, snapshot, quorum, supermajority,
  *   delay, grace period, one execution) is a library proposal's.
+ * - A call proposal makes only the calls the DAO has: a {UsageLedger} governor's `registerNode`,
+ *   `deregisterNode` and `resolveChallenge` ({ILedgerGovernance}) on another contract, `cancel` on this one,
+ *   and its calldata must be the canonical encoding of its call ({DaoCalls}): the target's decoder ignores
+ *   appended bytes, so without this one call had many calldatas, and the binding below would not see a
+ *   padded `registerNode(N)` as the call it is.
  * - A call proposal is bound to the state it was voted on: it records how often the same call (same target,
  *   same calldata: {hashCall}) had been executed when it was made ({callExecutions}), and it is Stale once
  *   that count has moved. So of several identical call proposals the first executed wins and the others are
@@ -590,7 +596,8 @@ contract ExperienceRegistry {
     }
 
     /**
-     * @notice The key of the call `target.call(data)` in {callExecutions}: identical calls share it.
+     * @notice The key of the call `target.call(data)` in {callExecutions}: identical calls share it (a
+     * proposal's calldata is its call's one encoding, {DaoCalls}).
      * @param target The contract called.
      * @param data The calldata.
      * @return `keccak256(abi.encode(target, keccak256(data)))`.
@@ -602,9 +609,11 @@ contract ExperienceRegistry {
     /**
      * @notice Proposes that this registry call `target` with `data` once the vote passes. The proposal is
      * bound to the call's current {callExecutions}: it becomes Stale once the same call is executed by
-     * another proposal.
+     * another proposal. Only the DAO's calls, each in its one encoding, are accepted ({DaoCalls}), so
+     * identical calls have identical calldata.
      * @param target A contract; this registry only with {cancel}'s calldata.
-     * @param data The calldata, at least a selector.
+     * @param data The calldata: exactly `abi.encodeWithSelector` of an {ILedgerGovernance} function (or, on this
+     * registry, `cancel`) and its arguments; {CallNotAllowed} or {NonCanonicalCall} otherwise.
      * @param salt Any value; this proposer's proposals of the same call need distinct salts.
      * @return proposalId The new proposal's id ({hashCallProposal} with `msg.sender` as proposer).
      */
@@ -613,6 +622,7 @@ contract ExperienceRegistry {
         if (data.length < 4) revert EmptyCall();
         // On itself the DAO may only cancel proposals: anything else would let a vote bypass the rules here.
         if (target == address(this) && bytes4(data[:4]) != this.cancel.selector) revert InvalidCallTarget(target);
+        DaoCalls.requireCanonical(target, data, target == address(this));
         proposalId = hashCallProposal(target, data, msg.sender, salt);
         Proposal storage p = _open(proposalId);
         ProposedCall storage c = _calls[proposalId];

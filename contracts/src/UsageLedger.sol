@@ -7,6 +7,7 @@ import {Address} from "@openzeppelin/contracts/utils/Address.sol";
 import {EIP712} from "@openzeppelin/contracts/utils/cryptography/EIP712.sol";
 import {SignatureChecker} from "@openzeppelin/contracts/utils/cryptography/SignatureChecker.sol";
 import {CIDs} from "./CIDs.sol";
+import {ILedgerGovernance} from "./DaoCalls.sol";
 import {RFC9162} from "./RFC9162.sol";
 
 /**
@@ -40,7 +41,7 @@ import {RFC9162} from "./RFC9162.sol";
  * charge in that epoch (EIP-712, this contract's domain), so a node lowers only the balances of clients
  * that chose to spend there, and by no more than they allowed.
  */
-contract UsageLedger is EIP712 {
+contract UsageLedger is EIP712, ILedgerGovernance {
     /// @notice Leaf kind of an author's earned units.
     uint8 public constant EARNED = 0;
     /// @notice Leaf kind of a client's spent credits.

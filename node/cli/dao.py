@@ -152,7 +152,10 @@ def describe_call(dao: Dao, pid: int, *, short: bool = False) -> str:
         else:
             if function.fn_name == "cancel":
                 canceled = format_proposal_id(params["proposalId"])
-                return f"cancel({canceled[:18] + '…' if short else canceled}) on the registry"
+                shown = f"cancel({canceled[:18] + '…' if short else canceled})"
+                if bytes(data) != dao.registry.cancel_call(params["proposalId"]):  # an older registry took it
+                    shown += ", NOT canonically encoded"
+                return f"{shown} on the registry"
     return f"a call to {target} (selector 0x{data[:4].hex()}, {len(data)} bytes of calldata)"
 
 

@@ -89,6 +89,14 @@ _ERROR_MESSAGES: dict[str, str] = {
         "(a passed call proposal of cancel) may"
     ),
     "EmptyCall": "a call proposal's calldata must hold at least a function selector",
+    "CallNotAllowed": (
+        "a call proposal makes only the DAO's calls (a UsageLedger's registerNode, deregisterNode and "
+        "resolveChallenge; cancel on the registry): selector {selector} on {target} is not one"
+    ),
+    "NonCanonicalCall": (
+        "the calldata {data} is not the one encoding of its call on {target} (bytes appended or missing, or "
+        "dirty padding); its canonical encoding is {canonical}"
+    ),
     "InvalidToken": "the token address {token} is not a contract",
     "InvalidTokenClock": "the token {token} does not use a timestamp clock (its clock reads {clock})",
     "InvalidVotingPeriod": "the voting period must not be zero",

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from eth_abi.exceptions import DecodingError
 from eth_typing import ChecksumAddress
 from hexbytes import HexBytes
 from web3 import Web3
@@ -80,13 +81,24 @@ class LedgerClient(_ContractClient):
         return bytes(HexBytes(self.contract.encode_abi(function, args=list(args))))
 
     def describe_call(self, data: bytes) -> str:
-        """A ledger call in words ("registerNode(0xAb…)"), or a note that the data calls nothing known."""
+        """A ledger call in words ("registerNode(0xAb…)"), or a note that the data calls nothing known.
+        Calldata that is not its call's one encoding (bytes appended, dirty padding: what registries before
+        DaoCalls accepted) is said to be so, since the call it makes is not told apart from the canonical
+        one."""
+        data = bytes(data)
         try:
-            function, params = self.contract.decode_function_input(bytes(data))
+            function, params = self.contract.decode_function_input(data)
+        except DecodingError:  # a known selector, arguments short or out of their types' range
+            name = self.contract.get_function_by_selector(data[:4]).fn_name
+            return f"{name}(…) with arguments the ledger refuses ({len(data)} bytes): it never runs"
         except ValueError:
             return f"an unknown call ({len(data)} bytes) on the UsageLedger"
-        shown = ", ".join(str(v) for v in params.values())
-        return f"{function.fn_name}({shown})"
+        shown = f"{function.fn_name}({', '.join(str(v) for v in params.values())})"
+        canonical = bytes(HexBytes(self.contract.encode_abi(function.fn_name, args=list(params.values()))))
+        if data != canonical:
+            sizes = f"{len(data)} bytes of calldata, {len(canonical)} canonical"
+            return f"{shown}, NOT canonically encoded ({sizes})"
+        return shown
 
     # ---- transactions
 
