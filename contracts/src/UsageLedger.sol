@@ -26,10 +26,12 @@ import {RFC9162} from "./RFC9162.sol";
  * void for good and the bond goes back to the challenger; dismissed, it is claimable and the bond goes to
  * the node it froze. Once the window has passed, each author claims their EARNED record with a Merkle proof,
  * once per (node, epoch), and anyone applies a SPENT record that comes with the client's signed
- * {SpendAuthorization} for that node and epoch (the node does, so balances go down everywhere).
+ * {SpendAuthorization} naming that client, node and epoch (the node does, so balances go down everywhere).
  *
- * Credits are non-transferable: an account's balance is what it claimed minus what it spent (never below
- * zero). There is no transfer.
+ * Credits are non-transferable: an account's balance is what it claimed minus what it spent, shown as zero
+ * while spent exceeds claimed. There is no transfer. A consent lets its node charge up to its units in its
+ * epoch whether or not the node served anything, for the whole epoch (time before it was signed included),
+ * and whatever the client's balance: `spent` may exceed `earned`, a debt that later claims pay off first.
  *
  * What an honest operator can and cannot prevent: a registered node can invent usage (for its own
  * accounts, say). The contract bounds it: at most `maxUnitsPerReport` units are claimable from one report,
@@ -38,8 +40,9 @@ import {RFC9162} from "./RFC9162.sol";
  * never a backlog of past epochs), only after the challenge window, and the DAO can deregister a node, which
  * makes its reports not yet claimed unclaimable. It cannot prove that usage happened. A node cannot spend
  * anyone's credits: a SPENT record applies only up to what the client signed that it allows that node to
- * charge in that epoch (EIP-712, this contract's domain), so a node lowers only the balances of clients
- * that chose to spend there, and by no more than they allowed.
+ * charge in that epoch (EIP-712, this contract's domain, the client named in what it signs, so one owner's
+ * signature never serves another of its accounts), so a node lowers only the balances of clients that
+ * chose to spend there, and by no more than they allowed.
  */
 contract UsageLedger is EIP712, ILedgerGovernance {
     /// @notice Leaf kind of an author's earned units.
@@ -49,8 +52,10 @@ contract UsageLedger is EIP712, ILedgerGovernance {
     /// @notice Longest CID accepted, in bytes.
     uint256 public constant MAX_CID_LENGTH = 256;
     /// @notice EIP-712 type of a client's consent to be charged by a node in an epoch, up to `units` credits.
+    /// The client is part of what it signs: a signature checked through ERC-1271 is often valid for every
+    /// wallet its owner controls, and must not serve any but the one it names.
     bytes32 public constant SPEND_AUTHORIZATION_TYPEHASH =
-        keccak256("SpendAuthorization(address node,uint256 epoch,uint256 units)");
+        keccak256("SpendAuthorization(address client,address node,uint256 epoch,uint256 units)");
 
     /// @notice One usage report, keyed by node and epoch.
     struct Report {
@@ -137,8 +142,8 @@ contract UsageLedger is EIP712, ILedgerGovernance {
     error WrongChallengeBond(uint256 sent, uint256 bond);
     /// @notice Nothing to withdraw.
     error NothingToWithdraw(address account);
-    /// @notice The client did not sign a spend authorization for this node and epoch of at least the units
-    /// applied (`authorized` is what the presented authorization allows).
+    /// @notice The client did not sign a spend authorization naming it, this node and this epoch, for the units
+    /// presented (`authorized`).
     error InvalidSpendAuthorization(address node, uint256 epoch, address client, uint256 authorized);
     /// @notice The SPENT record charges more than the client's authorization allows.
     error SpendOverAuthorization(address client, uint256 units, uint256 authorized);
@@ -384,8 +389,9 @@ contract UsageLedger is EIP712, ILedgerGovernance {
 
     /**
      * @notice Apply a SPENT record of a report to `client`'s balance (anyone may; the node does), with the
-     * client's consent: its EIP-712 signature of SpendAuthorization(node, epoch, authorized), `units` at most
-     * `authorized`. A contract account consents through ERC-1271.
+     * client's consent: its EIP-712 signature of SpendAuthorization(client, node, epoch, authorized), `units`
+     * at most `authorized`. A contract account consents through ERC-1271; naming the client in the signed
+     * struct keeps a wallet owner's signature for one account from serving another.
      * @param authorized The units the client's authorization allows (at least `units`).
      * @param signature The client's signature of the authorization.
      */
@@ -402,7 +408,8 @@ contract UsageLedger is EIP712, ILedgerGovernance {
         if (units > authorized) {
             revert SpendOverAuthorization(client, units, authorized);
         }
-        if (!SignatureChecker.isValidSignatureNow(client, spendAuthorizationDigest(node, epoch, authorized), signature)) {
+        bytes32 digest = spendAuthorizationDigest(client, node, epoch, authorized);
+        if (!SignatureChecker.isValidSignatureNow(client, digest, signature)) {
             revert InvalidSpendAuthorization(node, epoch, client, authorized);
         }
         _settle(node, epoch, SPENT, client, units, index, proof);
@@ -412,7 +419,7 @@ contract UsageLedger is EIP712, ILedgerGovernance {
 
     // ---- views
 
-    /// @notice Credits `account` may spend: claimed minus spent, never below zero.
+    /// @notice Credits `account` may spend: claimed minus spent, zero while spent exceeds claimed.
     function balanceOf(address account) external view returns (uint256) {
         uint256 e = earned[account];
         uint256 s = spent[account];
@@ -429,9 +436,13 @@ contract UsageLedger is EIP712, ILedgerGovernance {
         return _settled[_recordKey(node, epoch, kind, account)];
     }
 
-    /// @notice The EIP-712 digest a client signs to let `node` charge it up to `units` credits in `epoch`.
-    function spendAuthorizationDigest(address node, uint256 epoch, uint256 units) public view returns (bytes32) {
-        return _hashTypedDataV4(keccak256(abi.encode(SPEND_AUTHORIZATION_TYPEHASH, node, epoch, units)));
+    /// @notice The EIP-712 digest `client` signs to let `node` charge it up to `units` credits in `epoch`.
+    function spendAuthorizationDigest(address client, address node, uint256 epoch, uint256 units)
+        public
+        view
+        returns (bytes32)
+    {
+        return _hashTypedDataV4(keccak256(abi.encode(SPEND_AUTHORIZATION_TYPEHASH, client, node, epoch, units)));
     }
 
     /// @notice The leaf bytes of a record.

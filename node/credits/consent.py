@@ -1,10 +1,10 @@
 """The node's check of a zoo-spend header: the request's signer consents to be charged credits here.
 
-A spend authorization is accepted when it names this node and the current epoch (the meter's) and its
-EIP-712 signature, in the UsageLedger's domain, recovers to the request's signer (zoo.registry.spend). The
-node keeps the largest one each client sent in an epoch: the ledger applies a spend only with it. A
-contract wallet (ERC-1271) cannot authorise through this header: the node checks with ecrecover, on the
-request path, without a chain call.
+A spend authorization is accepted when it names the request's signer as the client, this node and the
+current epoch (the meter's), and its EIP-712 signature, in the UsageLedger's domain, recovers to that
+signer (zoo.registry.spend). The node keeps the largest one each client sent in an epoch: the ledger
+applies a spend only with it. A contract wallet (ERC-1271) cannot authorise through this header: the node
+checks with ecrecover, on the request path, without a chain call.
 """
 
 from __future__ import annotations
@@ -54,11 +54,14 @@ class SpendCheck:
                 "this node has not reached its chain yet, so it cannot check a spend authorization: "
                 "retry soon",
             )
-        digest = spend_authorization_digest(chain_id, self.ledger_address, self.node_address, epoch, units)
+        digest = spend_authorization_digest(
+            chain_id, self.ledger_address, client, self.node_address, epoch, units
+        )
         if recover_signer(digest, signature).hex() != client[2:].lower():
             raise SignatureError(
                 "forged",
-                f"{SPEND_HEADER} is not {client}'s SpendAuthorization(node {self.node_address}, "
-                f"epoch {epoch}, units {units}) on chain {chain_id}, ledger {self.ledger_address}",
+                f"{SPEND_HEADER} is not {client}'s SpendAuthorization(client {client}, node "
+                f"{self.node_address}, epoch {epoch}, units {units}) on chain {chain_id}, ledger "
+                f"{self.ledger_address}",
             )
         return SpendAuthorization(client, self.node_address, epoch, units, signature)

@@ -176,11 +176,17 @@ class LedgerClient(_ContractClient):
         """Wei of awarded challenge bonds `account` can withdraw."""
         return int(self._call("withdrawable", Web3.to_checksum_address(account)))
 
-    def spend_digest(self, node: str, epoch: int, units: int) -> bytes:
-        """The contract's EIP-712 digest of a spend authorization (spend_authorization_digest computes it
-        off chain)."""
+    def spend_digest(self, client: str, node: str, epoch: int, units: int) -> bytes:
+        """The contract's EIP-712 digest of `client`'s spend authorization (spend_authorization_digest
+        computes it off chain)."""
         return bytes(
-            self._call("spendAuthorizationDigest", Web3.to_checksum_address(node), int(epoch), int(units))
+            self._call(
+                "spendAuthorizationDigest",
+                Web3.to_checksum_address(client),
+                Web3.to_checksum_address(node),
+                int(epoch),
+                int(units),
+            )
         )
 
     def is_registered(self, node: str) -> bool:

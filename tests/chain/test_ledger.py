@@ -6,6 +6,8 @@ values. Each attack an adversarial review found is here, refused, beside the hon
 from __future__ import annotations
 
 import pytest
+from eth_account import Account
+from eth_account.messages import encode_typed_data
 
 from tests.chain.ledger_support import (
     AUTHOR_A,
@@ -32,6 +34,7 @@ from zoo.registry.chain import (
 )
 from zoo.registry.chain.ledger import EARNED, SPENT
 from zoo.registry.keys import dev_account
+from zoo.registry.spend import typed_spend_authorization
 
 WINDOW = 2 * DAY
 CAP = 10_000
@@ -223,11 +226,21 @@ def test_a_node_cannot_spend_credits_a_client_never_allowed(world: World, ledger
 def test_the_spend_digest_is_the_contracts(world: World, ledger_address: str) -> None:
     client = world.ledger(ledger_address, AUTHOR_A)
     chain = world.w3.eth.chain_id
+    payer, node = world.address(CLIENT), world.address(NODE)
     for epoch, units in ((0, 0), (20_000, 45), (2**256 - 1, 2**256 - 1)):
-        node = world.address(NODE)
-        assert client.spend_digest(node, epoch, units) == spend_authorization_digest(
-            chain, ledger_address, node, epoch, units
+        assert client.spend_digest(payer, node, epoch, units) == spend_authorization_digest(
+            chain, ledger_address, payer, node, epoch, units
         )
+    # The client is part of it: the same consent for another account is another digest.
+    assert client.spend_digest(node, node, 1, 1) != client.spend_digest(payer, node, 1, 1)
+    # What a wallet signs (eth_account's typed-data walk) is that digest, also for a client not the key's own.
+    signed = sign_spend_authorization(dev_account(CLIENT), chain, ledger_address, node, 5, 9, client=node)
+    document = typed_spend_authorization(chain, ledger_address, node, node, 5, 9)
+    assert signed.client == node
+    message = encode_typed_data(full_message=document)
+    assert Account.recover_message(message, signature=signed.signature) == payer
+    digest = spend_authorization_digest(chain, ledger_address, node, node, 5, 9)
+    assert Account._recover_hash(digest, signature=signed.signature) == payer
 
 
 def test_a_keeper_challenge_freezes_a_report_until_the_governor_resolves_it(
