@@ -38,11 +38,12 @@ import {RFC9162} from "./RFC9162.sol";
  * one report per node and epoch, only for epochs from the node's registration on and only within
  * `reportWindow` of their end (so a node adds at most `maxUnitsPerReport` units per epoch it was registered,
  * never a backlog of past epochs), only after the challenge window, and the DAO can deregister a node, which
- * makes its reports not yet claimed unclaimable. It cannot prove that usage happened. A node cannot spend
- * anyone's credits: a SPENT record applies only up to what the client signed that it allows that node to
- * charge in that epoch (EIP-712, this contract's domain, the client named in what it signs, so one owner's
- * signature never serves another of its accounts), so a node lowers only the balances of clients that
- * chose to spend there, and by no more than they allowed.
+ * makes its reports not yet claimed unclaimable for good: a report counts only under the registration it was
+ * posted in, so registering the node again later revives none of them. It cannot prove that usage happened.
+ * A node cannot spend anyone's credits: a SPENT record applies only up to what the client signed that it
+ * allows that node to charge in that epoch (EIP-712, this contract's domain, the client named in what it
+ * signs, so one owner's signature never serves another of its accounts), so a node lowers only the balances
+ * of clients that chose to spend there, and by no more than they allowed.
  */
 contract UsageLedger is EIP712, ILedgerGovernance {
     /// @notice Leaf kind of an author's earned units.
@@ -57,18 +58,32 @@ contract UsageLedger is EIP712, ILedgerGovernance {
     bytes32 public constant SPEND_AUTHORIZATION_TYPEHASH =
         keccak256("SpendAuthorization(address client,address node,uint256 epoch,uint256 units)");
 
+    /// @notice A node's registration, as {registration} returns it.
+    struct Registration {
+        // Whether the node may post reports, and its reports of this registration be claimed and applied.
+        bool active;
+        // How many times the node was registered, this registration included; each report keeps the number
+        // it was posted under.
+        uint32 number;
+        // The first epoch it may report: the one it was (last) registered in.
+        uint64 firstEpoch;
+    }
+
     /// @notice One usage report, keyed by node and epoch.
     struct Report {
         // Merkle root over the report's records.
         bytes32 root;
-        // Number of records (leaves).
-        uint64 treeSize;
+        // Number of records (leaves). 32 bits, so that the registration below and earnedUnits share this slot
+        // with it (a report writes one slot fewer); a report of 2**32 records could not be built anyway.
+        uint32 treeSize;
         // When it was posted; the challenge window runs from here.
         uint48 postedAt;
         // A KEEPER holder challenged it and the governor has not resolved the challenge yet.
         bool challenged;
         // The governor upheld a challenge: nothing can be claimed or applied from it, ever.
         bool voided;
+        // The node's registration number ({Registration}) when it was posted: only under it is it claimable.
+        uint32 registration;
         // Units of EARNED records the node declared (at most maxUnitsPerReport).
         uint128 earnedUnits;
         // Units claimed from it so far (never more than earnedUnits).
@@ -96,10 +111,7 @@ contract UsageLedger is EIP712, ILedgerGovernance {
     /// @notice Wei a challenger stakes: returned when the challenge is upheld, paid to the node when dismissed.
     uint256 public immutable challengeBond;
 
-    /// @notice Whether a node may post reports and its reports may be claimed.
-    mapping(address node => bool) public registered;
-    /// @notice The first epoch a node may report: the one it was (last) registered in.
-    mapping(address node => uint256) public firstEpoch;
+    mapping(address node => Registration) private _registrations;
     /// @notice Wei an account can withdraw: bonds of challenges resolved in its favour.
     mapping(address account => uint256) public withdrawable;
     /// @notice Credits claimed by an account, ever.
@@ -153,7 +165,7 @@ contract UsageLedger is EIP712, ILedgerGovernance {
     error ReportNotFound(address node, uint256 epoch);
     /// @notice The report's root is zero.
     error ZeroRoot();
-    /// @notice The report has no records.
+    /// @notice The report has no records, or more than 2**32 - 1.
     error EmptyTree();
     /// @notice The report declares more earned units than one report may.
     error UnitsOverCap(uint256 units, uint256 cap);
@@ -167,6 +179,11 @@ contract UsageLedger is EIP712, ILedgerGovernance {
     error ReportVoided(address node, uint256 epoch);
     /// @notice The report is not challenged (nothing to resolve).
     error ReportNotChallenged(address node, uint256 epoch);
+    /// @notice The report was posted under the node's registration `reportRegistration`, which a
+    /// deregistration ended; the node is now in its registration `currentRegistration`.
+    error ReportOfEndedRegistration(
+        address node, uint256 epoch, uint256 reportRegistration, uint256 currentRegistration
+    );
     /// @notice The challenger held too few KEEPER votes the second before the report was posted.
     error InsufficientKeeperVotes(address challenger, uint256 votes, uint256 threshold);
     /// @notice The proof does not show this record in the report.
@@ -237,22 +254,27 @@ contract UsageLedger is EIP712, ILedgerGovernance {
 
     // ---- governance
 
-    /// @notice Let `node` post reports (the governor only).
+    /// @notice Let `node` post reports (the governor only); a new registration, with a new number.
     function registerNode(address node) external onlyGovernor {
-        if (registered[node] || node == address(0)) {
+        Registration storage reg = _registrations[node];
+        if (reg.active || node == address(0)) {
             revert NodeAlreadyRegistered(node);
         }
-        registered[node] = true;
-        firstEpoch[node] = block.timestamp / epochLength;
+        reg.active = true;
+        ++reg.number;
+        // An epoch is a timestamp divided by at least one: it fits in 64 bits.
+        reg.firstEpoch = uint64(block.timestamp / epochLength);
         emit NodeRegistered(node);
     }
 
-    /// @notice Stop `node` posting reports; its reports can no longer be claimed or applied (the governor only).
+    /// @notice Stop `node` posting reports; its reports can no longer be claimed or applied, even if it is
+    /// registered again (the governor only).
     function deregisterNode(address node) external onlyGovernor {
-        if (!registered[node]) {
+        Registration storage reg = _registrations[node];
+        if (!reg.active) {
             revert NodeNotRegistered(node);
         }
-        registered[node] = false;
+        reg.active = false;
         emit NodeDeregistered(node);
     }
 
@@ -292,18 +314,19 @@ contract UsageLedger is EIP712, ILedgerGovernance {
      * within `reportWindow` seconds of the epoch's end.
      * @param epoch The epoch (`block.timestamp / epochLength` while it runs).
      * @param root RFC 9162 root over the records.
-     * @param treeSize Number of records.
+     * @param treeSize Number of records (1 to 2**32 - 1).
      * @param earnedUnits Sum of the units of the EARNED records (what claims may take in total).
      * @param cid IPFS CID of the full report.
      */
     function postReport(uint256 epoch, bytes32 root, uint256 treeSize, uint256 earnedUnits, string calldata cid)
         external
     {
-        if (!registered[msg.sender]) {
+        Registration storage reg = _registrations[msg.sender];
+        if (!reg.active) {
             revert NodeNotRegistered(msg.sender);
         }
-        if (epoch < firstEpoch[msg.sender]) {
-            revert EpochBeforeRegistration(epoch, firstEpoch[msg.sender]);
+        if (epoch < reg.firstEpoch) {
+            revert EpochBeforeRegistration(epoch, reg.firstEpoch);
         }
         // An epoch so large that its end overflows reverts here with a panic (checked arithmetic).
         uint256 endsAt = (epoch + 1) * epochLength;
@@ -320,7 +343,7 @@ contract UsageLedger is EIP712, ILedgerGovernance {
         if (root == bytes32(0)) {
             revert ZeroRoot();
         }
-        if (treeSize == 0 || treeSize > type(uint64).max) {
+        if (treeSize == 0 || treeSize > type(uint32).max) {
             revert EmptyTree();
         }
         if (earnedUnits > maxUnitsPerReport) {
@@ -328,8 +351,9 @@ contract UsageLedger is EIP712, ILedgerGovernance {
         }
         CIDs.check(bytes(cid), MAX_CID_LENGTH);
         r.root = root;
-        r.treeSize = uint64(treeSize);
+        r.treeSize = uint32(treeSize);
         r.postedAt = uint48(block.timestamp);
+        r.registration = reg.number;
         r.earnedUnits = uint128(earnedUnits);
         r.cid = cid;
         emit ReportPosted(msg.sender, epoch, root, treeSize, earnedUnits, cid);
@@ -419,6 +443,21 @@ contract UsageLedger is EIP712, ILedgerGovernance {
 
     // ---- views
 
+    /// @notice Whether `node` may post reports (and its reports of this registration be claimed).
+    function registered(address node) external view returns (bool) {
+        return _registrations[node].active;
+    }
+
+    /// @notice The first epoch `node` may report: the one it was (last) registered in.
+    function firstEpoch(address node) external view returns (uint256) {
+        return _registrations[node].firstEpoch;
+    }
+
+    /// @notice `node`'s registration: whether it is active, its number, its first reportable epoch.
+    function registration(address node) external view returns (Registration memory) {
+        return _registrations[node];
+    }
+
     /// @notice Credits `account` may spend: claimed minus spent, zero while spent exceeds claimed.
     function balanceOf(address account) external view returns (uint256) {
         uint256 e = earned[account];
@@ -475,8 +514,12 @@ contract UsageLedger is EIP712, ILedgerGovernance {
         bytes32[] calldata proof
     ) private returns (Report storage r) {
         r = _existing(node, epoch);
-        if (!registered[node]) {
+        Registration storage reg = _registrations[node];
+        if (!reg.active) {
             revert NodeNotRegistered(node);
+        }
+        if (r.registration != reg.number) {
+            revert ReportOfEndedRegistration(node, epoch, r.registration, reg.number);
         }
         if (r.voided) {
             revert ReportVoided(node, epoch);

@@ -36,7 +36,8 @@ class Entry:
     epoch: int
     kind: str  # earned | spent | "" (the report could not be checked)
     units: int
-    status: str  # claimable | claimed | applied | pending | waiting | challenged | voided | unreadable
+    status: str  # claimable | claimed | applied | pending | waiting | challenged | voided | frozen
+    # | unreadable
     detail: str = ""
     index: int = -1
     proof: list[str] | None = None
@@ -64,6 +65,7 @@ def entries_of(dao: Dao, ledger: Any, account: str, node: str | None, epoch: int
     now = int(dao.w3.eth.get_block("latest")["timestamp"])
     found: list[Entry] = []
     posted_reports = ledger.posted_reports(dao.cfg.chain.from_block, node, epoch)
+    registrations = {r.node: ledger.registration(r.node) for r in posted_reports}
     with IpfsClient(dao.ipfs_api or "http://127.0.0.1:5001") as ipfs:
         for posted in posted_reports:
             try:
@@ -82,10 +84,13 @@ def entries_of(dao: Dao, ledger: Any, account: str, node: str | None, epoch: int
                 index, record = hit
                 settled = ledger.settled(posted.node, posted.epoch, kind, account)
                 opens = posted.posted_at + params.challenge_window
+                registration = registrations[posted.node]
                 if posted.voided:
                     status, detail = "voided", "the DAO upheld a challenge: nothing of it applies"
                 elif settled:
                     status, detail = ("claimed" if kind == EARNED else "applied"), ""
+                elif not registration.active or registration.number != posted.registration:
+                    status, detail = "frozen", "the DAO deregistered the node since: nothing of it applies"
                 elif posted.challenged:
                     status, detail = "challenged", "waiting for the DAO to resolve the challenge"
                 elif now < opens:

@@ -97,6 +97,12 @@ _ERROR_MESSAGES: dict[str, str] = {
         "the calldata {data} is not the one encoding of its call on {target} (bytes appended or missing, or "
         "dirty padding); its canonical encoding is {canonical}"
     ),
+    # UsageLedger (the others read as their name and values)
+    "ReportOfEndedRegistration": (
+        "node {node}'s report for epoch {epoch} was posted under its registration {reportRegistration}, "
+        "which a deregistration ended (it is in registration {currentRegistration} now): nothing of it "
+        "applies"
+    ),
     "InvalidToken": "the token address {token} is not a contract",
     "InvalidTokenClock": "the token {token} does not use a timestamp clock (its clock reads {clock})",
     "InvalidVotingPeriod": "the voting period must not be zero",

@@ -49,6 +49,16 @@ class UsageReport:
     claimed_units: int
     cid: str
     challenger: ChecksumAddress | None = None  # who challenged it (pending or resolved); None if nobody
+    registration: int = 0  # the node's registration number it was posted under (claimable only under it)
+
+
+@dataclass(frozen=True)
+class NodeRegistration:
+    """A node's registration on the ledger."""
+
+    active: bool  # it may post reports, and its reports of this registration be claimed
+    number: int  # how many times it was registered; a report counts only under the number it was posted in
+    first_epoch: int  # the first epoch it may report (the one it was last registered in)
 
 
 @dataclass(frozen=True)
@@ -172,6 +182,11 @@ class LedgerClient(_ContractClient):
         """The first epoch `node` may report (the one it was registered in)."""
         return int(self._call("firstEpoch", Web3.to_checksum_address(node)))
 
+    def registration(self, node: str) -> NodeRegistration:
+        """`node`'s registration: active or not, its number, its first reportable epoch."""
+        active, number, first_epoch = self._call("registration", Web3.to_checksum_address(node))
+        return NodeRegistration(bool(active), int(number), int(first_epoch))
+
     def withdrawable(self, account: str) -> int:
         """Wei of awarded challenge bonds `account` can withdraw."""
         return int(self._call("withdrawable", Web3.to_checksum_address(account)))
@@ -205,13 +220,15 @@ class LedgerClient(_ContractClient):
     def report(self, node: str, epoch: int) -> UsageReport | None:
         """The report `node` posted for `epoch`, or None."""
         r = self._call("report", Web3.to_checksum_address(node), int(epoch))
-        root, tree_size, posted_at, challenged, voided, earned_units, claimed_units, cid, challenger = r
+        (root, tree_size, posted_at, challenged, voided, registration, earned_units, claimed_units, cid,
+         challenger) = r  # fmt: skip
         if posted_at == 0:
             return None
         return UsageReport(
             Web3.to_checksum_address(node), int(epoch), bytes(root), int(tree_size), int(posted_at),
             bool(challenged), bool(voided), int(earned_units), int(claimed_units), str(cid),
             None if int(challenger, 16) == 0 else Web3.to_checksum_address(challenger),
+            int(registration),
         )  # fmt: skip
 
     def settled(self, node: str, epoch: int, kind: int, account: str) -> bool:
