@@ -22,11 +22,14 @@ import {RFC9162} from "./RFC9162.sol";
  * spent at the node. A report is for an ended epoch at or after the node's registration, posted at most
  * `reportWindow` seconds after that epoch ended. For `challengeWindow` seconds after posting, a KEEPER holder
  * (at least `challengeThreshold` votes the second before the report was posted) may challenge a report,
- * staking `challengeBond` wei; a challenged report is frozen until the governor resolves it: upheld, it is
- * void for good and the bond goes back to the challenger; dismissed, it is claimable and the bond goes to
- * the node it froze. Once the window has passed, each author claims their EARNED record with a Merkle proof,
- * once per (node, epoch), and anyone applies a SPENT record that comes with the client's signed
- * {SpendAuthorization} naming that client, node and epoch (the node does, so balances go down everywhere).
+ * staking `challengeBond` wei, once per report; a challenged report is frozen until the governor resolves it:
+ * upheld, it is void for good and the bond goes back to the challenger; dismissed, it is claimable and the
+ * bond goes to the node it froze. The governor has `resolutionPeriod` seconds from the challenge; after that
+ * the challenge has lapsed and anyone settles it ({settleLapsedChallenge}): the bond goes back to the
+ * challenger and the report is released, as if it had not been challenged. Once the window has passed, each
+ * author claims their EARNED record with a Merkle proof, once per (node, epoch), and anyone applies a SPENT
+ * record that comes with the client's signed {SpendAuthorization} naming that client, node and epoch (the node
+ * does, so balances go down everywhere).
  *
  * Credits are non-transferable: an account's balance is what it claimed minus what it spent, shown as zero
  * while spent exceeds claimed. There is no transfer. A consent lets its node charge up to its units in its
@@ -78,7 +81,7 @@ contract UsageLedger is EIP712, ILedgerGovernance {
         uint32 treeSize;
         // When it was posted; the challenge window runs from here.
         uint48 postedAt;
-        // A KEEPER holder challenged it and the governor has not resolved the challenge yet.
+        // A KEEPER holder challenged it and the challenge is neither resolved nor settled as lapsed.
         bool challenged;
         // The governor upheld a challenge: nothing can be claimed or applied from it, ever.
         bool voided;
@@ -92,6 +95,8 @@ contract UsageLedger is EIP712, ILedgerGovernance {
         string cid;
         // Who challenged it (and staked the bond), while a challenge is pending or after it was resolved.
         address challenger;
+        // When it was challenged (zero if never); the governor resolves by `challengedAt + resolutionPeriod`.
+        uint48 challengedAt;
     }
 
     /// @notice The account that registers and deregisters nodes and resolves challenges (the DAO).
@@ -108,8 +113,12 @@ contract UsageLedger is EIP712, ILedgerGovernance {
     uint256 public immutable challengeThreshold;
     /// @notice Seconds after an epoch ends within which its report may be posted.
     uint256 public immutable reportWindow;
-    /// @notice Wei a challenger stakes: returned when the challenge is upheld, paid to the node when dismissed.
+    /// @notice Wei a challenger stakes: returned when the challenge is upheld or lapses, paid to the node when
+    /// dismissed.
     uint256 public immutable challengeBond;
+    /// @notice Seconds after a challenge within which the governor may resolve it; then it lapses. Set it
+    /// above the governor's vote plus execution delay, so that the DAO can answer in time.
+    uint256 public immutable resolutionPeriod;
 
     mapping(address node => Registration) private _registrations;
     /// @notice Wei an account can withdraw: bonds of challenges resolved in its favour.
@@ -129,6 +138,9 @@ contract UsageLedger is EIP712, ILedgerGovernance {
     );
     event ReportChallenged(address indexed node, uint256 indexed epoch, address indexed challenger, string reason);
     event ChallengeResolved(address indexed node, uint256 indexed epoch, bool upheld);
+    /// @notice The governor did not resolve a challenge within `resolutionPeriod`: the report is released and
+    /// the bond returned to `challenger`.
+    event ChallengeLapsed(address indexed node, uint256 indexed epoch, address indexed challenger);
     event CreditsClaimed(address indexed node, uint256 indexed epoch, address indexed author, uint256 units);
     event CreditsSpent(address indexed node, uint256 indexed epoch, address indexed client, uint256 units);
     /// @notice A resolved challenge's bond went to `to` (withdrawable).
@@ -179,6 +191,13 @@ contract UsageLedger is EIP712, ILedgerGovernance {
     error ReportVoided(address node, uint256 epoch);
     /// @notice The report is not challenged (nothing to resolve).
     error ReportNotChallenged(address node, uint256 epoch);
+    /// @notice The report was challenged once already (by `challenger`): a report is challenged at most once.
+    error ReportAlreadyChallenged(address node, uint256 epoch, address challenger);
+    /// @notice The challenge lapsed at `closedAt`: the governor can no longer resolve it, anyone settles it
+    /// with {settleLapsedChallenge}.
+    error ChallengeResolutionClosed(address node, uint256 epoch, uint256 closedAt);
+    /// @notice The governor may resolve the challenge until `closesAt`; it lapses only then.
+    error ChallengeResolutionOpen(address node, uint256 epoch, uint256 closesAt);
     /// @notice The report was posted under the node's registration `reportRegistration`, which a
     /// deregistration ended; the node is now in its registration `currentRegistration`.
     error ReportOfEndedRegistration(
@@ -208,7 +227,8 @@ contract UsageLedger is EIP712, ILedgerGovernance {
         uint256 maxUnitsPerReport_,
         uint256 challengeThreshold_,
         uint256 reportWindow_,
-        uint256 challengeBond_
+        uint256 challengeBond_,
+        uint256 resolutionPeriod_
     ) EIP712("UsageLedger", "1") {
         if (governor_ == address(0)) {
             revert InvalidParameter("governor");
@@ -242,6 +262,9 @@ contract UsageLedger is EIP712, ILedgerGovernance {
         if (challengeBond_ == 0) {
             revert InvalidParameter("challengeBond");
         }
+        if (resolutionPeriod_ == 0 || resolutionPeriod_ > 365 days) {
+            revert InvalidParameter("resolutionPeriod");
+        }
         governor = governor_;
         keeperToken = keeperToken_;
         epochLength = epochLength_;
@@ -250,6 +273,7 @@ contract UsageLedger is EIP712, ILedgerGovernance {
         challengeThreshold = challengeThreshold_;
         reportWindow = reportWindow_;
         challengeBond = challengeBond_;
+        resolutionPeriod = resolutionPeriod_;
     }
 
     // ---- governance
@@ -279,14 +303,18 @@ contract UsageLedger is EIP712, ILedgerGovernance {
     }
 
     /**
-     * @notice Resolve a challenge: `upheld` voids the report for good and returns the bond to the challenger;
-     * dismissed, the report becomes claimable and the bond goes to the node (for the freeze it suffered).
-     * Bonds are withdrawn with {withdraw}.
+     * @notice Resolve a challenge within `resolutionPeriod` of it: `upheld` voids the report for good and
+     * returns the bond to the challenger; dismissed, the report becomes claimable and the bond goes to the node
+     * (for the freeze it suffered). Bonds are withdrawn with {withdraw}.
      */
     function resolveChallenge(address node, uint256 epoch, bool upheld) external onlyGovernor {
         Report storage r = _existing(node, epoch);
         if (!r.challenged) {
             revert ReportNotChallenged(node, epoch);
+        }
+        uint256 closesAt = uint256(r.challengedAt) + resolutionPeriod;
+        if (block.timestamp >= closesAt) {
+            revert ChallengeResolutionClosed(node, epoch, closesAt);
         }
         r.challenged = false;
         r.voided = upheld;
@@ -294,6 +322,32 @@ contract UsageLedger is EIP712, ILedgerGovernance {
         withdrawable[to] += challengeBond;
         emit ChallengeResolved(node, epoch, upheld);
         emit BondAwarded(node, epoch, to, challengeBond);
+    }
+
+    /**
+     * @notice Settle a challenge the governor left unresolved for `resolutionPeriod` seconds (anyone may):
+     * the bond goes back to the challenger and the report is released, claimable as if never challenged.
+     * Emits {ChallengeLapsed} and {BondAwarded}.
+     * @dev The DAO's silence is no verdict, so the state before the challenge returns. Voiding instead would
+     * let any KEEPER holder kill an honest report for free whenever the DAO is slow; keeping the bond would
+     * make an honest challenger pay for the DAO's inaction. What remains: a challenge the DAO ignores freezes a
+     * report for at most `resolutionPeriod` at no cost (the DAO takes the bond by dismissing in time), and a
+     * bad report it ignores is claimable like any unchallenged one, within the per-report cap.
+     */
+    function settleLapsedChallenge(address node, uint256 epoch) external {
+        Report storage r = _existing(node, epoch);
+        if (!r.challenged) {
+            revert ReportNotChallenged(node, epoch);
+        }
+        uint256 closesAt = uint256(r.challengedAt) + resolutionPeriod;
+        if (block.timestamp < closesAt) {
+            revert ChallengeResolutionOpen(node, epoch, closesAt);
+        }
+        r.challenged = false;
+        address challenger = r.challenger;
+        withdrawable[challenger] += challengeBond;
+        emit ChallengeLapsed(node, epoch, challenger);
+        emit BondAwarded(node, epoch, challenger, challengeBond);
     }
 
     /// @notice Send the caller the bonds awarded to it. Emits a {Withdrawn} event.
@@ -364,9 +418,13 @@ contract UsageLedger is EIP712, ILedgerGovernance {
      * @dev A challenge freezes every claim of the report until a DAO vote resolves it, so challenges must not
      * be free: a challenger holds at least `challengeThreshold` KEEPER votes (read before the report was
      * posted) and stakes `challengeBond` wei. An upheld challenge gets its bond back; a dismissed one loses it
-     * to the node it froze. Freezing n honest reports thus costs n bonds, while an honest challenger risks
+     * to the node it froze; one the governor leaves unresolved for `resolutionPeriod` gets it back
+     * ({settleLapsedChallenge}). Freezing n honest reports thus risks n bonds, while an honest challenger risks
      * nothing it does not get back. (A per-challenger quota was the alternative; it would still let many
      * KEEPER addresses freeze reports for free, and limit an honest challenger facing many bad reports.)
+     * A report is challenged at most once: a lapsed challenge repeated would freeze a report again and again
+     * for free, and a passed `resolveChallenge` proposal left over from the first challenge could resolve a
+     * second one that no vote looked at.
      */
     function challenge(address node, uint256 epoch, string calldata reason) external payable {
         if (msg.value != challengeBond) {
@@ -383,6 +441,9 @@ contract UsageLedger is EIP712, ILedgerGovernance {
         if (r.challenged) {
             revert ReportUnderChallenge(node, epoch);
         }
+        if (r.challenger != address(0)) {
+            revert ReportAlreadyChallenged(node, epoch, r.challenger);
+        }
         // Votes the second before posting: tokens acquired after the report was posted never count.
         uint256 votes = keeperToken.getPastVotes(msg.sender, uint256(r.postedAt) - 1);
         if (votes < challengeThreshold) {
@@ -390,6 +451,7 @@ contract UsageLedger is EIP712, ILedgerGovernance {
         }
         r.challenged = true;
         r.challenger = msg.sender;
+        r.challengedAt = uint48(block.timestamp);
         emit ReportChallenged(node, epoch, msg.sender, reason);
     }
 

@@ -36,7 +36,7 @@ class Entry:
     epoch: int
     kind: str  # earned | spent | "" (the report could not be checked)
     units: int
-    status: str  # claimable | claimed | applied | pending | waiting | challenged | voided | frozen
+    status: str  # claimable | claimed | applied | pending | waiting | challenged | lapsed | voided | frozen
     # | unreadable
     detail: str = ""
     index: int = -1
@@ -84,6 +84,7 @@ def entries_of(dao: Dao, ledger: Any, account: str, node: str | None, epoch: int
                 index, record = hit
                 settled = ledger.settled(posted.node, posted.epoch, kind, account)
                 opens = posted.posted_at + params.challenge_window
+                lapses = posted.challenged_at + params.resolution_period
                 registration = registrations[posted.node]
                 if posted.voided:
                     status, detail = "voided", "the DAO upheld a challenge: nothing of it applies"
@@ -91,8 +92,17 @@ def entries_of(dao: Dao, ledger: Any, account: str, node: str | None, epoch: int
                     status, detail = ("claimed" if kind == EARNED else "applied"), ""
                 elif not registration.active or registration.number != posted.registration:
                     status, detail = "frozen", "the DAO deregistered the node since: nothing of it applies"
+                elif posted.challenged and now < lapses:
+                    status, detail = (
+                        "challenged",
+                        f"waiting for the DAO to resolve the challenge until {lapses}",
+                    )
                 elif posted.challenged:
-                    status, detail = "challenged", "waiting for the DAO to resolve the challenge"
+                    status, detail = (
+                        "lapsed",
+                        f"the DAO left the challenge unresolved; anyone releases the report: "
+                        f"`zoo-node credits settle-challenge {posted.node} {posted.epoch}`",
+                    )
                 elif now < opens:
                     status, detail = (
                         "waiting",
@@ -185,7 +195,7 @@ def claim(
         claimed += r.units
         out.print(f"claimed {r.units:,} credits from node {r.node}, epoch {r.epoch} "
                   f"(tx {tx.tx_hash}, gas {tx.gas_used})")  # fmt: skip
-    waiting = [r for r in rows if r.status in ("waiting", "challenged")]
+    waiting = [r for r in rows if r.status in ("waiting", "challenged", "lapsed")]
     for r in waiting:
         out.print(f"not yet: {r.units:,} from node {r.node}, epoch {r.epoch}: {r.detail}")
     with reverts():
@@ -205,7 +215,8 @@ def challenge(
     data_dir: Path | None = DataDirOpt,
 ) -> None:
     """Challenge a node's usage report within its challenge window (a KEEPER holder), staking the ledger's
-    challenge bond: returned if the DAO upholds the challenge, paid to the node if it dismisses it."""
+    challenge bond: returned if the DAO upholds the challenge, paid to the node if it dismisses it, returned
+    (and the report released) if the DAO has not resolved it within the ledger's resolution period."""
     node_address = _address(node)
     dao = connect(config, data_dir, key, need_key=True)
     ledger = ledger_of(dao, dao.registry.account)
@@ -216,6 +227,30 @@ def challenge(
         f"challenged the report of node {node_address}, epoch {epoch}, staking {bond / 10**18:g} ETH "
         f"(tx {tx.tx_hash}, gas {tx.gas_used}); the DAO resolves it: "
         f"`zoo-node dao propose-resolve {node_address} {epoch} --uphold|--dismiss`"
+    )
+
+
+@app.command("settle-challenge")
+def settle_challenge(
+    node: str = typer.Argument(..., help="The reporting node (address)."),
+    epoch: int = typer.Argument(..., min=0, help="The epoch of its challenged report."),
+    key: str | None = KeyOpt,
+    config: Path | None = ConfigOpt,
+    data_dir: Path | None = DataDirOpt,
+) -> None:
+    """Settle a challenge the DAO left unresolved past the ledger's resolution period (anyone may): the
+    challenger's bond is returned (`credits withdraw`) and the report released, claimable as if never
+    challenged. Refused, with the time it lapses, while the DAO may still resolve it."""
+    node_address = _address(node)
+    dao = connect(config, data_dir, key, need_key=True)
+    ledger = ledger_of(dao, dao.registry.account)
+    with reverts():
+        tx = ledger.settle_lapsed_challenge(node_address, epoch)
+        report = ledger.report(node_address, epoch)
+    challenger = report.challenger if report is not None else "the challenger"
+    out.print(
+        f"settled the lapsed challenge of node {node_address}'s report for epoch {epoch}: the report is "
+        f"released and the bond returned to {challenger} (tx {tx.tx_hash}, gas {tx.gas_used})"
     )
 
 

@@ -405,6 +405,12 @@ def propose_resolve(
             what = "no report" if report is None else "a report that is not under challenge"
             err.print(f"[red]refused: {Web3.to_checksum_address(node)} has {what} for epoch {epoch}[/red]")
             raise typer.Exit(1)
+        lapses = report.challenged_at + ledger.params().resolution_period
+        if int(dao.w3.eth.get_block("latest")["timestamp"]) >= lapses:
+            settle = f"zoo-node credits settle-challenge {report.node} {epoch}"
+            err.print(f"[red]refused: the challenge lapsed at {lapses}: the DAO can no longer resolve it; "
+                      f"`{settle}` releases the report[/red]")  # fmt: skip
+            raise typer.Exit(1)
         data = ledger.governor_call("resolveChallenge", node, epoch, uphold)
         _propose_ledger_call(dao, ledger, data, salt_bytes)
 

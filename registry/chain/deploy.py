@@ -108,6 +108,11 @@ def deploy_allowlist(
     )
 
 
+# Four weeks for the DAO to resolve a challenge: the default registry's vote (7 days) plus its execution
+# delay (1 day), three times over, so that a challenge proposed late or voted down and proposed again fits.
+DEFAULT_RESOLUTION_PERIOD = 28 * 24 * 3600
+
+
 def deploy_ledger(
     w3: Web3,
     account: TransactionSigner,
@@ -120,12 +125,15 @@ def deploy_ledger(
     challenge_threshold: int = 10**18,
     report_window: int = 7 * 24 * 3600,
     challenge_bond: int = 10**17,
+    resolution_period: int = DEFAULT_RESOLUTION_PERIOD,
     artifacts: Artifacts | None = None,
 ) -> ChecksumAddress:
     """Deploy a UsageLedger whose nodes `governor` registers, which accepts an epoch's report up to
     `report_window` seconds after the epoch ends, and whose reports KEEPER holders of at least
     `challenge_threshold` votes may challenge within `challenge_window` seconds by staking
-    `challenge_bond` wei; returns its address."""
+    `challenge_bond` wei; a challenge the governor has not resolved `resolution_period` seconds after it
+    was made lapses (bond back, report released), so make that longer than the governor's vote plus its
+    execution delay. Returns its address."""
     return deploy_contract(
         w3,
         account,
@@ -138,5 +146,6 @@ def deploy_ledger(
         challenge_threshold,
         report_window,
         challenge_bond,
+        resolution_period,
         artifacts=artifacts,
     )

@@ -98,6 +98,18 @@ _ERROR_MESSAGES: dict[str, str] = {
         "dirty padding); its canonical encoding is {canonical}"
     ),
     # UsageLedger (the others read as their name and values)
+    "ReportAlreadyChallenged": (
+        "node {node}'s report for epoch {epoch} was challenged already, by {challenger}: a report is "
+        "challenged once"
+    ),
+    "ChallengeResolutionClosed": (
+        "the challenge of node {node}'s report for epoch {epoch} lapsed at {closedAt}: the DAO can no longer "
+        "resolve it, anyone settles it (`zoo-node credits settle-challenge`)"
+    ),
+    "ChallengeResolutionOpen": (
+        "the DAO may resolve the challenge of node {node}'s report for epoch {epoch} until {closesAt}; "
+        "it lapses only then"
+    ),
     "ReportOfEndedRegistration": (
         "node {node}'s report for epoch {epoch} was posted under its registration {reportRegistration}, "
         "which a deregistration ended (it is in registration {currentRegistration} now): nothing of it "
@@ -141,7 +153,7 @@ _ERROR_MESSAGES: dict[str, str] = {
 }
 
 _TIME_FIELDS = {"voteStart", "voteEnd", "executableAt", "expiredAt", "expiry", "deadline", "timepoint"}
-_TIME_FIELDS |= {"clock", "snapshot"}
+_TIME_FIELDS |= {"clock", "snapshot", "closedAt", "closesAt"}
 _REVERT_SOURCES = ("ExperienceRegistry", "KeeperToken", "AllowlistVoterRegistry", "UsageLedger")
 
 

@@ -50,6 +50,7 @@ class UsageReport:
     cid: str
     challenger: ChecksumAddress | None = None  # who challenged it (pending or resolved); None if nobody
     registration: int = 0  # the node's registration number it was posted under (claimable only under it)
+    challenged_at: int = 0  # when it was challenged (0: never); the DAO resolves within resolution_period
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class LedgerParams:
     challenge_threshold: int
     report_window: int  # seconds after an epoch ends within which its report may be posted
     challenge_bond: int  # wei a challenger stakes
+    resolution_period: int  # seconds after a challenge within which the DAO resolves it; then it lapses
 
 
 class LedgerClient(_ContractClient):
@@ -133,6 +135,11 @@ class LedgerClient(_ContractClient):
         bond = int(self._call("challengeBond"))
         return self._transact("challenge", Web3.to_checksum_address(node), int(epoch), reason, value=bond)
 
+    def settle_lapsed_challenge(self, node: str, epoch: int) -> TxResult:
+        """Settle a challenge the DAO left unresolved past the resolution period: the bond goes back to the
+        challenger and the report is released (anyone may)."""
+        return self._transact("settleLapsedChallenge", Web3.to_checksum_address(node), int(epoch))
+
     def withdraw(self) -> TxResult:
         """Withdraw the bonds awarded to the signer."""
         return self._transact("withdraw")
@@ -176,6 +183,7 @@ class LedgerClient(_ContractClient):
             int(self._call("challengeThreshold")),
             int(self._call("reportWindow")),
             int(self._call("challengeBond")),
+            int(self._call("resolutionPeriod")),
         )
 
     def first_epoch(self, node: str) -> int:
@@ -221,14 +229,14 @@ class LedgerClient(_ContractClient):
         """The report `node` posted for `epoch`, or None."""
         r = self._call("report", Web3.to_checksum_address(node), int(epoch))
         (root, tree_size, posted_at, challenged, voided, registration, earned_units, claimed_units, cid,
-         challenger) = r  # fmt: skip
+         challenger, challenged_at) = r  # fmt: skip
         if posted_at == 0:
             return None
         return UsageReport(
             Web3.to_checksum_address(node), int(epoch), bytes(root), int(tree_size), int(posted_at),
             bool(challenged), bool(voided), int(earned_units), int(claimed_units), str(cid),
             None if int(challenger, 16) == 0 else Web3.to_checksum_address(challenger),
-            int(registration),
+            int(registration), int(challenged_at),
         )  # fmt: skip
 
     def settled(self, node: str, epoch: int, kind: int, account: str) -> bool:

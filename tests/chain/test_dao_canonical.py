@@ -118,6 +118,7 @@ def test_only_the_daos_calls_may_be_proposed(world: World, ledger_address: str) 
     calls = {
         "withdraw": ledger.contract.encode_abi("withdraw", args=[]),
         "challenge": ledger.contract.encode_abi("challenge", args=[node, 1, "x"]),
+        "settleLapsedChallenge": ledger.contract.encode_abi("settleLapsedChallenge", args=[node, 1]),
         "cancel on the ledger": reg.cancel_call(1).hex(),
         "unknown selector": "0xdeadbeef" + "00" * 32,
     }

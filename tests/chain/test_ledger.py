@@ -338,6 +338,7 @@ def test_the_contract_leaf_is_the_python_leaf(world: World, ledger_address: str)
         and params.max_units_per_report == CAP
         and params.report_window == REPORT_WINDOW
         and params.challenge_bond == BOND
+        and params.resolution_period == 28 * DAY  # deploy_ledger's default
     )
 
 
@@ -351,6 +352,8 @@ def test_the_contract_leaf_is_the_python_leaf(world: World, ledger_address: str)
         ({"report_window": 0}, "reportWindow"),
         ({"report_window": 366 * DAY}, "reportWindow"),
         ({"challenge_bond": 0}, "challengeBond"),
+        ({"resolution_period": 0}, "resolutionPeriod"),
+        ({"resolution_period": 366 * DAY}, "resolutionPeriod"),
         ({"governor": "0x" + "00" * 20}, "governor"),
         ({"keeper_token": "0x" + "00" * 19 + "01"}, "keeperToken"),
     ],

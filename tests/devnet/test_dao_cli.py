@@ -493,3 +493,48 @@ def test_a_challenge_from_the_cli_stakes_a_bond_the_dao_awards_on_resolving(chai
     assert chain.w3.eth.get_balance(node.address) > before and ledger.withdrawable(node.address) == 0
     bad = credits("challenge", "0x1234", "1", "--reason", "x", "--key", "dev1")
     assert bad.returncode == 2 and "not an address" in bad.stderr, bad.stderr
+
+
+def test_a_challenge_the_dao_leaves_unresolved_is_settled_from_the_cli(chain: Chain) -> None:
+    """`credits settle-challenge` is refused while the DAO may still resolve (saying until when); once the
+    ledger's resolution period has passed `dao propose-resolve` is refused, the settlement releases the
+    report and the challenger withdraws its bond."""
+    from zoo.devnet.dev_dao import DevDao
+    from zoo.registry.chain import LedgerClient
+    from zoo.registry.merkle import MerkleTree
+
+    node, challenger = dev_account(8), dev_account(1)
+    ledger = LedgerClient(chain.w3, chain.info.ledger_address, node)
+    if not ledger.is_registered(node.address):
+        DevDao.of(chain.info).call(
+            chain.info.ledger_address, ledger.governor_call("registerNode", node.address)
+        )
+    params = ledger.params()
+    epoch = int(chain.w3.eth.get_block("latest")["timestamp"]) // params.epoch_length
+    warp(chain.w3, params.epoch_length)
+    leaf = b"\x00" + bytes.fromhex(dev_account(2).address[2:]) + (5).to_bytes(32, "big")
+    cid = "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"
+    ledger.post_report(epoch, MerkleTree.from_leaves([leaf]).root, tree_size=1, earned_units=5, cid=cid)
+
+    def credits(*args: str) -> Run:
+        return zoo("credits", *args, "--data-dir", str(chain.data_dir))
+
+    target = (node.address, str(epoch))
+    assert credits("challenge", *target, "--reason", "silence", "--key", "dev1").returncode == 0
+    owed_before = ledger.withdrawable(challenger.address)
+    early = credits("settle-challenge", *target, "--key", "dev5")
+    assert early.returncode == 1 and "it lapses only then" in early.stderr, early.stderr
+    warp(chain.w3, params.resolution_period)
+    late = chain.dao("propose-resolve", *target, "--dismiss")
+    assert late.returncode == 1 and f"credits settle-challenge {node.address} {epoch}" in late.stderr, (
+        late.stderr
+    )
+    settled = credits("settle-challenge", *target, "--key", "dev5")  # anyone
+    assert settled.returncode == 0, settled.stderr
+    assert f"the bond returned to {challenger.address}" in settled.stdout, settled.stdout
+    report = ledger.report(node.address, epoch)
+    assert report is not None and not report.challenged and not report.voided
+    assert ledger.withdrawable(challenger.address) == owed_before + params.challenge_bond
+    again = credits("settle-challenge", *target, "--key", "dev5")
+    assert again.returncode == 1 and "ReportNotChallenged" in again.stderr, again.stderr
+    assert credits("withdraw", "--key", "dev1").returncode == 0
