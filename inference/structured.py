@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from zoo.inference.backend import ResponseFormat
+from zoo.registry import untrusted_json
 from zoo.registry.errors import ValidationError
 
 if TYPE_CHECKING:  # torch is imported by the model's loader; the API's schemas need only this module
@@ -46,7 +47,7 @@ def parse_response_format(kind: str, schema: str, field: str = "response_format"
     if len(schema) > MAX_SCHEMA_CHARS:
         raise ValidationError(f"{field}.json_schema", f"at most {MAX_SCHEMA_CHARS} characters")
     try:
-        parsed = json.loads(schema)
+        parsed = untrusted_json.loads(schema)
     except json.JSONDecodeError as e:
         raise ValidationError(f"{field}.json_schema", f"is not valid JSON: {e}") from None
     if not isinstance(parsed, dict):

@@ -19,6 +19,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+from zoo.registry import untrusted_json
 from zoo.registry.errors import ValidationError
 
 CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -111,7 +112,7 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def written_call(name: str, arguments: str) -> str:
     """A call in the syntax this module reads (how a backend whose server returns calls reports them)."""
     try:
-        parsed: Any = json.loads(arguments or "{}")
+        parsed: Any = untrusted_json.loads(arguments or "{}")
     except json.JSONDecodeError:
         parsed = arguments  # kept as sent: parse_answer then refuses it with the reason
     return (
@@ -222,7 +223,7 @@ def parse_answer(text: str, spec: ToolSpec) -> ParsedAnswer:
     calls: list[ToolCall] = []
     for block in blocks:
         try:
-            call = json.loads(block.group(1))
+            call = untrusted_json.loads(block.group(1))
         except json.JSONDecodeError as e:
             return ParsedAnswer(text, [], f"a call is not JSON: {e}")
         if not isinstance(call, dict) or not isinstance(call.get("name"), str):
@@ -233,7 +234,7 @@ def parse_answer(text: str, spec: ToolSpec) -> ParsedAnswer:
         arguments = call.get("arguments", {})
         if isinstance(arguments, str):  # some models write the arguments as a JSON string
             try:
-                arguments = json.loads(arguments)
+                arguments = untrusted_json.loads(arguments)
             except json.JSONDecodeError:
                 return ParsedAnswer(text, [], f"the arguments of {tool.name} are not JSON")
         errors = sorted(Draft202012Validator(tool.parameters).iter_errors(arguments), key=str)

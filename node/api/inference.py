@@ -30,6 +30,7 @@ from zoo.node.api.serving import (
 )
 from zoo.node.config import InferenceConfig
 from zoo.node.credits.identity import CLIENT
+from zoo.registry import untrusted_json
 from zoo.registry.errors import ValidationError
 from zoo.registry.experience import DOMAIN_RE
 from zoo.v1 import inference_pb2, inference_pb2_grpc, node_pb2
@@ -114,7 +115,7 @@ def params_from_request(req: Any, cfg: InferenceConfig) -> InferParams:
 
 def _tool(t: Any, i: int) -> Tool:
     try:
-        parameters = json.loads(t.parameters) if t.parameters else {"type": "object", "properties": {}}
+        parameters = untrusted_json.loads(t.parameters or '{"type": "object", "properties": {}}')
     except json.JSONDecodeError as e:
         raise ValidationError(f"tools[{i}].parameters", f"is not valid JSON: {e}") from None
     check_field(isinstance(parameters, dict), f"tools[{i}].parameters", "must be a JSON Schema object")

@@ -24,6 +24,7 @@ from zoo.inference.engine import InferenceEngine, InferOutcome, InferParams, Use
 from zoo.inference.tools import Tool, ToolSpec, check_tools
 from zoo.node.config import InferenceConfig
 from zoo.node.credits.book import CreditBook
+from zoo.registry import untrusted_json
 from zoo.registry.errors import NotFound, ValidationError
 from zoo.registry.experience import DOMAIN_RE
 from zoo.v1 import inference_pb2
@@ -49,7 +50,7 @@ def check_tool_history(messages: Sequence[Mapping[str, Any]], field: str = "mess
     for i, m in enumerate(messages):
         for j, call in enumerate(m.get("tool_calls") or []):
             try:
-                arguments = json.loads(call["arguments"] or "{}")
+                arguments = untrusted_json.loads(call["arguments"] or "{}")
             except json.JSONDecodeError:
                 arguments = None
             check_field(

@@ -26,6 +26,7 @@ import trio
 from multiaddr import Multiaddr
 
 from zoo.node.logs import get_logger
+from zoo.registry import untrusted_json
 from zoo.registry.fsutil import write_atomic
 
 log = get_logger(__name__)
@@ -282,7 +283,7 @@ class P2PHost:
                 await stream.write(json.dumps({"cid": cid}).encode() + b"\n")
                 head, _, rest = (await _read_line(stream, MAX_REQUEST_LINE)).partition(b"\n")
                 try:
-                    header = json.loads(head)
+                    header = untrusted_json.loads(head)
                     size = header.get("size") if isinstance(header, dict) else None
                 except ValueError:
                     raise P2PError("the peer's answer header is not JSON") from None
@@ -331,7 +332,7 @@ class P2PHost:
     async def _serve_one(self, stream: Any) -> None:
         line, _, _ = (await _read_line(stream, MAX_REQUEST_LINE)).partition(b"\n")
         try:
-            request = json.loads(line)
+            request = untrusted_json.loads(line)
             cid = request["cid"]
             if not isinstance(cid, str) or len(cid) > 256:
                 raise ValueError

@@ -15,6 +15,7 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+from zoo.registry import untrusted_json
 from zoo.registry.cids import cid_problem
 
 LIBRARY_TOPIC = "/zoo/library/1"
@@ -89,7 +90,7 @@ def decode(kind: type[M], data: bytes) -> M:
     if len(data) > MAX_MESSAGE_BYTES:
         raise MessageError("oversized", f"{len(data)} bytes, more than {MAX_MESSAGE_BYTES}")
     try:
-        raw = json.loads(data)
+        raw = untrusted_json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise MessageError("malformed", f"not JSON: {e}") from None
     if not isinstance(raw, dict):

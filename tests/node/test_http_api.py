@@ -657,6 +657,45 @@ def test_malformed_bodies_and_routes(node: NodeProcess) -> None:
     assert r.status_code == 413 and error_of(r)["code"] == "request_too_large"
 
 
+@pytest.mark.parametrize("route", ["/chat/completions", "/completions", "/embeddings"])
+def test_json_nested_beyond_any_limit_is_a_400_and_the_node_stays_healthy(
+    node: NodeProcess, route: str
+) -> None:
+    url = base_url(node)
+    for body in (
+        b"[" * 50_000 + b"]" * 50_000,  # beyond the interpreter's recursion limit
+        b'{"a":' * 50_000 + b"1" + b"}" * 50_000,
+        ('{"model": "m", "messages": ' + "[" * 200 + "]" * 200 + "}").encode(),  # parses; too deep
+    ):
+        r = httpx.post(url + route, content=body, headers={"content-type": "application/json"}, timeout=60)
+        assert r.status_code == 400, r.text
+        assert error_of(r)["code"] == "invalid_json" and "nested deeper than" in error_of(r)["message"]
+    nested_schema = {"type": "object"}
+    for _ in range(100):
+        nested_schema = {"type": "object", "properties": {"x": nested_schema}}
+    tool = {"type": "function", "function": {"name": "f", "parameters": nested_schema}}
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    r = httpx.post(url + "/chat/completions", json={**chat, "tools": [tool]}, timeout=60)
+    assert r.status_code == 400, r.text
+    arguments = "[" * 5000 + "]" * 5000
+    history = [
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "tool_calls": [
+                {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c", "content": "1"},
+    ]
+    r = httpx.post(url + "/chat/completions", json={**chat, "messages": history}, timeout=60)
+    assert r.status_code == 400 and error_of(r)["param"] == "messages[1].tool_calls[0].function.arguments", (
+        r.text
+    )
+    r = httpx.post(url + "/chat/completions", json=chat, timeout=120)
+    assert r.status_code == 200, r.text
+
+
 def test_requests_are_counted_by_route(node: NodeProcess) -> None:
     httpx.get(base_url(node) + "/models", timeout=30)
     httpx.get(base_url(node) + "/no/such/route", timeout=30)

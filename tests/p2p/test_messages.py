@@ -27,6 +27,8 @@ def test_round_trip_and_unknown_fields_ignored() -> None:
     [
         (b"\xff\xfe", "malformed", "not JSON"),
         (b"[1, 2]", "malformed", "not an object"),
+        (b"[" * 2000 + b"]" * 2000, "malformed", "nested deeper than"),  # beyond the recursion limit
+        (b'{"a":' * 100 + b"1" + b"}" * 100, "malformed", "nested deeper than"),
         (b"{" + b" " * MAX_MESSAGE_BYTES + b"}", "oversized", "more than"),
         (json.dumps({**GOOD, "version": 0}).encode(), "invalid", "version"),
         (json.dumps({**GOOD, "root": "0x12"}).encode(), "invalid", "root"),

@@ -17,6 +17,7 @@ from zoo.inference.structured import parse_response_format
 from zoo.inference.tools import Tool, ToolSpec
 from zoo.node.api.http.errors import ApiError, api_error_for, invalid, unsupported
 from zoo.node.api.serving import FieldNames, check_tool_history, tool_spec_of
+from zoo.registry import untrusted_json
 from zoo.registry.errors import ValidationError
 
 MAX_EMBED_INPUTS = 256
@@ -346,7 +347,7 @@ async def read_body(request: Request, limit: int) -> bytes:
 def parse_json(body: bytes) -> dict[str, Any]:
     """A body as a JSON object; 400 when it is not one."""
     try:
-        data = json.loads(body)
+        data = untrusted_json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
         raise ApiError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
     if not isinstance(data, dict):
