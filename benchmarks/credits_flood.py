@@ -38,6 +38,7 @@ from eth_account import Account
 
 from zoo.devnet.dev_ledger import give_credits
 from zoo.devnet.manager import Devnet
+from zoo.devnet.process import dies_with_this_process
 from zoo.node.client import NodeClient
 from zoo.v1 import inference_pb2 as pb
 from zoo.v1 import node_pb2
@@ -68,6 +69,7 @@ def start_node(data_dir: Path, batch: int, flood: int) -> tuple[subprocess.Popen
     proc = subprocess.Popen(
         [sys.executable, "-m", "zoo.node.cli", "start", "--config", str(config)],
         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        preexec_fn=dies_with_this_process(),
     )  # fmt: skip
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:

@@ -64,6 +64,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from zoo.devnet.process import dies_with_this_process
 from zoo.trainer.rewards import REWARDS, ExactMatch, RewardResult, register
 from zoo.trainer.tasks.schema import Task
 
@@ -466,7 +467,15 @@ def figure_four(args: argparse.Namespace, model_path: Path, spec: Any, work: Pat
     started = time.perf_counter()
     with (
         tempfile.TemporaryFile("w+") as err,
-        subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True) as proc,
+        subprocess.Popen(
+            command,
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            preexec_fn=dies_with_this_process(),
+        ) as proc,
     ):
         assert proc.stdout is not None
         for kind, data in worker_messages(proc.stdout):

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import tomli_w
 
+from zoo.devnet.process import dies_with_this_process
 from zoo.inference.embedder import SentenceTransformerEmbedder
 from zoo.inference.embedding_cache import EmbeddingCache
 from zoo.inference.retrieval import DEFAULT_ANN_THRESHOLD, cache_model_key
@@ -105,6 +106,7 @@ def start_once(
         stderr=subprocess.STDOUT,
         env=env,
         start_new_session=True,
+        preexec_fn=dies_with_this_process(),
     )
     marks: dict[str, float] = {}
     try:

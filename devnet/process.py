@@ -7,6 +7,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -38,6 +39,17 @@ def pdeathsig(sig: int) -> Callable[[], None]:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
 
     return set_signal
+
+
+def dies_with_this_process() -> Callable[[], None] | None:
+    """A preexec_fn that has the kernel send the child SIGTERM (a node's clean stop) when this process dies,
+    however it dies: a test or benchmark killed from outside (SIGKILL, a time limit) leaves no node behind,
+    though a node leads its own session and so escapes a signal to its launcher's group. The kernel signals
+    when the launching *thread* exits, so it is set only for children launched from the main thread (tests
+    and benchmarks launch there); others are stopped by their owners."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return pdeathsig(signal.SIGTERM)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from zoo.devnet.process import dies_with_this_process
+
 REPO = Path(__file__).resolve().parent.parent
 # The subprocesses tests start (daemons, CLI runs, accelerate workers) share the cores with the test
 # workers: their OpenMP threads sleep while they wait instead of spinning (./zoo test sets it for the
@@ -134,6 +136,7 @@ def launch(config_file: Path, data_dir: Path, *args: str, env: dict[str, str] | 
         stderr=subprocess.STDOUT,
         env=full_env,
         start_new_session=True,
+        preexec_fn=dies_with_this_process(),
     )
     return NodeProcess(proc, data_dir, config_file, log_file)
 

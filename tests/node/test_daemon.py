@@ -15,7 +15,7 @@ import pytest
 from google.protobuf.descriptor_pool import DescriptorPool
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from tests.conftest import NodeProcess, base_config, launch, write_config
+from tests.conftest import REPO, NodeProcess, base_config, launch, write_config
 from zoo.node.client import NodeClient
 from zoo.v1 import jobs_pb2, node_pb2
 
@@ -179,6 +179,43 @@ def test_second_daemon_on_same_data_dir_is_refused(node: NodeProcess, tmp_path: 
     # The first node is untouched and still owns its node.json.
     with NodeClient.from_data_dir(node.data_dir) as c:
         assert c.status().listen_address == node.address
+
+
+def test_a_node_stops_with_the_process_that_launched_it_however_that_one_dies(tmp_path: Path) -> None:
+    # The node leads its own session, so a signal to its launcher's group (a time limit's) misses it: the
+    # kernel's parent-death signal must still stop it when the launcher is SIGKILLed.
+    script = f"""
+import time
+from pathlib import Path
+from tests.conftest import base_config, launch, write_config
+data = Path({str(tmp_path / "data")!r})
+node = launch(write_config(data.with_suffix(".toml"), base_config(data)), data)
+node.wait_listening()
+print(node.proc.pid, flush=True)
+time.sleep(120)
+"""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, cwd=REPO, start_new_session=True
+    )
+    try:
+        assert parent.stdout is not None
+        node_pid = int(parent.stdout.readline())
+        assert Path(f"/proc/{node_pid}").exists()
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and _running(node_pid):
+        time.sleep(0.1)
+    assert not _running(node_pid), "the node outlived its SIGKILLed launcher"
+    assert not (tmp_path / "data" / "node.json").exists()  # it stopped cleanly (SIGTERM), not killed
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_sigterm_exits_zero_within_grace(start_node) -> None:
