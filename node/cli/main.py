@@ -87,9 +87,26 @@ def start(
     config: Path | None = ConfigOpt,
     data_dir: Path | None = DataDirOpt,
     listen: str | None = typer.Option(None, "--listen", help="gRPC listen address HOST:PORT."),
+    check: bool = typer.Option(
+        False,
+        "--check",
+        help="Only check the configuration and that no running node holds the data directory (exit 3 "
+        "if one does), then exit.",
+    ),
 ) -> None:
     """Run the node daemon in the foreground until SIGINT/SIGTERM."""
     cfg = load(config, data_dir=data_dir and str(data_dir), **{"server.listen": listen})
+    if check:
+        from zoo.node.datadir import DataDir, DataDirLocked
+
+        free = DataDir(cfg.data_dir)
+        try:
+            free.lock()
+        except DataDirLocked as e:
+            typer.echo(f"zoo-node: {e}", err=True)  # the daemon's own words (and exit code) for it
+            raise typer.Exit(3) from None
+        free.unlock()
+        return
     from zoo.node.daemon import run
 
     raise typer.Exit(run(cfg))

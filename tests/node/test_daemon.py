@@ -176,6 +176,26 @@ def test_second_daemon_on_same_data_dir_is_refused(node: NodeProcess, tmp_path: 
     assert rc == 3
     assert "in use by another zoo-node" in second.log()
     assert str(node.proc.pid) in second.log()
+    # `start --check` (which ./zoo start runs before its setup) says so at once, and passes a free one.
+    check = subprocess.run(
+        [sys.executable, "-m", "zoo.node.cli", "start", "--check", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert check.returncode == 3 and "in use by another zoo-node" in check.stderr, check.stderr
+    script = subprocess.run(
+        [str(REPO / "zoo"), "start", "--config", str(cfg)], capture_output=True, text=True, timeout=120
+    )
+    assert script.returncode == 3 and f"pid {node.proc.pid}" in script.stderr, script.stderr
+    free = write_config(tmp_path / "free.toml", base_config(tmp_path / "free"))
+    check = subprocess.run(
+        [sys.executable, "-m", "zoo.node.cli", "start", "--check", "--config", str(free)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert check.returncode == 0 and not (tmp_path / "free" / "node.json").exists(), check.stderr
     # The first node is untouched and still owns its node.json.
     with NodeClient.from_data_dir(node.data_dir) as c:
         assert c.status().listen_address == node.address
