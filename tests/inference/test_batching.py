@@ -18,6 +18,8 @@ from zoo.inference.models import prepare_bundled_chat_model
 from zoo.inference.transformers_backend import TransformersBackend
 from zoo.node.config import default_cache_dir
 
+pytestmark = pytest.mark.numerics
+
 PROMPTS = [
     "Explain in two sentences why the sky is blue.",
     "Name a prime number.",

@@ -18,6 +18,8 @@ from zoo.inference.backend import GenerationRequest, ResponseFormat, generate
 from zoo.inference.models import bundled_gguf, prepare_bundled_chat_model
 from zoo.node.config import default_cache_dir, llamacpp_installed
 
+pytestmark = pytest.mark.numerics
+
 MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 PROMPT = [{"role": "user", "content": "Name three prime numbers."}]
 TEXT = "The capital of France is Paris. The capital of Italy is Rome."

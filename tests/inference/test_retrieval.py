@@ -31,6 +31,8 @@ from zoo.registry.experience import Experience, Library
 from zoo.registry.merkle import library_root
 from zoo.registry.store import StoredVersion, root_hex
 
+pytestmark = pytest.mark.numerics
+
 AUTHOR = "0x" + "ab" * 20
 LESSONS = [
     ("math.geometry", "When computing the area of a triangle, take half the base times the height."),

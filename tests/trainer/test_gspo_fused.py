@@ -34,6 +34,8 @@ from zoo.trainer.gspo import fused
 from zoo.trainer.gspo.fused import chosen_logprobs, fused_gspo_loss
 from zoo.trainer.gspo.loss import GspoLossConfig, gspo_loss
 
+pytestmark = pytest.mark.numerics
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # fp32 compute against the fp64 oracle, logits of magnitude ~10: a few fp32 ulps of the logsumexp.

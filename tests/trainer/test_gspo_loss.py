@@ -20,6 +20,8 @@ import torch
 
 from zoo.trainer.gspo.loss import GspoLossConfig, group_advantages, gspo_loss
 
+pytestmark = pytest.mark.numerics
+
 EPS_LOW, EPS_HIGH = 3e-4, 4e-4
 
 # ---------------------------------------------------------------------------------------------- advantages

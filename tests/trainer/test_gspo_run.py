@@ -94,6 +94,7 @@ def test_completion_mask_ends_at_the_first_eos() -> None:
     assert completion_mask_of(ids, [2]).tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]]
 
 
+@pytest.mark.numerics
 def test_row_streams_sample_from_the_softmax_one_stream_per_row() -> None:
     """argmax(logits + the row's Gumbel noise) is a draw from softmax(logits); a row's draws follow its
     seed alone, whatever rows share the batch."""
@@ -113,6 +114,7 @@ def test_row_streams_sample_from_the_softmax_one_stream_per_row() -> None:
         RowStreams([1], "cpu")(None, torch.zeros(2, 5))  # type: ignore[arg-type]
 
 
+@pytest.mark.numerics
 def test_a_prompt_samples_the_same_completions_alone_or_in_a_batch(model_path: Path, tmp_path: Path) -> None:
     """One `generate` for a whole batch: each task's group is what the task gets sampled on its own (the
     property that makes N processes sample what one does)."""
@@ -133,6 +135,7 @@ def test_a_prompt_samples_the_same_completions_alone_or_in_a_batch(model_path: P
         generate(policy, [short, long], seeds=[1], **options)
 
 
+@pytest.mark.numerics
 def test_generation_rows_bound_a_call_without_changing_the_samples(model_path: Path, tmp_path: Path) -> None:
     """generation_rows cuts a step's sampling into calls of whole groups; the rows' streams make the samples
     those of one call."""
@@ -213,6 +216,7 @@ def test_a_step_raises_the_logprob_of_better_completions(model_path: Path, tmp_p
     assert torch.allclose(reference[mask], fresh[mask], atol=1e-5)
 
 
+@pytest.mark.numerics
 def test_a_killed_run_resumes_to_the_adapters_of_a_whole_one(model_path: Path, tmp_path: Path) -> None:
     spec = small_spec(tmp_path, checkpoint_every=1)
     whole = run_gspo(spec, model_path, tmp_path / "whole")
@@ -269,6 +273,7 @@ def test_bad_specs_are_refused(tmp_path: Path, model_path: Path) -> None:
         LoraPolicy.load(model_path, spec)
 
 
+@pytest.mark.numerics
 def test_two_processes_train_the_adapters_of_one(model_path: Path, tmp_path: Path) -> None:
     """`accelerate launch` with 2 CPU processes (gloo) and the same global batch: the same rollouts, and
     adapters equal to a one-process run's within float tolerance (gradients are summed in another order)."""

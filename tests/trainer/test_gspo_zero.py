@@ -26,6 +26,8 @@ from zoo.trainer.gspo.zero import SHIPPED, ZeroConfigError, engine_config, read_
 
 pytest.importorskip("deepspeed", reason="DeepSpeed is a dev dependency: ./zoo installs it")
 
+pytestmark = pytest.mark.numerics
+
 
 def run_two(spec_file: Path, model: Path, out: Path) -> list[dict]:
     command = launch_command(

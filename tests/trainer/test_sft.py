@@ -172,6 +172,7 @@ def test_a_library_with_nothing_to_distil_is_refused(model_path: Path, tmp_path:
                 tmp_path / "out", model_id=MODEL)  # fmt: skip
 
 
+@pytest.mark.numerics
 def test_two_processes_train_the_adapter_of_one(model_path: Path, tmp_path: Path) -> None:
     from zoo.trainer.gspo.launch import launch_command, launch_env
 
@@ -199,6 +200,7 @@ def test_two_processes_train_the_adapter_of_one(model_path: Path, tmp_path: Path
     )
 
 
+@pytest.mark.numerics
 def test_zero2_over_two_processes_trains_the_adapter_of_one(model_path: Path, tmp_path: Path) -> None:
     """--deepspeed zero2: 3 pairs a step over 2 processes in micro-batches of 1, so one process runs a
     zero-weight padding backward each step (ZeRO-2 reduces on every backward); the adapter is a single
