@@ -16,11 +16,13 @@ its step is computed can move by a tenth of a nat, at its first token too:
   AVX-512 (Zen 4, Intel)        the AVX2 pass and the main pass of such a machine run these tests under
                                 both sets; the tests passed there on exact text before this bound
 
-The differences are llama.cpp's own, not the scheduler's: its raw C API alone (no zoo code) moves the
-same prompt's last-position log-probabilities by as much when only the prefill's split changes (all of
-the prompt in one decode, or all but its last token and then that token, or ubatches of 64), with
-flash attention on (the default the scheduler keeps); identical inputs decoded the same way are
-bit-identical, run after run.
+The differences are llama.cpp's own, not the scheduler's: its raw C API alone (no zoo code) gives the
+same numbers to four decimals. Its CPU flash attention (on by default, kept by the scheduler) takes a
+tiled kernel in f32 for a sequence with 64 or more query rows in a ubatch and a one-row kernel that
+rounds Q to f16 and sums V in f16 for fewer, so a token's output and the K/V it leaves depend on how many
+tokens of its own sequence shared its step: a whole prompt prefilled alone, a copy whose last token is
+fed on its own, a prompt cut into pieces beside other sequences, a cached prefix. With flash attention
+off the three paths above agree bit for bit; identical inputs decoded the same way always do.
 
 LOGPROB_TOL leaves 1.7x that largest difference; a pair of tokens whose log-probabilities may each move
 by it may swap when their gap is at most twice it.
