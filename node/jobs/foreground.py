@@ -111,6 +111,8 @@ async def run_foreground(
                 resume=checkpoint["state"] if checkpoint else None,
             )
             view.handle("completed", result)
+    except ZooError as e:  # a limit the run met (the context, say): its one line, naming what to change
+        raise TrainingError(str(e)) from None
     finally:
         await backend.close()
     return 0

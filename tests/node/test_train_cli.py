@@ -228,6 +228,19 @@ def test_train_bad_input_is_exit_2_before_any_llm_call(trainer: Trainer, tmp_pat
     assert not any((tmp_path / d).exists() for d in "abc")
 
 
+def test_a_context_too_small_for_the_job_is_one_line_naming_the_settings(tmp_path: Path) -> None:
+    with ScriptedServer(policy()) as server:
+        trainer = Trainer(tmp_path, server)
+        model = {"backend": "openai", "base_url": server.url, "name": "scripted", "context_length": 256}
+        trainer.config.write_text(base_config(tmp_path / "data", {"model": model}))
+        done = trainer(tmp_path / "out")
+    assert done.returncode == 2, done.stderr
+    # 256 tokens hold no rollout of 256 tokens: said before any step, as the job's own line.
+    assert "a rollout call needs" in done.stderr and "model.context_length" in done.stderr
+    assert "rollout_max_tokens" in done.stderr
+    assert "Traceback" not in done.stderr and "Error:" not in done.stderr
+
+
 # -- library propose --from-job ------------------------------------------------------------------------
 
 

@@ -27,7 +27,7 @@ from zoo.trainer.baselines import LOOKUP_AUTHOR
 from zoo.trainer.rewards import RewardResult
 from zoo.trainer.tasks.schema import Task, instruction_for, write_jsonl
 from zoo.trainer.tfgrpo.job import run_tf_grpo
-from zoo.trainer.tfgrpo.llm import LLM
+from zoo.trainer.tfgrpo.llm import LLM, ContextTooSmall
 from zoo.trainer.tfgrpo.loop import (
     Context,
     Group,
@@ -1091,3 +1091,101 @@ def test_a_critic_endpoint_writes_the_lessons_the_policy_uses(tmp_path: Path, em
     ]:
         with pytest.raises(ValidationError, match=words):
             TfGrpoSpec.parse({**spec, **bad})
+
+
+# -- the critic's context -------------------------------------------------------------------------------
+
+LONG_SUMMARY = (
+    "Step 1 read the problem and the offered experiences. "
+    + "Then it worked through the addition digit by digit, carrying where needed, and wrote each partial "
+    "sum down before going on. "
+    * 18
+    + "The final answer disagreed with the reference because the last carry was dropped."
+)
+
+
+def long_summaries_policy() -> Callable[[Call], str]:
+    add_good = arithmetic_policy(
+        correct=one_wrong_in(3), compare=lambda c: ops_json({"op": "add", "text": GOOD})
+    )
+    return lambda call: LONG_SUMMARY if call.stage == "summarise" else add_good(call)
+
+
+def run_in(context: int, spec: dict[str, Any], tmp_path: Path, embedder) -> Run:
+    """A TF-GRPO run of `spec` on the scripted model serving `context` tokens a request."""
+    run = Run(ScriptedBackend(long_summaries_policy(), MODEL))
+    run.backend.context_length = context
+    job = run_tf_grpo(
+        TfGrpoSpec.parse(spec),
+        LLM(run.backend, 4),
+        embedder,
+        None,
+        "",
+        author="job:test",
+        out_dir=tmp_path / "out",
+        emit=run.emit,
+        save=run.save,
+    )
+    asyncio.run(job)
+    return run
+
+
+def compares_of(run: Run) -> list[Call]:
+    return [c for c in run.backend.recorder.calls if c.stage == "compare"]
+
+
+def test_a_comparison_that_outgrows_the_context_is_fitted_by_its_rule_and_the_run_completes(
+    tmp_path: Path, embedder
+) -> None:
+    # The shape that crashed on llama.cpp's 2048-token slots: a labelled family of 59 short tasks, the lookup
+    # start (all 59 as worked examples in the library the critic sees), groups of 5, long summaries.
+    spec = {
+        "dataset": str(tasks_file(tmp_path, 59)),
+        "validation": str(tasks_file(tmp_path, 4, "val.jsonl", 100)),
+        "epochs": 1,
+        "batch_size": 59,
+        "group_size": 5,
+    }
+    run = run_in(2048, spec, tmp_path, embedder)
+    assert run.steps(), "the step did not complete"
+    assert compares_of(run), "no group was compared"
+    critic_max_tokens = TfGrpoSpec.parse(spec).critic_max_tokens
+    for call in compares_of(run):
+        assert run.backend.count_prompt_tokens(call.messages) + critic_max_tokens <= 2048
+        # The rule: the worked examples left the listing first (no lesson was learned yet), then every
+        # summary was cut to one length keeping its start and its end.
+        library, attempts = call.user.split("Graded attempts:")
+        assert "(the library is empty)" in library
+        assert attempts.count(" […] ") == 5 and attempts.count("the last carry was dropped.") == 5
+        assert attempts.count("Step 1 read the problem") == 5
+
+
+def test_the_same_comparison_with_room_is_sent_whole(tmp_path: Path, embedder) -> None:
+    spec = {
+        "dataset": str(tasks_file(tmp_path, 6)),
+        "validation": str(tasks_file(tmp_path, 2, "val.jsonl", 100)),
+        "epochs": 1,
+        "batch_size": 6,
+        "group_size": 5,
+    }
+    run = run_in(32_768, spec, tmp_path, embedder)
+    assert compares_of(run) and all(c.user.count(LONG_SUMMARY) == 5 for c in compares_of(run))
+
+
+def test_a_context_too_small_for_any_comparison_fails_the_job_naming_the_setting(
+    tmp_path: Path, embedder
+) -> None:
+    spec = {
+        "dataset": str(tasks_file(tmp_path, 6)),
+        "validation": str(tasks_file(tmp_path, 2, "val.jsonl", 100)),
+        "epochs": 1,
+        "batch_size": 6,
+        "group_size": 5,
+        "critic_max_tokens": 400,
+        "lookup_start": False,
+    }
+    # Rollouts fit in 600 tokens; a comparison of five attempts cannot, even cut to the rule's floor.
+    with pytest.raises(
+        ContextTooSmall, match=r"a compare call needs \d+ prompt tokens .*model\.context_length"
+    ):
+        run_in(600, spec, tmp_path, embedder)

@@ -1,7 +1,8 @@
 """The three LLM stages of a TF-GRPO step (HLLM paper §4, Algorithm 1), and the JSON discipline they need.
 
 - Stage 1, `summarise`: one rollout, step by step, given its grade (the reward's reason) and the reference.
-- Stage 2, `compare`: a whole group's summaries against the library → at most N operations as JSON:
+- Stage 2, `compare`: a whole group's summaries against the library → at most N operations as JSON (its
+  prompt fitted to the critic's context by a stated rule: `fitted_compare_messages`):
   {"operations": [{"op": "add", "text": ...}, {"op": "modify", "id": ..., "text": ...},
                   {"op": "delete", "id": ...}]}
 - Stage 3, `merge`: several near-duplicate lessons (found by embedding similarity) → one lesson as JSON:
@@ -31,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validat
 
 from zoo.inference.backend import ResponseFormat
 from zoo.registry.experience import MAX_TEXT_CHARS, MAX_WORDS, TRIGGER_WORDS, Experience
-from zoo.trainer.tfgrpo.llm import LLM
+from zoo.trainer.tfgrpo.llm import LLM, ContextTooSmall
 
 M = TypeVar("M", bound=BaseModel)
 STRICT_MARK = "Your previous reply could not be used"
@@ -300,6 +301,61 @@ def compare_messages(
     return [{"role": "system", "content": COMPARE_SYSTEM}, {"role": "user", "content": user}]
 
 
+SUMMARY_FLOOR = 160  # characters an attempt's summary keeps however tight the context
+
+
+def shortened(text: str, chars: int) -> str:
+    """`text` in at most about `chars` characters: its start (what the attempt did) and its end (why it
+    succeeded or failed), the middle left out and marked."""
+    if len(text) <= chars:
+        return text
+    head = chars * 2 // 3
+    return text[:head].rstrip() + " […] " + text[len(text) - (chars - head) :].lstrip()
+
+
+def fitted_compare_messages(
+    llm: LLM,
+    question: str,
+    reference: str | None,
+    graded: Sequence[tuple[float, str]],
+    experiences: Sequence[Experience],
+    max_ops: int,
+    max_tokens: int,
+) -> tuple[list[dict[str, str]], list[Experience]]:
+    """compare_messages that leave the reply `max_tokens` of the critic's context, and the experiences they
+    list. The rule, when everything does not fit, in this order until it does: the library's worked
+    examples leave the listing, last first (the critic edits only lessons); every attempt's summary is cut
+    to the same length, keeping its start and its end, down to SUMMARY_FLOOR characters; the lessons leave
+    the listing, last first (the critic can edit only those it sees). ContextTooSmall if even that fails."""
+    lessons = [e for e in experiences if e.kind == "lesson"]
+    examples = [e for e in experiences if e.kind != "lesson"]
+    listed, cut = list(experiences), list(graded)
+    chars = max((len(summary) for _, summary in graded), default=0)
+    messages = compare_messages(question, reference, cut, listed, max_ops)
+    over = llm.overflow(messages, max_tokens)
+    while over > 0 and (examples or chars > SUMMARY_FLOOR or lessons):
+        # Characters a token, as this prompt has them: about how much to take away for `over` tokens.
+        per_token = sum(len(m["content"]) for m in messages) / (over + llm.context_length - max_tokens)
+        excess = int(over * per_token) + 1
+        if examples:
+            while examples and excess > 0:
+                excess -= len(examples.pop().text) + 24
+        elif chars > SUMMARY_FLOOR:
+            chars = max(SUMMARY_FLOOR, min(chars - 1, chars - excess // max(1, len(graded))))
+            cut = [(score, shortened(summary, chars)) for score, summary in graded]
+        else:
+            while lessons and excess > 0:
+                excess -= len(lessons.pop().text) + 24
+        kept = {id(e) for e in (*lessons, *examples)}
+        listed = [e for e in experiences if id(e) in kept]
+        messages = compare_messages(question, reference, cut, listed, max_ops)
+        over = llm.overflow(messages, max_tokens)
+    if over > 0:
+        prompt_tokens = over + llm.context_length - max_tokens
+        raise ContextTooSmall("compare", prompt_tokens, max_tokens, llm.context_length)
+    return messages, listed
+
+
 def merge_messages(texts: Sequence[str]) -> list[dict[str, str]]:
     if len(texts) == 1:
         task = f"Rewrite this lesson so it follows the rules:\n- {texts[0]}"
@@ -343,8 +399,11 @@ async def compare(
     max_tokens: int,
     seed: int,
 ) -> list[OperationModel] | None:
-    """The group's proposed operations (at most max_ops, in the model's order); None: no usable reply."""
-    messages = compare_messages(question, reference, graded, experiences, max_ops)
+    """The group's proposed operations (at most max_ops, in the model's order); None: no usable reply.
+    The prompt is fitted to the critic's context (fitted_compare_messages)."""
+    messages, listed = fitted_compare_messages(
+        llm, question, reference, graded, experiences, max_ops, max_tokens
+    )
     reply = await ask_json(
         llm,
         messages,
@@ -355,7 +414,7 @@ async def compare(
         max_retries=max_retries,
         max_tokens=max_tokens,
         seed=seed,
-        schema=operations_schema([e.id for e in experiences if e.kind == "lesson"], max_ops),
+        schema=operations_schema([e.id for e in listed if e.kind == "lesson"], max_ops),
     )
     return None if reply is None else reply.operations[:max_ops]
 

@@ -15,6 +15,31 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zoo.inference.backend import Backend, GenerationRequest, GenerationResult, ResponseFormat, generate
+from zoo.registry.errors import ZooError
+
+# What each role's prompt and reply are bounded by, for the message that names what to change.
+SETTINGS = {
+    "rollout": "rollout_max_tokens, or fewer experiences a prompt (top_k)",
+    "validation": "rollout_max_tokens, or fewer experiences a prompt (top_k)",
+    "summarise": "critic_max_tokens or rollout_max_tokens",
+    "compare": "critic_max_tokens or group_size",
+    "consolidate": "critic_max_tokens",
+}
+
+
+class ContextTooSmall(ZooError):
+    """A job's LLM call cannot fit the model's context, even after its caller fitted what it could."""
+
+    def __init__(self, role: str, prompt_tokens: int, max_tokens: int, context: int) -> None:
+        super().__init__(
+            f"a {role} call needs {prompt_tokens} prompt tokens and up to {max_tokens} for its reply, but "
+            f"the model serves {context} tokens a request: raise model.context_length, or lower "
+            f"{SETTINGS.get(role, 'its token limits')}",
+            role=role,
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
+            context=context,
+        )
 
 
 @dataclass
@@ -78,6 +103,15 @@ class LLM:
         return self.backend.model_id
 
     @property
+    def context_length(self) -> int:
+        """Tokens one request may hold, prompt and reply together."""
+        return int(getattr(self.backend, "context_length", 0)) or 1 << 30
+
+    def overflow(self, messages: list[dict[str, str]], max_tokens: int) -> int:
+        """Tokens by which a prompt and its whole reply exceed the context (0 or less: they fit)."""
+        return self.backend.count_prompt_tokens(messages) + max_tokens - self.context_length
+
+    @property
     def constrains_json(self) -> bool:
         """Whether a response_format is enforced while decoding (local backends), so JSON always parses."""
         return bool(getattr(self.backend, "constrains_json", False))
@@ -110,6 +144,10 @@ class LLM:
             response_format=response_format,
             adapter=adapter,
         )
+        # A call that does not fit is refused here, naming what to change, not by the backend mid-step.
+        prompt_tokens = self.backend.count_prompt_tokens(messages)
+        if prompt_tokens + max_tokens > self.context_length:
+            raise ContextTooSmall(role, prompt_tokens, max_tokens, self.context_length)
         async with self._slots:
             started = time.perf_counter()
             result = await generate(self.backend, request)

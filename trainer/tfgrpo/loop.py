@@ -52,7 +52,7 @@ from typing import Any
 
 from zoo.inference.embedder import Embedder
 from zoo.inference.factors import processor_builder
-from zoo.inference.prompt import parse_citations
+from zoo.inference.prompt import PromptTooLong, parse_citations
 from zoo.inference.retrieval import Hit, RetrievalIndex
 from zoo.registry.canonical import decode_library, encode_library
 from zoo.registry.experience import (
@@ -69,7 +69,7 @@ from zoo.trainer.rewards.unit_tests import extract_code
 from zoo.trainer.schedule import batches, seed_of, total_steps
 from zoo.trainer.tasks.schema import Task
 from zoo.trainer.tfgrpo import critic
-from zoo.trainer.tfgrpo.llm import LLM, Ledger
+from zoo.trainer.tfgrpo.llm import LLM, ContextTooSmall, Ledger
 from zoo.trainer.tfgrpo.operations import Outcome, Proposal, add_examples, consolidate, prune, screen_lesson
 from zoo.trainer.tfgrpo.spec import TfGrpoSpec
 
@@ -444,7 +444,14 @@ class TfGrpoRun:
         return self.prompts.offered(task, library, index, leave_out_own=training)
 
     def messages(self, task: Task, hits: Sequence[Hit]) -> tuple[list[dict[str, str]], list[Experience]]:
-        return self.prompts.messages(task, hits)
+        """The rollout prompt (as many experiences as fit); ContextTooSmall when not even the bare task
+        leaves its reply room."""
+        try:
+            return self.prompts.messages(task, hits)
+        except PromptTooLong as e:
+            prompt_tokens = int(e.values.get("prompt_tokens", 0))
+            raise ContextTooSmall("rollout", prompt_tokens, self.spec.rollout_max_tokens,
+                                  self.llm.context_length) from None  # fmt: skip
 
     def factors_for(self, experiences: Sequence[Experience]) -> Any:
         """The logits processor of these experiences' factors (None: factors off, or none apply)."""
