@@ -222,6 +222,8 @@ app.command("distill")(
         "Distil a library into a LoRA adapter: trained on its worked examples and on the rollouts its "
         "experiences made successful (asked with them, learned without), so the adapter answers as the "
         "library makes the model answer with no experiences in the prompt. --experiences current | a job id "
-        "| a library file; --dataset names the tasks to roll out on (those no worked example answers).",
+        "| a library file; --dataset names the tasks to roll out on (those no worked example answers); "
+        "without it, every shipped family's training tasks (the 'shipped' set: on two CPU cores the "
+        "rollouts alone take 20 minutes or more).",
     )
 )
