@@ -273,6 +273,9 @@ def test_bad_specs_are_refused(tmp_path: Path, model_path: Path) -> None:
         LoraPolicy.load(model_path, spec)
 
 
+# A hang guard, not a speed bound: the ZeRO test takes 137 s alone on a Zen 3, and beside the other
+# worker's training on two cores a CI run took it past 300 s.
+@pytest.mark.timeout(900)
 @pytest.mark.numerics
 def test_two_processes_train_the_adapters_of_one(model_path: Path, tmp_path: Path) -> None:
     """`accelerate launch` with 2 CPU processes (gloo) and the same global batch: the same rollouts, and
@@ -288,7 +291,7 @@ def test_two_processes_train_the_adapters_of_one(model_path: Path, tmp_path: Pat
     command = launch_command(
         spec_file, model_path, tmp_path / "two", 2, "cpu", ("tests.trainer.gspo_rewards",)
     )
-    done = subprocess.run(command, env=launch_env(2), capture_output=True, text=True, timeout=280)
+    done = subprocess.run(command, env=launch_env(2), capture_output=True, text=True, timeout=840)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     steps = [line["step"] for line in lines if "step" in line]
