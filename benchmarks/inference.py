@@ -13,10 +13,12 @@
 6. Launch to first answer with an empty library, and the serving node's resident memory, per backend.
 7. Grammar engines for the llamacpp backend: xgrammar's token mask against llama.cpp's own grammar sampler
    (its JSON-schema-to-GBNF converter), on the same schema and the same constrained replies.
+8. The node as `./zoo start` runs it (devnet, IPFS and p2p on, the shipped threads) over HTTP, single stream
+   and 16 clients, beside llama-cpp-python in the same machine state (benchmarks/shipped_node.py).
 
 Figures 1-4 run on --backend (default llamacpp, the CPU default; transformers for the earlier figures).
 
-Usage: ./zoo bench inference [--only 1,2,3,4,5,6,7] [--backend llamacpp|transformers] [--runs 6] [--flood 200]
+Usage: ./zoo bench inference [--only 1,...,8] [--backend llamacpp|transformers] [--runs 6] [--flood 200]
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ THREADS = 2
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default="1,2,3,4,5,6,7", help="comma-separated figure numbers")
+    ap.add_argument("--only", default="1,2,3,4,5,6,7,8", help="comma-separated figure numbers")
     ap.add_argument("--backend", choices=("llamacpp", "transformers"), default="llamacpp")
     ap.add_argument("--runs", type=int, default=6, help="alternating runs for latency ratios")
     ap.add_argument("--flood", type=int, default=200, help="concurrent requests in the flood")
@@ -100,6 +102,11 @@ def main() -> None:
             first_answer(Path(tmp), args.runs // 2 or 1)
         if 7 in only:
             grammar_engines(args.structured_samples)
+        if 8 in only:
+            from benchmarks.shipped_node import measure
+
+            print("\n8) the node as ./zoo start runs it, beside llama-cpp-python in the same machine state")
+            measure(rounds=3, runs=max(args.runs // 2, 2), overrides={}, node_env={})
 
 
 def local_backend(name: str) -> Any:
