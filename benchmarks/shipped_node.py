@@ -140,6 +140,7 @@ def wait_serving(node: NodeProcess) -> str:
     node.wait_listening(timeout_s=300)
     node.wait_component("model", "SERVING", timeout_s=300)
     node.wait_component("library", "SERVING", timeout_s=300)  # the devnet is up and its library active
+    node.wait_component("retrieval", "SERVING", timeout_s=300)  # and indexed: the start's work is done
     url = str(node.info["http"]) + "/v1/chat/completions"
     ask(url)  # warm
     return url
