@@ -1130,6 +1130,18 @@ def run_in(context: int, spec: dict[str, Any], tmp_path: Path, embedder) -> Run:
     return run
 
 
+def arithmetic_spec(tmp_path: Path, tasks: int, validation: int = 2, **extra: Any) -> dict[str, Any]:
+    """One epoch over `tasks` sums in one step, groups of 5, validated on `validation` others."""
+    return {
+        "dataset": str(tasks_file(tmp_path, tasks)),
+        "validation": str(tasks_file(tmp_path, validation, "val.jsonl", 100)),
+        "epochs": 1,
+        "batch_size": tasks,
+        "group_size": 5,
+        **extra,
+    }
+
+
 def compares_of(run: Run) -> list[Call]:
     return [c for c in run.backend.recorder.calls if c.stage == "compare"]
 
@@ -1139,13 +1151,7 @@ def test_a_comparison_that_outgrows_the_context_is_fitted_by_its_rule_and_the_ru
 ) -> None:
     # The shape that crashed on llama.cpp's 2048-token slots: a labelled family of 59 short tasks, the lookup
     # start (all 59 as worked examples in the library the critic sees), groups of 5, long summaries.
-    spec = {
-        "dataset": str(tasks_file(tmp_path, 59)),
-        "validation": str(tasks_file(tmp_path, 4, "val.jsonl", 100)),
-        "epochs": 1,
-        "batch_size": 59,
-        "group_size": 5,
-    }
+    spec = arithmetic_spec(tmp_path, 59, validation=4)
     run = run_in(2048, spec, tmp_path, embedder)
     assert run.steps(), "the step did not complete"
     assert compares_of(run), "no group was compared"
@@ -1161,29 +1167,14 @@ def test_a_comparison_that_outgrows_the_context_is_fitted_by_its_rule_and_the_ru
 
 
 def test_the_same_comparison_with_room_is_sent_whole(tmp_path: Path, embedder) -> None:
-    spec = {
-        "dataset": str(tasks_file(tmp_path, 6)),
-        "validation": str(tasks_file(tmp_path, 2, "val.jsonl", 100)),
-        "epochs": 1,
-        "batch_size": 6,
-        "group_size": 5,
-    }
-    run = run_in(32_768, spec, tmp_path, embedder)
+    run = run_in(32_768, arithmetic_spec(tmp_path, 6), tmp_path, embedder)
     assert compares_of(run) and all(c.user.count(LONG_SUMMARY) == 5 for c in compares_of(run))
 
 
 def test_a_context_too_small_for_any_comparison_fails_the_job_naming_the_setting(
     tmp_path: Path, embedder
 ) -> None:
-    spec = {
-        "dataset": str(tasks_file(tmp_path, 6)),
-        "validation": str(tasks_file(tmp_path, 2, "val.jsonl", 100)),
-        "epochs": 1,
-        "batch_size": 6,
-        "group_size": 5,
-        "critic_max_tokens": 400,
-        "lookup_start": False,
-    }
+    spec = arithmetic_spec(tmp_path, 6, critic_max_tokens=400, lookup_start=False)
     # Rollouts fit in 600 tokens; a comparison of five attempts cannot, even cut to the rule's floor.
     with pytest.raises(
         ContextTooSmall, match=r"a compare call needs \d+ prompt tokens .*model\.context_length"
