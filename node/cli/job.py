@@ -21,7 +21,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from zoo.node.cli.console import err, out
@@ -200,8 +200,23 @@ def gspo_step_line(d: dict[str, Any]) -> str:
     return line
 
 
+def show_collect(progress: Progress, bar: TaskID, d: dict[str, Any]) -> None:
+    """A supervised job's rollouts so far (a "collect" event: `Collected.point`) on `bar`: tasks rolled out
+    of the total, completions sampled and passed; a line when the phase ends."""
+    sampled, passed, kept = (int(d.get(k) or 0) for k in ("sampled", "passed", "kept"))
+    description = f"rollouts: {sampled} sampled, {passed} passed"
+    progress.update(bar, description=description, total=d.get("total"), completed=d.get("done"))
+    if d.get("end"):
+        progress.console.print(
+            f"rollouts: {int(d.get('done') or 0)} tasks, {sampled} completions sampled, {passed} passed the "
+            f"verifier, {kept} kept as pairs, {d.get('wall_s')} s",
+            highlight=False,
+        )
+
+
 class ProgressView:
-    """Renders job events: a bar for steps, one for the current step's rollouts, a line per step."""
+    """Renders job events: a bar for steps, one for the current step's rollouts (or a supervised job's
+    rollouts before its steps), a line per step."""
 
     def __init__(self, console: Console) -> None:
         self.console = console
@@ -238,6 +253,8 @@ class ProgressView:
             p.reset(self.rollouts, total=None)
         elif type_ == "rollouts":
             p.update(self.rollouts, total=data.get("total"), completed=data.get("done"))
+        elif type_ == "collect":
+            show_collect(p, self.rollouts, data)
         elif type_ == "step_completed" and "groups_zero_variance" in data:  # a GSPO step
             p.update(self.steps, total=data.get("steps_total"), completed=data.get("step"))
             p.console.print(gspo_step_line(data), highlight=False)

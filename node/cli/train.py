@@ -17,7 +17,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from zoo.node.cli.console import err
 from zoo.node.cli.job import (
@@ -27,6 +27,7 @@ from zoo.node.cli.job import (
     gspo_options,
     gspo_step_line,
     sft_options,
+    show_collect,
     with_spec_options,
 )
 from zoo.node.cli.options import ConfigOpt, DataDirOpt
@@ -141,7 +142,15 @@ app.command("gspo")(with_spec_options(_train_gspo, gspo_options()))
 
 
 class SftView(GspoView):
-    """Renders a supervised LoRA run: a bar for steps and a line per step."""
+    """Renders a supervised LoRA run: a bar for its rollouts (rft, distill) and their line, a bar for steps
+    and a line per step."""
+
+    rollouts: TaskID | None = None
+
+    def collect(self, d: dict[str, Any]) -> None:
+        if self.rollouts is None:
+            self.rollouts = self.progress.add_task("rollouts", total=None)
+        show_collect(self.progress, self.rollouts, d)
 
     def start(self, spec: Any) -> None:
         self.progress.update(self.steps, description=f"{spec.kind} steps")

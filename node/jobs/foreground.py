@@ -217,10 +217,11 @@ def _gspo_processes(
     job: str = "gspo",
     job_args: tuple[str, ...] = (),
 ) -> int:
-    """The run under `accelerate launch` with `processes` workers; their main one reports each step."""
+    """The run under `accelerate launch` with `processes` workers; their main one reports each step (and a
+    supervised job's rollouts before them)."""
     import subprocess
 
-    from zoo.trainer.gspo.launch import RESULT, STEP, launch_command, launch_env, worker_messages
+    from zoo.trainer.gspo.launch import COLLECT, RESULT, STEP, launch_command, launch_env, worker_messages
 
     command = launch_command(
         out_dir / SPEC_FILE,
@@ -237,6 +238,8 @@ def _gspo_processes(
         for kind, data in worker_messages(proc.stdout):
             if kind == STEP:
                 view.step(data)
+            elif kind == COLLECT:
+                view.collect(data)
             elif kind == RESULT:
                 view.done(data)
         code = proc.wait()
@@ -329,7 +332,7 @@ def run_sft_foreground(
         try:
             result = run_sft(
                 spec, path, out_dir, model_id=identity, device=cfg.model.device, on_step=view.step,
-                embedder=embedder, serving=serving,
+                embedder=embedder, serving=serving, on_collect=view.collect,
             )  # fmt: skip
         except ZooError as e:
             raise TrainingError(str(e)) from None

@@ -312,10 +312,11 @@ class JobRunner(Component):
             library = await asyncio.to_thread(self.library_file, spec.experiences, out_dir, resources.current)
             spec = spec.model_copy(update={"experiences": str(library)})
 
-        def train(on_step: Any) -> dict[str, Any]:
+        def train(on_step: Any, on_collect: Any) -> dict[str, Any]:
             return run_sft(
                 spec, resources.model_path, out_dir, model_id=resources.backend.model_id,  # type: ignore[arg-type]
                 device=resources.device, on_step=on_step, embedder=resources.embedder, serving=self.serving,
+                on_collect=on_collect,
             )  # fmt: skip
 
         return await self._in_worker(record, resources, out_dir, train)
@@ -329,18 +330,23 @@ class JobRunner(Component):
 
         spec = GspoSpec.parse(record.spec)
 
-        def train(on_step: Any) -> dict[str, Any]:
+        def train(on_step: Any, _on_collect: Any) -> dict[str, Any]:
             assert resources.model_path is not None
             return run_gspo(spec, resources.model_path, out_dir, device=resources.device, on_step=on_step)
 
         return await self._in_worker(record, resources, out_dir, train)
 
     async def _in_worker(
-        self, record: JobRecord, resources: Resources, out_dir: Path, train: Callable[[Any], dict[str, Any]]
+        self,
+        record: JobRecord,
+        resources: Resources,
+        out_dir: Path,
+        train: Callable[[Any, Any], dict[str, Any]],
     ) -> dict[str, Any]:
-        """A LoRA job (`train(on_step)`) in a worker thread. A cancel (or the daemon stopping) asks it to
-        stop at its next step boundary and waits for it, so two jobs never train at once; the job store
-        records every step with its event. Its adapter is then installed, named by the job id."""
+        """A LoRA job (`train(on_step, on_collect)`) in a worker thread. A cancel (or the daemon stopping)
+        asks it to stop at its next step boundary (or chunk of rollouts) and waits for it, so two jobs never
+        train at once; the job store records every step with its event, and a supervised job's rollouts as
+        "collect" events. Its adapter is then installed, named by the job id."""
         if resources.model_path is None:
             raise RuntimeError(self.gspo_refusal or f"{record.kind} needs a local model")
         job_id = record.id
@@ -360,7 +366,13 @@ class JobRunner(Component):
             if stop.is_set() or self.store.get(job_id).cancel_requested:
                 raise StopRequested
 
-        work = asyncio.ensure_future(asyncio.to_thread(train, on_step))
+        def on_collect(point: dict[str, Any]) -> None:  # in the worker thread
+            self.store.append_event(job_id, "collect", point)
+            loop.call_soon_threadsafe(self._notify, job_id)
+            if stop.is_set() or self.store.get(job_id).cancel_requested:
+                raise StopRequested
+
+        work = asyncio.ensure_future(asyncio.to_thread(train, on_step, on_collect))
         try:
             result = await asyncio.shield(work)
         except StopRequested:

@@ -1,19 +1,24 @@
-"""`zoo-node train sft|distill` and `zoo-node eval` as an operator runs them: real subprocesses on the
+"""`zoo-node train sft|rft|distill` and `zoo-node eval` as an operator runs them: real subprocesses on the
 bundled model. An adapter trained from the CLI is scored through the node's own backend and prompt path,
-a lookup library is compared with none (the paired difference agrees with the two scores), and bad input
-(missing files, an adapter for another model, an endpoint that is down) exits 2 with the reason."""
+a lookup library is compared with none (the paired difference agrees with the two scores), rft shows its
+rollouts before its steps (and `job watch`'s view a job's), and bad input (missing files, an adapter for
+another model, an endpoint that is down) exits 2 with the reason."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
+from rich.console import Console
+
 from tests.conftest import base_config, write_config
 from tests.devnet import zoo
+from zoo.node.cli.job import ProgressView
 from zoo.registry.canonical import encode_library
 from zoo.trainer.baselines import lookup_library
 from zoo.trainer.tasks import families
-from zoo.trainer.tasks.schema import load_jsonl, write_jsonl
+from zoo.trainer.tasks.schema import Task, load_jsonl, write_jsonl
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -50,6 +55,40 @@ def test_an_sft_adapter_is_scored_through_the_node_and_compared_with_a_library(t
     lo, hi = result["compare"]["ci95"]
     assert lo <= result["compare"]["score"] <= hi
     assert set(result["by_domain"]) == {"conventions.lengths"}
+
+
+def test_rft_shows_its_rollouts_before_its_steps(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "node.toml", base_config(tmp_path / "data"))
+    tasks = [Task(id=f"s{a}", question=f"What is {a} + {a}?", answer=str(2 * a), domain="math")
+             for a in (1, 2, 3, 4)]  # fmt: skip
+    write_jsonl(tmp_path / "train.jsonl", tasks)
+    trained = zoo("train", "rft", "--dataset", str(tmp_path / "train.jsonl"), "--validation-fraction", "0",
+                  "--samples", "4", "--max-new-tokens", "48", "--epochs", "1", "--out", str(tmp_path / "rft"),
+                  "--config", str(config), timeout=300)  # fmt: skip
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    stats = json.loads((tmp_path / "rft" / "report.json").read_text())["rollouts"]
+    line = (f"rollouts: 4 tasks, 16 completions sampled, {stats['passed']} passed the verifier, "
+            f"{stats['kept']} kept as pairs, ")  # fmt: skip
+    assert line in trained.stderr, trained.stderr[-2000:]
+    assert trained.stderr.index(line) < trained.stderr.index("step 1:")
+
+
+def test_job_watch_shows_a_supervised_jobs_rollouts() -> None:
+    """The daemon's "collect" events as `job watch` gets them (numbers as floats, from a protobuf Struct)."""
+    console = Console(file=io.StringIO(), width=200)
+    with ProgressView(console) as view:
+        view.handle("collect", {"done": 0.0, "total": 9.0, "sampled": 0.0, "passed": 0.0, "kept": 0.0,
+                                "wall_s": 0.0, "end": False})  # fmt: skip
+        view.handle("collect", {"done": 8.0, "total": 9.0, "sampled": 32.0, "passed": 5.0, "kept": 4.0,
+                                "wall_s": 61.5, "end": False})  # fmt: skip
+        bar = view.progress.tasks[view.rollouts]
+        assert (bar.completed, bar.total, bar.description) == (8, 9, "rollouts: 32 sampled, 5 passed")
+        view.handle("collect", {"done": 9.0, "total": 9.0, "sampled": 36.0, "passed": 6.0, "kept": 5.0,
+                                "wall_s": 70.25, "end": True})  # fmt: skip
+    shown = console.file.getvalue()  # type: ignore[attr-defined]
+    assert (
+        "rollouts: 9 tasks, 36 completions sampled, 6 passed the verifier, 5 kept as pairs, 70.25 s" in shown
+    )
 
 
 def test_a_library_is_scored_against_none_with_a_table(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import torch
 
 from tests.trainer.test_gspo_run import adapter_weights, assert_same_training
 from zoo.inference.adapters import PROVENANCE_FILE
+from zoo.inference.defaults import ServingDefaults
 from zoo.inference.embedder import SentenceTransformerEmbedder
 from zoo.inference.models import prepare_bundled_chat_model
 from zoo.node.config import default_cache_dir
@@ -23,8 +24,10 @@ from zoo.registry.experience import Experience
 from zoo.registry.merkle import library_root
 from zoo.trainer.baselines import lookup_library
 from zoo.trainer.gspo.policy import LoraPolicy
+from zoo.trainer.gspo.processes import Processes
 from zoo.trainer.rewards import get_reward, score_group
-from zoo.trainer.sft.job import run_sft
+from zoo.trainer.sft import collect
+from zoo.trainer.sft.job import make_pairs, run_sft
 from zoo.trainer.sft.pairs import PAIRS_FILE, example_pairs, read_pairs, task_pairs
 from zoo.trainer.sft.spec import SftSpec
 from zoo.trainer.sft.train import IGNORE, SftRun, encode
@@ -126,6 +129,29 @@ def test_rft_keeps_only_what_the_verifier_passes(model_path: Path, tmp_path: Pat
     for p in pairs:  # every kept completion passes its task's verifier, re-scored here
         assert p.source == "rollout" and score_group(exact, by_id[p.id], [p.completion])[0].score == 1.0
     assert len(pairs) == stats["kept"] and report["pairs"] == {"rollout": len(pairs)}
+
+
+def test_rollouts_report_their_progress_chunk_by_chunk(
+    model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An rft collection of five tasks in chunks of two: told before the first chunk, after each (counts
+    only growing) and once more at the end with what the run's stats say."""
+    monkeypatch.setattr(collect, "TASKS_PER_GENERATE", 2)
+    tasks = [
+        Task(id=f"s{a}", question=f"What is {a} + 1?", answer=str(a + 1), domain="math") for a in range(5)
+    ]
+    spec = SftSpec.parse({"kind": "rft", "samples": 2, "max_new_tokens": 16})
+    points: list[dict] = []
+    policy = LoraPolicy.load(model_path, spec)
+    pairs, made = make_pairs(spec, policy, tasks, library=None, embedder=None, serving=ServingDefaults(),
+                             processes=Processes(), on_collect=points.append)  # fmt: skip
+    assert [(p["done"], p["total"], p["sampled"], p["end"]) for p in points] == [
+        (0, 5, 0, False), (2, 5, 4, False), (4, 5, 8, False), (5, 5, 10, False), (5, 5, 10, True)
+    ]  # fmt: skip
+    for key in ("passed", "kept", "wall_s"):
+        assert [p[key] for p in points] == sorted(p[key] for p in points), points
+    stats = made["rollouts"]
+    assert points[-1]["passed"] == stats["passed"] and points[-1]["kept"] == stats["kept"] == len(pairs)
 
 
 def test_distill_answers_as_the_library_did_without_it(model_path: Path, tmp_path: Path) -> None:

@@ -9,8 +9,8 @@ despite the name is the torchrun-style one: on a machine without CUDA the worker
 CPU, while `--cpu` would start a single process), one machine, a free port on 127.0.0.1; for one process
 (a ZeRO run on one GPU) its single-process launcher. `main` is the worker: it joins the process group,
 runs the job with its share of every batch (processes.py, or zero.py under DeepSpeed) and, on the main
-process, prints one JSON line per step and one for the result, which `zoo-node train gspo --processes N`
-turns into its progress display.
+process, prints one JSON line per step (and, for rft and distill, per chunk of rollouts before them) and
+one for the result, which `zoo-node train gspo --processes N` turns into its progress display.
 """
 
 from __future__ import annotations
@@ -26,10 +26,11 @@ from pathlib import Path
 
 RESULT = "result"
 STEP = "step"
+COLLECT = "collect"  # a supervised job's rollouts so far (zoo.trainer.sft.collect.Collected.point)
 
 
 def worker_messages(lines: Iterable[str]) -> Iterator[tuple[str, dict]]:
-    """(STEP or RESULT, data) for each JSON line the main worker printed; other output is skipped."""
+    """(STEP, COLLECT or RESULT, data) for each JSON line the main worker printed; other output is skipped."""
     for line in lines:
         try:
             message = json.loads(line) if line.startswith("{") else None
@@ -37,7 +38,7 @@ def worker_messages(lines: Iterable[str]) -> Iterator[tuple[str, dict]]:
             continue
         if isinstance(message, dict) and len(message) == 1:
             kind, data = next(iter(message.items()))
-            if kind in (STEP, RESULT) and isinstance(data, dict):
+            if kind in (STEP, COLLECT, RESULT) and isinstance(data, dict):
                 yield kind, data
 
 
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
         report(STEP, point)
 
     if args.job == "sft":
-        result = _run_sft(args, fields, device, processes, step)
+        result = _run_sft(args, fields, device, processes, step, lambda point: report(COLLECT, point))
     else:
         from zoo.trainer.gspo.job import run_gspo
         from zoo.trainer.gspo.spec import GspoSpec
@@ -132,7 +133,9 @@ def main(argv: list[str] | None = None) -> None:
         report(RESULT, result)
 
 
-def _run_sft(args: argparse.Namespace, fields: dict, device: str, processes: object, step: object) -> dict:
+def _run_sft(
+    args: argparse.Namespace, fields: dict, device: str, processes: object, step: object, collect: object
+) -> dict:
     from zoo.inference.defaults import ServingDefaults
     from zoo.trainer.sft.job import run_sft
     from zoo.trainer.sft.spec import SftSpec
@@ -145,7 +148,7 @@ def _run_sft(args: argparse.Namespace, fields: dict, device: str, processes: obj
     return run_sft(
         SftSpec.parse(fields), args.model, args.out, model_id=args.model_id, device=device,
         processes=processes, on_step=step, embedder=embedder,  # type: ignore[arg-type]
-        serving=ServingDefaults(**json.loads(args.serving)),
+        serving=ServingDefaults(**json.loads(args.serving)), on_collect=collect,  # type: ignore[arg-type]
     )  # fmt: skip
 
 

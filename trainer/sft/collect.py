@@ -4,11 +4,13 @@ experiences in the prompt, learned without them, so what the experiences changed
 
 Completions are sampled from the job's own policy before any training (its adapters start at zero, so
 that is the base model), prompts built by the node's prompt path (trainer/prompting.py), several tasks'
-groups in one `generate`, each row seeded by its task (not its batch), as GSPO samples.
+groups in one `generate`, each row seeded by its task (not its batch), as GSPO samples. `on_collect` hears
+how far it got: before the first `generate` and after each (`Collected.point`).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +26,8 @@ from zoo.trainer.tasks.schema import Task
 
 TASKS_PER_GENERATE = 8  # bounds the KV cache of one generate call: 8 tasks x `samples` rows
 
+OnCollect = Callable[[dict[str, Any]], None]
+
 
 @dataclass
 class Collected:
@@ -38,6 +42,11 @@ class Collected:
     def to_json(self) -> dict[str, Any]:
         return {"tasks": self.tasks, "sampled": self.sampled, "passed": self.passed,
                 "tasks_passed": self.tasks_passed, "kept": len(self.pairs)}  # fmt: skip
+
+    def point(self, done: int, wall_s: float, *, end: bool = False) -> dict[str, Any]:
+        """The progress event of a collection `done` tasks in (`end`: the phase is over)."""
+        return {"done": done, "total": self.tasks, "sampled": self.sampled, "passed": self.passed,
+                "kept": len(self.pairs), "wall_s": round(wall_s, 3), "end": end}  # fmt: skip
 
 
 class PolicyTokens:
@@ -60,11 +69,16 @@ def verified_pairs(
     *,
     prompt_for: Callable[[Task], Messages] | None = None,
     tag: str = "rft",
+    on_collect: OnCollect | None = None,
 ) -> Collected:
     """`spec.samples` completions of every task, asked with `prompt_for(task)` (default: the bare prompt);
     those scoring at least `spec.min_reward` become pairs with the bare prompt, at most `spec.per_task`
-    distinct ones per task."""
+    distinct ones per task. `on_collect` is told the counts so far before the first chunk of tasks and
+    after each."""
     out = Collected(tasks=len(tasks))
+    started = time.perf_counter()
+    if on_collect is not None:
+        on_collect(out.point(0, 0.0))
     for start in range(0, len(tasks), TASKS_PER_GENERATE):
         part = list(tasks[start : start + TASKS_PER_GENERATE])
         chats = [prompt_for(t) if prompt_for else bare_messages(t, spec.instruction) for t in part]
@@ -93,4 +107,6 @@ def verified_pairs(
                             Pair(task.id, bare_messages(task, spec.instruction), text, "rollout", score)
                         )
             out.tasks_passed += bool(kept)
+        if on_collect is not None:
+            on_collect(out.point(start + len(part), time.perf_counter() - started))
     return out

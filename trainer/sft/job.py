@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from zoo.trainer.gspo.processes import Processes
 from zoo.trainer.prompting import PromptPath
 from zoo.trainer.report import write_report
 from zoo.trainer.rewards import RewardCache
-from zoo.trainer.sft.collect import Collected, PolicyTokens, verified_pairs
+from zoo.trainer.sft.collect import Collected, OnCollect, PolicyTokens, verified_pairs
 from zoo.trainer.sft.pairs import (
     PAIRS_FILE,
     Pair,
@@ -64,16 +65,27 @@ def load_library(path: str | None) -> Library:
         raise ValidationError("spec.experiences", f"{p} is not a library: {e}") from None
 
 
-def _sharded(processes: Processes, tasks: list[Task], collect: Any) -> tuple[list[Pair], dict[str, Any]]:
-    """`collect(tasks)` shared out over the processes; the pairs in task order, as one process makes them."""
+Collect = Callable[[list[Task], OnCollect | None], Collected]
+
+
+def _sharded(
+    processes: Processes, tasks: list[Task], collect: Collect, on_collect: OnCollect | None
+) -> tuple[list[Pair], dict[str, Any]]:
+    """`collect(tasks, on_collect)` shared out over the processes; the pairs in task order, as one process
+    makes them. `on_collect` hears the main process's share as it goes, then every process's sums (`end`)."""
+    started = time.perf_counter()
     mine = processes.shard(tasks)
-    got: Collected = collect(mine)
+    got = collect(mine, on_collect if processes.is_main else None)
     order = {t.id: i for i, t in enumerate(tasks)}
     numbered = [(order[p.id], j, p) for j, p in enumerate(got.pairs)]
     every = processes.gather(numbered)
-    stats = processes.sum_values({k: float(v) for k, v in got.to_json().items()})
+    summed = processes.sum_values({k: float(v) for k, v in got.to_json().items()})
+    stats = {k: int(v) for k, v in summed.items()}
     pairs = [p for _, _, p in sorted(every, key=lambda x: (x[0], x[1]))]
-    return pairs, {k: int(v) for k, v in stats.items()}
+    if on_collect is not None and processes.is_main:
+        phase = Collected(pairs, tasks=stats["tasks"], sampled=stats["sampled"], passed=stats["passed"])
+        on_collect(phase.point(phase.tasks, time.perf_counter() - started, end=True))
+    return pairs, stats
 
 
 def make_pairs(
@@ -85,8 +97,10 @@ def make_pairs(
     embedder: Any,
     serving: ServingDefaults,
     processes: Processes,
+    on_collect: OnCollect | None = None,
 ) -> tuple[list[Pair], dict[str, Any]]:
-    """The run's training pairs and what making them found (sampled, passed)."""
+    """The run's training pairs and what making them found (sampled, passed); `on_collect` hears the
+    rollouts' progress (rft, distill)."""
     rewards = RewardCache(spec.reward)
     if spec.kind == "sft":
         pairs = task_pairs(train, spec.instruction)
@@ -95,10 +109,10 @@ def make_pairs(
         return pairs, {}
     if spec.kind == "rft":
 
-        def sample(tasks: list[Task]) -> Collected:
-            return verified_pairs(policy, tasks, spec, rewards, tag="rft")
+        def sample(tasks: list[Task], report: OnCollect | None) -> Collected:
+            return verified_pairs(policy, tasks, spec, rewards, tag="rft", on_collect=report)
 
-        pairs, stats = _sharded(processes, train, sample)
+        pairs, stats = _sharded(processes, train, sample, on_collect)
         return pairs, {"rollouts": stats}
     assert library is not None
     examples = example_pairs(library.experiences, spec.instruction)
@@ -128,10 +142,11 @@ def make_pairs(
         def with_library(t: Task) -> list[dict[str, str]]:
             return path.messages(t, path.offered(t, library.experiences, index))[0]
 
-        def sample(part: list[Task]) -> Collected:
-            return verified_pairs(policy, part, spec, rewards, prompt_for=with_library, tag="distill")
+        def sample(part: list[Task], report: OnCollect | None) -> Collected:
+            return verified_pairs(policy, part, spec, rewards, prompt_for=with_library, tag="distill",
+                                  on_collect=report)  # fmt: skip
 
-        rolled, stats = _sharded(processes, tasks, sample)
+        rolled, stats = _sharded(processes, tasks, sample, on_collect)
         pairs += rolled
     if not pairs:
         raise ValidationError(
@@ -151,8 +166,10 @@ def run_sft(
     processes: Processes | None = None,
     embedder: Any = None,
     serving: ServingDefaults | None = None,
+    on_collect: OnCollect | None = None,
 ) -> dict[str, Any]:
-    """Run the job; returns its result summary (paths, steps, scores, pairs)."""
+    """Run the job; returns its result summary (paths, steps, scores, pairs). `on_step` hears each step,
+    `on_collect` the rollouts before them (rft, distill): `Collected.point`s, the last with `end` set."""
     processes = processes or Processes()
     started = time.perf_counter()
     library = load_library(spec.experiences) if spec.kind == "distill" else None
@@ -163,8 +180,9 @@ def run_sft(
     torch.manual_seed(spec.seed)  # the adapters' initial weights: the same in every process
     policy = LoraPolicy.load(model_path, spec, device)
     pairs, made = make_pairs(
-        spec, policy, train, library=library, embedder=embedder, serving=serving, processes=processes
-    )
+        spec, policy, train, library=library, embedder=embedder, serving=serving, processes=processes,
+        on_collect=on_collect,
+    )  # fmt: skip
     pairs_s = time.perf_counter() - started
     run = SftRun(spec, policy, pairs, validation, on_step=on_step, processes=processes)
     run.run()
