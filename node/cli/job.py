@@ -200,6 +200,15 @@ def gspo_step_line(d: dict[str, Any]) -> str:
     return line
 
 
+def sft_step_line(d: dict[str, Any]) -> str:
+    """One supervised LoRA step (sft, rft, distill) as a line (counts may come as floats, from a Struct)."""
+    step, pairs = (int(d.get(k) or 0) for k in ("step", "pairs"))
+    return (
+        f"step {step}: loss {fmt(d.get('loss'))}, grad norm {fmt(d.get('grad_norm'))}, {pairs} pairs, "
+        f"{d.get('wall_s')} s"
+    )
+
+
 def show_collect(progress: Progress, bar: TaskID, d: dict[str, Any]) -> None:
     """A supervised job's rollouts so far (a "collect" event: `Collected.point`) on `bar`: tasks rolled out
     of the total, completions sampled and passed; a line when the phase ends."""
@@ -258,6 +267,9 @@ class ProgressView:
         elif type_ == "step_completed" and "groups_zero_variance" in data:  # a GSPO step
             p.update(self.steps, total=data.get("steps_total"), completed=data.get("step"))
             p.console.print(gspo_step_line(data), highlight=False)
+        elif type_ == "step_completed" and "pairs" in data:  # a supervised LoRA step
+            p.update(self.steps, total=data.get("steps_total"), completed=data.get("step"))
+            p.console.print(sft_step_line(data), highlight=False)
         elif type_ == "step_completed":
             p.update(self.steps, completed=data.get("step"))
             d = data

@@ -27,6 +27,7 @@ from zoo.node.cli.job import (
     gspo_options,
     gspo_step_line,
     sft_options,
+    sft_step_line,
     show_collect,
     with_spec_options,
 )
@@ -162,11 +163,7 @@ class SftView(GspoView):
 
     def step(self, d: dict[str, Any]) -> None:
         self.progress.update(self.steps, total=d.get("steps_total"), completed=d.get("step"))
-        self.progress.console.print(
-            f"step {d.get('step')}: loss {fmt(d.get('loss'))}, grad norm {fmt(d.get('grad_norm'))}, "
-            f"{d.get('pairs')} pairs, {d.get('wall_s')} s",
-            highlight=False,
-        )
+        self.progress.console.print(sft_step_line(d), highlight=False)
 
     def done(self, result: dict[str, Any]) -> None:
         source = f" from library {result['library_root']}" if result.get("library_root") else ""

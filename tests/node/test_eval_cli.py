@@ -73,7 +73,7 @@ def test_rft_shows_its_rollouts_before_its_steps(tmp_path: Path) -> None:
     assert trained.stderr.index(line) < trained.stderr.index("step 1:")
 
 
-def test_job_watch_shows_a_supervised_jobs_rollouts() -> None:
+def test_job_watch_shows_a_supervised_jobs_rollouts_and_steps() -> None:
     """The daemon's "collect" events as `job watch` gets them (numbers as floats, from a protobuf Struct)."""
     console = Console(file=io.StringIO(), width=200)
     with ProgressView(console) as view:
@@ -85,10 +85,16 @@ def test_job_watch_shows_a_supervised_jobs_rollouts() -> None:
         assert (bar.completed, bar.total, bar.description) == (8, 9, "rollouts: 32 sampled, 5 passed")
         view.handle("collect", {"done": 9.0, "total": 9.0, "sampled": 36.0, "passed": 6.0, "kept": 5.0,
                                 "wall_s": 70.25, "end": True})  # fmt: skip
+        view.handle("step_completed", {"epoch": 1.0, "step": 1.0, "steps_total": 3.0, "pairs": 4.0,
+                                       "loss": 0.6931, "grad_norm": 0.97, "wall_s": 3.5})  # fmt: skip
+        steps = view.progress.tasks[view.steps]
+        assert (steps.completed, steps.total) == (1, 3)
     shown = console.file.getvalue()  # type: ignore[attr-defined]
     assert (
         "rollouts: 9 tasks, 36 completions sampled, 6 passed the verifier, 5 kept as pairs, 70.25 s" in shown
     )
+    # Its steps as a supervised run's lines, not a TF-GRPO step's (whose fields it has none of).
+    assert "step 1: loss 0.693, grad norm 0.970, 4 pairs, 3.5 s" in shown, shown
 
 
 def test_a_library_is_scored_against_none_with_a_table(tmp_path: Path) -> None:
