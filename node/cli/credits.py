@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from zoo.node.cli.console import err, out
-from zoo.node.cli.dao import Dao, connect, ledger_of, reverts
+from zoo.node.cli.context import Dao, connect, ledger_of, reverts
 from zoo.node.cli.options import ConfigOpt, DataDirOpt, KeyOpt
 
 app = typer.Typer(help="Inference credits: balances, claimable usage, claims.", no_args_is_help=True)

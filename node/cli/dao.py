@@ -8,9 +8,6 @@ Keys are never printed or logged. Reverts are shown as the contract's custom err
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +15,7 @@ import typer
 from rich.table import Table
 
 from zoo.node.cli.console import err, out
+from zoo.node.cli.context import Dao, connect, fail, ledger_of, reverts
 from zoo.node.cli.options import ConfigOpt, DataDirOpt, KeyOpt
 
 app = typer.Typer(
@@ -26,62 +24,6 @@ app = typer.Typer(
 )
 
 TOKEN = 10**18
-
-
-@dataclass
-class Dao:
-    w3: Any
-    registry: Any
-    devnet: bool
-    ipfs_api: str | None
-    cfg: Any
-    ledger_address: str | None = None
-
-
-def connect(config: Path | None, data_dir: Path | None, key: str | None, need_key: bool) -> Dao:
-    from web3 import Web3
-
-    from zoo.node.cli.main import load
-    from zoo.node.endpoints import EndpointsUnavailable, resolve_endpoints
-    from zoo.registry.chain import RegistryClient
-    from zoo.registry.keys import KeyLoadError, load_signer
-
-    cfg = load(config, data_dir=data_dir and str(data_dir))
-    try:
-        ep = resolve_endpoints(cfg)
-    except EndpointsUnavailable as e:
-        err.print(f"[red]{e}[/red]")
-        raise typer.Exit(1) from None
-    signer = None
-    if need_key:
-        spec = key or ("dev0" if ep.devnet else None)
-        if spec is None:
-            err.print("[red]--key is required off the devnet (devN, env:VAR or keystore:PATH)[/red]")
-            raise typer.Exit(2)
-        try:
-            signer = load_signer(spec)
-        except (KeyLoadError, ValueError, OSError) as e:
-            err.print(f"[red]cannot load signing key: {e}[/red]")
-            raise typer.Exit(2) from None
-        err.print(f"signing as {signer.address}")
-    w3 = Web3(Web3.HTTPProvider(ep.rpc_url, request_kwargs={"timeout": 30}))
-    registry = RegistryClient(w3, ep.registry_address, signer)
-    return Dao(w3, registry, ep.devnet, ep.ipfs_api, cfg, ep.ledger_address)
-
-
-@contextmanager
-def reverts() -> Iterator[None]:
-    """Show chain errors as one readable line and exit 1."""
-    from zoo.registry.chain import ChainError
-
-    try:
-        yield
-    except ChainError as e:
-        err.print(f"[red]refused: {e}[/red]")
-        raise typer.Exit(1) from None
-    except ValueError as e:
-        err.print(f"[red]invalid input: {e}[/red]")
-        raise typer.Exit(2) from None
 
 
 def parse_root(value: str, what: str = "root") -> bytes:
@@ -121,16 +63,6 @@ def existing(dao: Dao, pid: int) -> Any:
 
 def keeper(units: int) -> str:
     return f"{units / TOKEN:,.4f} KEEPER"
-
-
-def ledger_of(dao: Dao, signer: Any = None) -> Any:
-    """A client of the UsageLedger (signing with `signer`, if given); exits 1 when none is configured."""
-    from zoo.registry.chain import LedgerClient
-
-    if not dao.ledger_address:
-        err.print("[red]no UsageLedger is configured: set chain.ledger_address (a devnet has one)[/red]")
-        raise typer.Exit(1)
-    return LedgerClient(dao.w3, dao.ledger_address, signer)
 
 
 def describe_call(dao: Dao, pid: int, *, short: bool = False) -> str:
@@ -581,7 +513,6 @@ def _eval_proposal(dao: Dao, result: Any, tasks: Path) -> None:
 
     from zoo.node.cli.eval import Configuration, EvalError, difference_line, render
     from zoo.node.cli.eval import evaluate as evaluate_configurations
-    from zoo.node.cli.job import fail
     from zoo.registry.canonical import encode_library
 
     with tempfile.TemporaryDirectory(prefix="zoo-review-") as tmp:

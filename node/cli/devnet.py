@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from zoo.node.cli.console import err, out
+from zoo.node.cli.context import load
 from zoo.node.cli.options import ConfigOpt, DataDirOpt
 
 app = typer.Typer(
@@ -20,7 +21,6 @@ app = typer.Typer(
 
 def _devnet(config: Path | None, data_dir: Path | None):
     from zoo.devnet.manager import Devnet
-    from zoo.node.cli.main import load
     from zoo.node.daemon import devnet_settings
 
     cfg = load(config, data_dir=data_dir and str(data_dir))

@@ -24,7 +24,7 @@ import typer
 from rich.table import Table
 
 from zoo.node.cli.console import err, out
-from zoo.node.cli.job import fail
+from zoo.node.cli.context import fail, load
 from zoo.node.cli.options import ConfigOpt, DataDirOpt
 
 NONE = "none"
@@ -238,8 +238,6 @@ def eval_command(
 ) -> None:
     """Score a library / adapter / model on a task file as the node serves it, with a 95% interval; with
     --compare-library/--compare-adapter, the paired difference of a second configuration on the same tasks."""
-    from zoo.node.cli.main import load
-
     cfg = load(config, data_dir=data_dir and str(data_dir))
     configurations = [Configuration(library, adapter)]
     if compare_library is not None or compare_adapter is not None:

@@ -25,6 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 
 from zoo.node.cli.console import err, out
+from zoo.node.cli.context import fail, load
 from zoo.node.cli.options import ConfigOpt, DataDirOpt
 
 app = typer.Typer(help="Learning jobs on a running node (admin).", no_args_is_help=True)
@@ -32,11 +33,6 @@ submit_app = typer.Typer(help="Submit a job.", no_args_is_help=True)
 app.add_typer(submit_app, name="submit")
 
 TERMINAL_EVENTS = {"completed": 0, "failed": 1, "cancelled": 1}
-
-
-def fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(f"[red]{escape(message)}[/red]", highlight=False)
-    return typer.Exit(code)
 
 
 # -- the spec options, shared by `job submit tf-grpo` and `train tf-grpo` ---------------------------------
@@ -307,7 +303,6 @@ def fmt(value: Any) -> str:
 
 
 def _client(config: Path | None, data_dir: Path | None, timeout_s: float = 30.0) -> Any:
-    from zoo.node.cli.main import load
     from zoo.node.client import NodeClient, NodeNotRunning
 
     cfg = load(config, data_dir=data_dir and str(data_dir))

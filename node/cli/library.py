@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from zoo.node.cli.console import err, out
+from zoo.node.cli.context import connect, load, reverts
 from zoo.node.cli.options import ConfigOpt, DataDirOpt, KeyOpt
 
 app = typer.Typer(
@@ -25,8 +26,6 @@ DEFAULT_BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def _cfg(config: Path | None, data_dir: Path | None) -> Any:
-    from zoo.node.cli.main import load
-
     return load(config, data_dir=data_dir and str(data_dir))
 
 
@@ -412,7 +411,6 @@ def propose(
     data_dir: Path | None = DataDirOpt,
 ) -> None:
     """Publish the draft (or a job's learned library) and propose it on chain in one step."""
-    from zoo.node.cli.dao import connect, reverts
     from zoo.registry.chain import format_proposal_id
 
     cfg = _cfg(config, data_dir)
@@ -444,7 +442,6 @@ def verify(
     data_dir: Path | None = DataDirOpt,
 ) -> None:
     """Print an experience's inclusion proof and check it on chain with the registry contract."""
-    from zoo.node.cli.dao import connect, reverts
     from zoo.registry.merkle import leaf_hash, prove_experience, verify_inclusion
 
     cfg = _cfg(config, data_dir)

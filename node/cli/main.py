@@ -1,6 +1,7 @@
 """The `zoo-node` command line: start the daemon, inspect it, prepare models, build contracts.
 
-Sub-command groups (devnet, dao, library, job, train, usage) live in their own modules and are added here.
+Sub-command groups (devnet, dao, library, job, train, usage, credits, eval) live in their own modules and
+are added here; what they share lives in context.py, options.py and console.py, so none imports this module.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from rich.table import Table
 
 from zoo.node import __version__
 from zoo.node.cli.console import err, out
+from zoo.node.cli.context import load
 from zoo.node.cli.options import ConfigOpt, DataDirOpt
 
 app = typer.Typer(
@@ -62,24 +64,6 @@ def _root(
     ),
 ) -> None:
     """zoo-node command line."""
-
-
-def load(config: Path | None, **overrides: Any) -> Any:
-    from zoo.node.config import ConfigError, load_config
-
-    flat = {k: v for k, v in overrides.items() if v is not None}
-    tree: dict[str, Any] = {}
-    for key, value in flat.items():
-        node = tree
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    try:
-        return load_config(config, overrides=tree)
-    except ConfigError as e:
-        err.print(f"[red]zoo-node: {e}[/red]", highlight=False)
-        raise typer.Exit(2) from None
 
 
 @app.command()

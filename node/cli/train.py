@@ -20,9 +20,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from zoo.node.cli.console import err
+from zoo.node.cli.context import fail, load
 from zoo.node.cli.job import (
     ProgressView,
-    fail,
     fmt,
     gspo_options,
     gspo_step_line,
@@ -47,7 +47,6 @@ def _train_tf_grpo(
     """Run TF-GRPO in this process with the configured model (no daemon); Ctrl-C keeps the checkpoint."""
     import asyncio
 
-    from zoo.node.cli.main import load
     from zoo.node.jobs.foreground import TrainingError, run_foreground
 
     cfg = load(config, data_dir=data_dir and str(data_dir))
@@ -124,7 +123,6 @@ def _train_gspo(
     continue with --resume from its last checkpoint. --processes N shares each batch out over N workers
     (the same adapters as one process, within float tolerance); with --deepspeed their optimiser state and
     gradients are partitioned by DeepSpeed ZeRO."""
-    from zoo.node.cli.main import load
     from zoo.node.jobs.foreground import TrainingError, run_gspo_foreground
     from zoo.trainer.gspo.spec import GspoSpec  # noqa: F401  (documents where the options come from)
 
@@ -190,7 +188,6 @@ def _sft_command(kind: str, summary: str) -> Any:
         config: Path | None = ConfigOpt,
         data_dir: Path | None = DataDirOpt,
     ) -> None:
-        from zoo.node.cli.main import load
         from zoo.node.jobs.foreground import TrainingError, run_sft_foreground
 
         cfg = load(config, data_dir=data_dir and str(data_dir))

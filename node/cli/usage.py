@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from zoo.node.cli.console import err, out
+from zoo.node.cli.context import load
 from zoo.node.cli.options import ConfigOpt, DataDirOpt
 
 app = typer.Typer(help="Usage this node has metered for experience authors.", no_args_is_help=True)
@@ -27,7 +28,6 @@ def report(
     data_dir: Path | None = DataDirOpt,
 ) -> None:
     """Usage units (answer tokens) this node credited to each author in one epoch."""
-    from zoo.node.cli.main import load
     from zoo.node.credits.meter import UsageMeter
 
     cfg = load(config, data_dir=data_dir and str(data_dir))
