@@ -1,6 +1,7 @@
 """Rewards that score rollouts, looked up by name (a task's `verifier`): the registry in base, answer
 extraction in answers, one module per built-in reward (exact, unit_tests with its sandbox_runner script,
-patch, judge). They may import zoo.trainer.tasks' schema, inference and registry; never a learning loop."""
+patch, judge), the scoring of a rollout group in groups. They may import zoo.trainer.tasks' schema,
+inference and registry; never a learning loop."""
 
 from zoo.trainer.rewards.base import (
     REWARDS,
@@ -8,15 +9,14 @@ from zoo.trainer.rewards.base import (
     Reward,
     RewardCache,
     RewardResult,
-    ascore_group,
     check_task,
     get_reward,
     register,
     reward_class,
     reward_names,
-    score_group,
 )
 from zoo.trainer.rewards.exact import SHORT_ANSWER_VERIFIERS, ExactMatch, MajorityVote
+from zoo.trainer.rewards.groups import ascore_group, score_group
 from zoo.trainer.rewards.judge import LlmJudge
 from zoo.trainer.rewards.patch import PatchSimilarity
 from zoo.trainer.rewards.unit_tests import UnitTests

@@ -1,5 +1,6 @@
-"""The reward registry: results, the Reward protocol, BaseReward, registration and lookup by name, and
-group scoring. Each reward scores a completion in [0, 1] and says why, in a few words.
+"""The reward registry: results, the Reward protocol, BaseReward, registration and lookup by name (group
+scoring, which falls back on majority_vote, is in groups.py). Each reward scores a completion in [0, 1]
+and says why, in a few words.
 
 The reason is not decoration: the TF-GRPO summariser reads it as the critique of a rollout, so it names
 what was extracted, what was expected, which tests failed or what the judge objected to.
@@ -155,41 +156,3 @@ class RewardCache:
 def check_task(task: Task) -> None:
     """Check that the task's verifier exists and accepts the task (used when tasks are loaded)."""
     reward_class(task.verifier).check_task(task)
-
-
-def score_group(
-    reward: Reward, task: Task, completions: Sequence[str], *, label_free: bool = False
-) -> list[RewardResult]:
-    """Score a group of rollouts of one task.
-
-    Label-free (asked for, or the task has no answer while the reward needs one): majority vote.
-    Otherwise the reward's own group_scores when it has one, else score() per completion.
-    """
-    if label_free or (task.answer is None and getattr(reward, "needs_answer", False)):
-        # Imported here because exact imports this module for BaseReward and register.
-        from zoo.trainer.rewards.exact import MajorityVote
-
-        return MajorityVote().group_scores(task, completions)
-    group = getattr(reward, "group_scores", None)
-    if group is not None:
-        return list(group(task, completions))
-    return [reward.score(task, c) for c in completions]
-
-
-async def ascore_group(
-    reward: Reward, task: Task, completions: Sequence[str], *, label_free: bool = False
-) -> list[RewardResult]:
-    """score_group for async callers.
-
-    A reward that scores completions one at a time and has `ascore` (llm_judge, or any BaseReward, whose
-    default ascore runs score() in a thread) scores the whole group concurrently; a group-level reward
-    (majority_vote) or a plain Reward runs score_group in a thread.
-    """
-    label_free = label_free or (task.answer is None and getattr(reward, "needs_answer", False))
-    ascore = getattr(reward, "ascore", None)
-    per_completion = (
-        not isinstance(reward, BaseReward) or type(reward).group_scores is BaseReward.group_scores
-    )
-    if not label_free and ascore is not None and per_completion:
-        return list(await asyncio.gather(*(ascore(task, c) for c in completions)))
-    return await asyncio.to_thread(score_group, reward, task, completions, label_free=label_free)
