@@ -1,7 +1,7 @@
 """A local js-ipfs daemon (Kubo-compatible RPC API) on loopback, offline, for the devnet and the tests.
 
 Production nodes talk to a real Kubo; js-ipfs from npm is the stand-in that can be installed offline
-(see STACK.md, "IPFS"). The daemon runs in its own process group so stop() takes down everything it
+(docs/operating.md, "Setup"). The daemon runs in its own process group so stop() takes down everything it
 started, and with `die_with_parent` the kernel stops it when the Python process dies.
 """
 

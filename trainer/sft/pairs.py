@@ -3,7 +3,7 @@ question, no experiences) and the completion the model should learn to write aft
 
 Where pairs come from is the job's kind: a labelled task answered as a worked example shows it
 (`task_pairs`), a library's worked examples (`example_pairs`), or completions that a verifier passed
-(`Pair(source="rollout")`, made by rft.py and distill.py). `pairs.jsonl` in a run's directory lists what
+(`Pair(source="rollout")`, made by collect.py for rft/distill). `pairs.jsonl` in a run's directory lists what
 its adapter was trained on, and is how the worker processes of a multi-process run receive them.
 """
 
