@@ -1,9 +1,9 @@
 """The on-chain contracts from Python: typed clients, deployment, revert decoding, proposal ids.
 
 Modules: client (RegistryClient, TokenClient, AllowlistClient), ledger (LedgerClient, the UsageLedger),
-deploy, records (what the registry stores and emits), errors (ChainError, ContractRevert and the revert
-decoder), sender (signing and sending), ids (proposal ids), abi_codec (decoding that survives hostile
-strings); the CID rule is zoo.registry.cids, re-exported here. Imports only zoo.contracts and
+deploy, records (what the registry stores and emits, and TxResult), errors (ChainError, ContractRevert and
+the revert decoder), sender (signing and sending), ids (proposal ids), abi_codec (decoding that survives
+hostile strings); the CID rule is zoo.registry.cids, re-exported here. Imports only zoo.contracts and
 zoo.registry.cids from the project.
 """
 
@@ -37,8 +37,9 @@ from zoo.registry.chain.records import (
     ProposedCall,
     RegistryParams,
     Tallies,
+    TxResult,
 )
-from zoo.registry.chain.sender import TransactionSigner, TxResult
+from zoo.registry.chain.sender import TransactionSigner
 from zoo.registry.cids import cid_problem, shown_cid
 from zoo.registry.spend import SpendAuthorization, sign_spend_authorization, spend_authorization_digest
 

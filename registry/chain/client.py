@@ -37,8 +37,9 @@ from zoo.registry.chain.records import (
     ProposedCall,
     RegistryParams,
     Tallies,
+    TxResult,
 )
-from zoo.registry.chain.sender import TransactionSigner, TxResult, _Sender
+from zoo.registry.chain.sender import TransactionSigner, _Sender
 
 
 class _ContractClient:

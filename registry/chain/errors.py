@@ -17,6 +17,7 @@ from web3.exceptions import ContractLogicError
 
 from zoo.contracts.build import Artifacts, build
 from zoo.registry.chain.ids import format_proposal_id
+from zoo.registry.chain.records import ProposalState
 
 _ERROR_STRING_SELECTOR = bytes.fromhex("08c379a0")  # Error(string)
 _PANIC_SELECTOR = bytes.fromhex("4e487b71")  # Panic(uint256)
@@ -225,8 +226,6 @@ def _format_value(name: str, value: Any) -> str:
     if name == "proposalId" and isinstance(value, int):
         return format_proposal_id(value)
     if name == "state" and isinstance(value, int):
-        from zoo.registry.chain.records import ProposalState  # records imports sender, which imports errors
-
         return ProposalState(value).name.lower() if value in ProposalState._value2member_map_ else str(value)
     if isinstance(value, bytes):
         return "0x" + value.hex()

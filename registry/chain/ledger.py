@@ -19,7 +19,7 @@ from web3.types import BlockIdentifier
 
 from zoo.registry.chain.client import _ContractClient
 from zoo.registry.chain.ids import to_bytes32
-from zoo.registry.chain.sender import TxResult
+from zoo.registry.chain.records import TxResult
 from zoo.registry.spend import SpendAuthorization
 
 EARNED, SPENT = 0, 1

@@ -1,4 +1,5 @@
-"""What the registry stores and emits, as typed records: proposals, tallies, library versions, events."""
+"""What the registry stores and emits, as typed records: proposals, tallies, library versions, events, and
+the mined transactions that made them (TxResult)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,18 @@ import enum
 from dataclasses import dataclass
 
 from eth_typing import ChecksumAddress
+from web3.types import TxReceipt
 
-from zoo.registry.chain.sender import TxResult
+
+@dataclass(frozen=True)
+class TxResult:
+    """A mined, successful transaction."""
+
+    tx_hash: str
+    gas_used: int
+    block_number: int
+    receipt: TxReceipt
+    contract_address: ChecksumAddress | None = None
 
 
 class ProposalState(enum.IntEnum):

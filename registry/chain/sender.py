@@ -9,7 +9,6 @@ in plain English.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from eth_account.datastructures import SignedTransaction
@@ -20,6 +19,7 @@ from web3.exceptions import ContractLogicError, TimeExhausted, Web3RPCError
 from web3.types import TxParams, TxReceipt, Wei
 
 from zoo.registry.chain.errors import ChainError, ContractRevert, _as_revert, _ErrorAbi
+from zoo.registry.chain.records import TxResult
 
 # Gas limit = estimate * 5/4 + 50k. The estimate is exact only for the block it ran in; the included block
 # can differ, most of all for ERC20Votes: a transfer or delegation in a new second pushes a new vote
@@ -38,17 +38,6 @@ class TransactionSigner(Protocol):
     def address(self) -> ChecksumAddress: ...
 
     def sign_transaction(self, transaction: dict[str, Any]) -> SignedTransaction: ...
-
-
-@dataclass(frozen=True)
-class TxResult:
-    """A mined, successful transaction."""
-
-    tx_hash: str
-    gas_used: int
-    block_number: int
-    receipt: TxReceipt
-    contract_address: ChecksumAddress | None = None
 
 
 class _Sender:
