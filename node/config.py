@@ -35,6 +35,16 @@ from zoo.inference.defaults import (
 )
 
 ENV_PREFIX = "ZOO_NODE_"
+# Variables under the prefix that are not config overrides: where caches and node_modules live, and
+# secrets that never sit in a config file (a keystore's password, a signing key, the critic's API key).
+NOT_OVERRIDES = frozenset({
+    "ZOO_NODE_CACHE_DIR",
+    "ZOO_NODE_MODULES",
+    "ZOO_NODE_KEYSTORE_PASSWORD",
+    "ZOO_NODE_PRIVATE_KEY",
+    "ZOO_NODE_CRITIC_API_KEY",
+    "ZOO_NODE_BANNER",
+})  # fmt: skip
 
 
 def default_data_dir() -> Path:
@@ -466,7 +476,7 @@ def _parse_env_value(raw: str) -> Any:
 def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
     tree: dict[str, Any] = {}
     for key, raw in environ.items():
-        if not key.startswith(ENV_PREFIX) or key in {"ZOO_NODE_MODULES", "ZOO_NODE_CACHE_DIR"}:
+        if not key.startswith(ENV_PREFIX) or key in NOT_OVERRIDES:
             continue
         path = key[len(ENV_PREFIX) :].lower().split("__")
         node = tree

@@ -65,6 +65,21 @@ def test_p2p_bootstrap_from_the_environment() -> None:
     assert load_config(None, environ={}).p2p.listen == "/ip4/127.0.0.1/tcp/0"  # loopback by default
 
 
+def test_secrets_under_the_prefix_are_not_overrides() -> None:
+    """The documented ways to hand over a keystore password, a key or the critic's API key load the config
+    like any other environment (they were read as unknown config keys, and every command refused)."""
+    secrets = {
+        "ZOO_NODE_KEYSTORE_PASSWORD": "correct horse",
+        "ZOO_NODE_PRIVATE_KEY": "0x" + "11" * 32,
+        "ZOO_NODE_CRITIC_API_KEY": "sk-x",
+        "ZOO_NODE_BANNER": "0",
+    }
+    cfg = load_config(None, environ={**secrets, "ZOO_NODE_MODEL__THREADS": "1"})
+    assert cfg.model.threads == 1
+    with pytest.raises(ConfigError, match="ZOO_NODE_KEYSTORE_PASSWORDS"):  # a near miss is still refused
+        load_config(None, environ={"ZOO_NODE_KEYSTORE_PASSWORDS": "x"})
+
+
 def test_env_errors_name_the_variable() -> None:
     with pytest.raises(ConfigError) as e:
         load_config(None, environ={"ZOO_NODE_SERVER__MAX_CONCURRENT_RPCS": "0"})
