@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 
 from zoo.inference.embedder import Embedder
-from zoo.inference.retrieval import RetrievalIndex, _IvfIndex, cache_model_key, library_rows
+from zoo.inference.ivf import IvfIndex
+from zoo.inference.retrieval import RetrievalIndex, cache_model_key, library_rows
 from zoo.registry.fsutil import write_atomic
 from zoo.registry.store import StoredVersion
 
@@ -85,7 +86,7 @@ def load_index(
             data = np.fromfile(where / _ANN, dtype=np.uint8)
             if hashlib.sha256(data).hexdigest() != ann.get("sha256"):
                 raise ValueError("ann.faiss does not hash to what meta.json says")
-            ivf = _IvfIndex.deserialize(data)
+            ivf = IvfIndex.deserialize(data)
             if ivf.size != len(ids):
                 raise ValueError(f"ann.faiss indexes {ivf.size} rows")
     except (OSError, ValueError, TypeError, AttributeError, RuntimeError) as e:

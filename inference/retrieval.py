@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import math
 import operator
 import threading
 import time
@@ -66,6 +65,7 @@ import numpy as np
 
 from zoo.inference.embedder import Embedder, normalise_rows
 from zoo.inference.embedding_cache import EmbeddingCache
+from zoo.inference.ivf import IvfIndex
 from zoo.registry.experience import DOMAIN_RE, Experience, Library
 from zoo.registry.store import StoredVersion
 
@@ -78,12 +78,6 @@ EMBED_TEXT_VERSION = 1
 # what it finished, and progress is reported at this granularity.
 EMBED_CHUNK = 256
 _ROW_ORDER = operator.attrgetter("domain", "id")  # rows sorted so a domain and its subdomains are one range
-# faiss warns (and k-means degrades) with fewer than 39 training points per list.
-_MIN_POINTS_PER_LIST = 39
-# 64 points per list train centroids as well as faiss's default 256 here (recall 1.000 either way at
-# 100k) at a quarter of the k-means time; 10 iterations instead of 25 likewise.
-_TRAIN_POINTS_PER_LIST = 64
-_KMEANS_ITERATIONS = 10
 # Rows fetched beyond k, so that ties at the cut can still be ordered by id.
 _TIE_MARGIN = 8
 # Neighbours of the query fetched (at least) before a domain filter is applied on the approximate path.
@@ -148,63 +142,12 @@ class BuildStats:
     reused: int = 0  # vectors taken from an index already in memory (the version being replaced)
 
 
-class _IvfIndex:
-    """A candidate generator: faiss IndexIVFScalarQuantizer (8 bits per dimension) over unit vectors,
-    row number = faiss id (rows are added in order). Its scores are approximate; the caller re-scores
-    candidates exactly from the float32 matrix, which is why 8-bit codes suffice (a quarter of the
-    memory of IVFFlat's float copy, and of the file that start-up loads)."""
-
-    def __init__(self, index: Any, quantizer: Any = None) -> None:
-        self._index = index
-        self._quantizer = quantizer  # a trained index only references its quantizer: keep it alive
-        self.size = int(index.ntotal)
-        self.nlist = int(index.nlist)
-
-    @classmethod
-    def train(cls, vectors: np.ndarray, *, seed: int) -> _IvfIndex:
-        import faiss  # imported only when a library is large enough to need it
-
-        n, dim = vectors.shape
-        nlist = max(1, min(round(4 * math.sqrt(n)), n // _MIN_POINTS_PER_LIST))
-        quantizer = faiss.IndexFlatIP(dim)
-        index = faiss.IndexIVFScalarQuantizer(
-            quantizer, dim, nlist, faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_INNER_PRODUCT
-        )
-        index.cp.seed = seed
-        index.cp.spherical = True  # unit-norm centroids: assigning by inner product is assigning by cosine
-        index.cp.niter = _KMEANS_ITERATIONS
-        index.cp.max_points_per_centroid = _TRAIN_POINTS_PER_LIST
-        index.train(vectors)
-        index.add(vectors)
-        return cls(index, quantizer)
-
-    @classmethod
-    def deserialize(cls, data: np.ndarray) -> _IvfIndex:
-        import faiss
-
-        return cls(faiss.deserialize_index(data))
-
-    def candidates(self, query: np.ndarray, k: int, nprobe: int) -> np.ndarray:
-        """Rows of up to k approximately best matches among the nprobe lists nearest the query."""
-        import faiss
-
-        # Parameters are per call, not set on the index: concurrent searches must not share them.
-        params = faiss.SearchParametersIVF(nprobe=min(nprobe, self.nlist))
-        _scores, rows = self._index.search(query.reshape(1, -1), k, params=params)
-        return rows[0][rows[0] >= 0]  # -1 marks "fewer than k found in the probed lists"
-
-    def serialize(self) -> bytes:
-        import faiss
-
-        return bytes(faiss.serialize_index(self._index))
-
-
 class RetrievalIndex:
     """An immutable search structure over one library's experiences. Thread-safe to search.
 
     It always holds the unit float32 vectors as a matrix, rows in (domain, id) order: exact search over
     any domain range is one matrix-vector product on a slice, and every reported score is exact. From
-    `ann_threshold` rows an approximate index (see _IvfIndex) also proposes candidates for unfiltered
+    `ann_threshold` rows an approximate index (see IvfIndex) also proposes candidates for unfiltered
     and broad queries. An index may start without it (`ann=False`: ready at once, searched exactly)
     and gain it later through with_ann(), a new index sharing this one's rows and matrix.
     """
@@ -248,7 +191,7 @@ class RetrievalIndex:
             seed=seed,
         )
         if ann and self.wants_ann:
-            self._ivf = _IvfIndex.train(self._matrix, seed=seed)
+            self._ivf = IvfIndex.train(self._matrix, seed=seed)
         spent = time.perf_counter() - started
         if stats is None:
             stats = BuildStats(len(self.experiences), 0, 0, spent, self.kind)
@@ -262,7 +205,7 @@ class RetrievalIndex:
         experiences: tuple[Experience, ...],
         matrix: np.ndarray,
         embedder: Embedder,
-        ivf: _IvfIndex | None,
+        ivf: IvfIndex | None,
         *,
         version: int,
         ann_threshold: int,
@@ -309,7 +252,7 @@ class RetrievalIndex:
         self.seed = seed
         self.exact_subset_limit = ann_threshold if exact_subset_limit is None else exact_subset_limit
         self._matrix = matrix
-        self._ivf: _IvfIndex | None = None
+        self._ivf: IvfIndex | None = None
         self._row_of: dict[str, int] | None = None
 
     @property
@@ -321,12 +264,12 @@ class RetrievalIndex:
         """Large enough for the approximate index, and not holding it yet."""
         return self._ivf is None and len(self.experiences) >= self.ann_threshold
 
-    def with_ann(self, ivf: _IvfIndex | None = None) -> RetrievalIndex:
+    def with_ann(self, ivf: IvfIndex | None = None) -> RetrievalIndex:
         """This index plus its approximate index (trained now unless given), sharing rows and matrix."""
         started = time.perf_counter()
         clone = object.__new__(RetrievalIndex)
         clone.__dict__.update(self.__dict__)
-        clone._ivf = ivf if ivf is not None else _IvfIndex.train(self._matrix, seed=self.seed)
+        clone._ivf = ivf if ivf is not None else IvfIndex.train(self._matrix, seed=self.seed)
         s = self.stats
         spent = time.perf_counter() - started
         clone.stats = BuildStats(s.experiences, s.cached, s.embedded, s.seconds + spent, "ivf", s.reused)
