@@ -278,7 +278,7 @@ class ProgressView:
             )
             if d.get("json_retries") or d.get("json_failures"):
                 line += f", JSON retries {d.get('json_retries')}, give-ups {d.get('json_failures')}"
-            p.console.print(line, highlight=False)
+            p.console.print(line, highlight=False, markup=False)  # "[keep]" is not a style
         elif type_ in TERMINAL_EVENTS:
             self.outcome = type_
             if type_ == "completed":

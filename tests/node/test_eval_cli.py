@@ -97,6 +97,15 @@ def test_job_watch_shows_a_supervised_jobs_rollouts_and_steps() -> None:
     assert "step 1: loss 0.693, grad norm 0.970, 4 pairs, 3.5 s" in shown, shown
 
 
+def test_a_tf_grpo_step_shows_its_decision() -> None:
+    """The step's keep/revert decision is printed as text ("[keep]" was swallowed as a style tag)."""
+    console = Console(file=io.StringIO(), width=300)
+    with ProgressView(console) as view:
+        step = {"step": 1.0, "reward_mean": 0.2, "groups": 4.0, "validation_score": 0.25, "decision": "keep"}
+        view.handle("step_completed", step)
+    assert "validation 0.250 [keep]" in console.file.getvalue()  # type: ignore[attr-defined]
+
+
 def test_a_library_is_scored_against_none_with_a_table(tmp_path: Path) -> None:
     config = write_config(tmp_path / "node.toml", base_config(tmp_path / "data"))
     library = tmp_path / "lookup.json"
