@@ -65,7 +65,8 @@ from zoo.devnet.dev_dao import DevDao
 from zoo.devnet.manager import Devnet
 from zoo.inference.embedder import SentenceTransformerEmbedder
 from zoo.inference.embedding_cache import EmbeddingCache
-from zoo.inference.retrieval import Retriever, cache_model_key
+from zoo.inference.retrieval import cache_model_key
+from zoo.inference.retriever import Retriever
 from zoo.registry.canonical import decode_library, encode_library
 from zoo.registry.experience import Experience, Library
 from zoo.registry.ipfs import IpfsClient

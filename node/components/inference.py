@@ -134,7 +134,7 @@ class RetrievalComponent(Component):
     def _build(self) -> Any:
         from zoo.inference.embedder import SentenceTransformerEmbedder
         from zoo.inference.embedding_cache import EmbeddingCache
-        from zoo.inference.retrieval import Retriever
+        from zoo.inference.retriever import Retriever
 
         embedder = SentenceTransformerEmbedder(self.embedder_path)
         return Retriever(

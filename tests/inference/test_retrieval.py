@@ -20,12 +20,12 @@ from zoo.inference.mean_pooled import mean_pooled_layout
 from zoo.inference.retrieval import (
     Hit,
     RetrievalIndex,
-    Retriever,
     _copy_rows,
     cache_model_key,
     domain_matches,
     embedding_text,
 )
+from zoo.inference.retriever import Retriever
 from zoo.registry.canonical import encode_library
 from zoo.registry.experience import Experience, Library
 from zoo.registry.merkle import library_root
