@@ -34,7 +34,8 @@ os.environ["ZOO_NODE_CACHE_DIR"] = str(SCRATCH / "cache-initial")
 from web3 import Web3  # noqa: E402
 
 from zoo.contracts.build import build, default_cache_dir  # noqa: E402
-from zoo.devnet.manager import Devnet, DevnetInfo, DevnetSettings, warp  # noqa: E402
+from zoo.devnet.info import DevnetInfo, warp  # noqa: E402
+from zoo.devnet.manager import Devnet, DevnetSettings  # noqa: E402
 from zoo.registry.chain import RegistryClient  # noqa: E402
 from zoo.registry.keys import dev_account  # noqa: E402
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from web3 import Web3
 
-from zoo.devnet.manager import DevnetInfo, warp
+from zoo.devnet.info import DevnetInfo, warp
 from zoo.registry.chain import RegistryClient, TxResult
 from zoo.registry.keys import dev_account
 

@@ -11,7 +11,7 @@ from typing import Any
 from web3 import Web3
 
 from zoo.devnet.dev_dao import DevDao
-from zoo.devnet.manager import DevnetInfo, warp
+from zoo.devnet.info import DevnetInfo, warp
 from zoo.registry.chain import LedgerClient
 from zoo.registry.ipfs import IpfsClient
 from zoo.registry.keys import dev_account

@@ -20,13 +20,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from zoo.devnet.chain_state import dump_state, restore_clock
+from zoo.devnet.info import DevnetInfo, warp
 from zoo.devnet.process import ProcessRecord, pdeathsig
 from zoo.registry.fsutil import write_atomic
 
@@ -57,35 +58,6 @@ class DevnetSettings:
     challenge_window_s: int = 300  # how long a usage report can be challenged before claims open
     anvil_port: int = 0
     ipfs_api_port: int = 0
-
-
-@dataclass
-class DevnetInfo:
-    rpc_url: str
-    chain_id: int
-    token_address: str
-    registry_address: str
-    ipfs_api: str
-    accounts: list[dict[str, str]]
-    processes: list[ProcessRecord]
-    settings: dict[str, int]
-    genesis: dict[str, Any] = field(default_factory=dict)
-    voter_registry_address: str = ""
-    ledger_address: str = ""  # the UsageLedger; its governor is the registry (DAO call proposals)
-    contracts_key: str = ""  # the compiled sources' hash (zoo.contracts.build) the chain was deployed from
-    deploy_block: int = 0
-    started_at: float = 0.0
-    ready: bool = False
-
-    def to_json(self) -> bytes:
-        data = {**self.__dict__, "processes": [p.to_dict() for p in self.processes]}
-        return json.dumps(data, indent=2).encode()
-
-    @classmethod
-    def from_json(cls, raw: bytes) -> DevnetInfo:
-        data = json.loads(raw)
-        data["processes"] = [ProcessRecord(**p) for p in data.get("processes", [])]
-        return cls(**data)
 
 
 class Devnet:
@@ -471,13 +443,6 @@ class Devnet:
             proposed.proposal_id
         )
         info.genesis = {"version": 1, "root": "0x" + root.hex(), "cid": cid, "block": result.block_number}
-
-
-def warp(w3: Any, seconds: int) -> int:
-    """Move the devnet chain's clock forward and mine a block; returns the new block timestamp."""
-    w3.provider.make_request("evm_increaseTime", [int(seconds)])
-    w3.provider.make_request("evm_mine", [])
-    return int(w3.eth.get_block("latest")["timestamp"])
 
 
 def _rpc_answers(url: str) -> bool:

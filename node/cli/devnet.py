@@ -98,7 +98,7 @@ def warp(
     """Move the devnet chain's clock forward (to end a voting period without waiting)."""
     from web3 import Web3
 
-    from zoo.devnet.manager import warp as do_warp
+    from zoo.devnet.info import warp as do_warp
 
     info = _devnet(config, data_dir).running()
     if info is None:

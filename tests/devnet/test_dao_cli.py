@@ -16,7 +16,8 @@ import pytest
 from web3 import Web3
 
 from tests.devnet import tear_down, zoo
-from zoo.devnet.manager import Devnet, DevnetInfo, warp
+from zoo.devnet.info import DevnetInfo, warp
+from zoo.devnet.manager import Devnet
 from zoo.registry.canonical import decode_library, encode_library
 from zoo.registry.chain import ProposalState, RegistryClient, TokenClient
 from zoo.registry.experience import Experience, Library

@@ -23,7 +23,8 @@ from web3 import Web3
 
 from tests.devnet import cli_env, describe, holders, running, tear_down, wait_until, zoo, zoo_popen
 from zoo.devnet.genesis import genesis_library
-from zoo.devnet.manager import Devnet, DevnetError, DevnetInfo, warp
+from zoo.devnet.info import DevnetInfo, warp
+from zoo.devnet.manager import Devnet, DevnetError
 from zoo.devnet.process import ProcessRecord
 from zoo.node.client import NodeClient
 from zoo.registry.canonical import decode_library

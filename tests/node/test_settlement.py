@@ -21,7 +21,8 @@ from web3 import Web3
 from tests.devnet import tear_down, zoo
 from zoo.devnet.dev_dao import DevDao
 from zoo.devnet.dev_ledger import give_credits
-from zoo.devnet.manager import Devnet, DevnetInfo, DevnetSettings, warp
+from zoo.devnet.info import DevnetInfo, warp
+from zoo.devnet.manager import Devnet, DevnetSettings
 from zoo.node.components.supervisor import State
 from zoo.node.credits.meter import Served, UsageMeter
 from zoo.node.credits.settlement import Settlement

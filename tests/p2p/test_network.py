@@ -25,7 +25,8 @@ import pytest
 from tests.conftest import NodeProcess, base_config, free_port, launch, write_config
 from tests.sync.test_node_sync import chain_of, metric, status, wait_until
 from tests.sync.test_sync import Chain
-from zoo.devnet.manager import Devnet, DevnetInfo
+from zoo.devnet.info import DevnetInfo
+from zoo.devnet.manager import Devnet
 from zoo.node.client import NodeClient
 from zoo.node.config import ModelConfig
 from zoo.node.p2p.host import P2PHost, load_identity

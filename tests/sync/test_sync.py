@@ -21,7 +21,8 @@ from web3 import Web3
 
 from zoo.devnet.dev_dao import DevDao
 from zoo.devnet.genesis import genesis_library
-from zoo.devnet.manager import Devnet, DevnetInfo
+from zoo.devnet.info import DevnetInfo
+from zoo.devnet.manager import Devnet
 from zoo.node.components.library import ChainEvents
 from zoo.registry.canonical import encode_library
 from zoo.registry.chain import RegistryClient, TxResult
