@@ -19,10 +19,11 @@ import argparse
 import importlib
 import json
 import os
-import socket
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+
+from zoo.trainer.gspo.rendezvous import free_port
 
 RESULT = "result"
 STEP = "step"
@@ -40,12 +41,6 @@ def worker_messages(lines: Iterable[str]) -> Iterator[tuple[str, dict]]:
             kind, data = next(iter(message.items()))
             if kind in (STEP, COLLECT, RESULT) and isinstance(data, dict):
                 yield kind, data
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def launch_command(

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from zoo.trainer.gspo.processes import AcceleratedProcesses
+from zoo.trainer.gspo.rendezvous import free_port
 
 SHIPPED = "zero2"  # the name of the shipped config (trainer/gspo/zero2.json)
 ENGINE_DIR = "zero"  # inside a checkpoint directory: the engine's partitioned optimiser state
@@ -151,8 +152,6 @@ class ZeroProcesses(AcceleratedProcesses):
         deepspeed = deepspeed_module()
         if not torch.distributed.is_initialized():
             # One process: accelerate's single-process launcher starts no process group; ZeRO needs one.
-            from zoo.trainer.gspo.launch import free_port
-
             one = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
             os.environ.update(one, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
             deepspeed.init_distributed(auto_mpi_discovery=False, verbose=False)
