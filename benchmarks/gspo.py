@@ -583,7 +583,8 @@ def main() -> None:
     from zoo.inference.models import prepare_bundled_chat_model
     from zoo.node.config import default_cache_dir
     from zoo.trainer.tasks import families
-    from zoo.trainer.tasks.schema import load_jsonl, write_jsonl
+    from zoo.trainer.tasks.loading import load_jsonl
+    from zoo.trainer.tasks.schema import write_jsonl
 
     model_path = prepare_bundled_chat_model(default_cache_dir()).path
     rows = round_tasks(load_jsonl(families.path("lengths", "train")), args.prompts, args.steps + 1)

@@ -68,7 +68,7 @@ def lookup_score(
     from zoo.trainer.baselines import lookup_experiences
     from zoo.trainer.evaluate import Scorer, TaskScore
     from zoo.trainer.prompting import PromptPath
-    from zoo.trainer.tasks.schema import load_jsonl
+    from zoo.trainer.tasks.loading import load_jsonl
     from zoo.trainer.tfgrpo.llm import LLM
 
     backend = TransformersBackend.load(model, MODEL_ID, "cpu", "float32")

@@ -299,7 +299,7 @@ def flood(node: NodeProcess, client: NodeClient, n: int) -> None:
 
 
 def structured(backend: Any, samples: int) -> None:
-    from zoo.trainer.tasks.schema import load_shipped
+    from zoo.trainer.tasks.loading import load_shipped
     from zoo.trainer.tfgrpo.critic import OperationsReply, compare_messages, finished_part, operations_schema
 
     tasks = load_shipped("train")[:samples]
@@ -479,7 +479,7 @@ def first_answer(tmp: Path, runs: int) -> None:
 
 
 def _critic_prompts(samples: int) -> tuple[list, str]:
-    from zoo.trainer.tasks.schema import load_shipped
+    from zoo.trainer.tasks.loading import load_shipped
     from zoo.trainer.tfgrpo.critic import compare_messages, operations_schema
 
     convos = []

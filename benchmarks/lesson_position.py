@@ -22,7 +22,8 @@ from tfgrpo import held_out_score, load_backend  # benchmarks/tfgrpo.py
 from zoo.inference.embedder import SentenceTransformerEmbedder
 from zoo.registry.experience import Experience, Library
 from zoo.trainer.tasks import families
-from zoo.trainer.tasks.schema import Task, load_jsonl
+from zoo.trainer.tasks.loading import load_jsonl
+from zoo.trainer.tasks.schema import Task
 from zoo.trainer.tfgrpo.llm import LLM
 from zoo.trainer.tfgrpo.spec import TfGrpoSpec
 

@@ -79,7 +79,8 @@ from zoo.trainer.rewards import get_reward
 from zoo.trainer.sft.job import run_sft
 from zoo.trainer.sft.spec import SftSpec
 from zoo.trainer.tasks import families
-from zoo.trainer.tasks.schema import Task, load_jsonl, write_jsonl
+from zoo.trainer.tasks.loading import load_jsonl
+from zoo.trainer.tasks.schema import Task, write_jsonl
 from zoo.trainer.tfgrpo.job import run_tf_grpo
 from zoo.trainer.tfgrpo.llm import LLM
 from zoo.trainer.tfgrpo.spec import TfGrpoSpec

@@ -25,7 +25,8 @@ from zoo.registry.fsutil import write_atomic
 from zoo.trainer.prompting import bare_messages
 from zoo.trainer.rewards import SHORT_ANSWER_VERIFIERS, get_reward
 from zoo.trainer.schedule import seed_of
-from zoo.trainer.tasks.schema import Task, load_jsonl
+from zoo.trainer.tasks.loading import load_jsonl
+from zoo.trainer.tasks.schema import Task
 
 LOOKUP_AUTHOR = "job:lookup"
 LOOKUP_CONFIDENCE = 0.5

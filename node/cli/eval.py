@@ -107,7 +107,7 @@ async def evaluate(
     from zoo.registry.errors import ZooError
     from zoo.trainer.evaluate import Scorer, paired_difference, summary
     from zoo.trainer.prompting import PromptPath
-    from zoo.trainer.tasks.schema import load_jsonl
+    from zoo.trainer.tasks.loading import load_jsonl
     from zoo.trainer.tfgrpo.llm import LLM
 
     if not dataset.is_file():

@@ -522,7 +522,7 @@ def calibrate(
     from zoo.registry.errors import ZooError
     from zoo.registry.experience import Library
     from zoo.trainer.gate import calibrate as calibrate_gate
-    from zoo.trainer.tasks.schema import load_jsonl
+    from zoo.trainer.tasks.loading import load_jsonl
 
     cfg = _cfg(config, data_dir)
     try:

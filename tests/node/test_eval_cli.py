@@ -18,7 +18,8 @@ from zoo.node.cli.job import ProgressView
 from zoo.registry.canonical import encode_library
 from zoo.trainer.baselines import lookup_library
 from zoo.trainer.tasks import families
-from zoo.trainer.tasks.schema import Task, load_jsonl, write_jsonl
+from zoo.trainer.tasks.loading import load_jsonl
+from zoo.trainer.tasks.schema import Task, write_jsonl
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 

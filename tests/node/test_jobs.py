@@ -30,7 +30,8 @@ from zoo.node.client import NodeClient
 from zoo.registry.canonical import decode_library, encode_library
 from zoo.registry.merkle import library_root
 from zoo.trainer.baselines import lookup_library
-from zoo.trainer.tasks.schema import Task, load_jsonl, write_jsonl
+from zoo.trainer.tasks.loading import load_jsonl
+from zoo.trainer.tasks.schema import Task, write_jsonl
 from zoo.v1 import inference_pb2 as pb
 from zoo.v1 import jobs_pb2
 

@@ -11,7 +11,7 @@ from zoo.trainer.baselines import lookup_library
 from zoo.trainer.gate import calibrate
 from zoo.trainer.prompting import PromptPath
 from zoo.trainer.tasks import families
-from zoo.trainer.tasks.schema import load_jsonl
+from zoo.trainer.tasks.loading import load_jsonl
 
 
 class Counting:

@@ -32,7 +32,8 @@ from zoo.trainer.sft.pairs import PAIRS_FILE, example_pairs, read_pairs, task_pa
 from zoo.trainer.sft.spec import SftSpec
 from zoo.trainer.sft.train import IGNORE, SftRun, encode
 from zoo.trainer.tasks import families
-from zoo.trainer.tasks.schema import VERIFIER_INSTRUCTIONS, Task, load_jsonl, write_jsonl
+from zoo.trainer.tasks.loading import load_jsonl
+from zoo.trainer.tasks.schema import VERIFIER_INSTRUCTIONS, Task, write_jsonl
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 

@@ -12,15 +12,13 @@ from zoo.registry.errors import ValidationError
 from zoo.trainer.rewards import get_reward
 from zoo.trainer.rewards.unit_tests import unit_test_names
 from zoo.trainer.tasks import generate as gen_tasks
+from zoo.trainer.tasks.loading import load_jsonl, load_shipped, parse_task
 from zoo.trainer.tasks.schema import (
     DATA_DIR,
     GENERAL_INSTRUCTION,
     MATH_INSTRUCTION,
     Task,
     instruction_for,
-    load_jsonl,
-    load_shipped,
-    parse_task,
     split,
     task_id,
     write_jsonl,

@@ -1,4 +1,5 @@
-"""Training tasks for TF-GRPO: the `Task` schema, JSONL reading/writing and the train/validation split.
+"""Training tasks for TF-GRPO: the `Task` schema, JSONL writing and the train/validation split (reading,
+which checks each task's verifier among the rewards, is loading.py).
 
 One task per JSONL line:
 
@@ -14,9 +15,6 @@ task is asked under (see `instruction_for` for the default). `reasoning` is opti
 leads to the reference answer (as datasets such as GSM8K carry it): a worked example made from the task
 shows it before the answer. A missing `id` is derived from the content, so re-generating an unchanged task
 keeps its id.
-
-Loading reports the first problem as zoo.registry.errors.ValidationError with the field prefixed by the
-1-based line number (e.g. "line 7: answer"), so a hand-edited file can be fixed without guessing.
 """
 
 from __future__ import annotations
@@ -30,9 +28,8 @@ import tempfile
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import pydantic
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from zoo.registry.errors import ValidationError
@@ -142,72 +139,6 @@ def task_id(question: str, domain: str = DEFAULT_DOMAIN) -> str:
     return "task-" + digest[:16]
 
 
-def _field_of(err: pydantic.ValidationError) -> tuple[str, str]:
-    problem = err.errors(include_url=False)[0]
-    field = ".".join(str(part) for part in problem["loc"]) or "task"
-    message = str(problem["msg"]).removeprefix("Value error, ")
-    if problem["type"] == "extra_forbidden":
-        message = "unknown field"
-    return field, message
-
-
-def parse_task(data: Any, *, where: str = "") -> Task:
-    """Validate one decoded JSON object as a Task; `where` (e.g. "line 7") prefixes the error's field.
-
-    Besides the schema, the task's verifier must be a registered reward and accept its arguments.
-    """
-    prefix = f"{where}: " if where else ""
-    if not isinstance(data, dict):
-        raise ValidationError(f"{where or 'task'}", f"expected a JSON object, got {type(data).__name__}")
-    if "id" not in data:
-        # Derived from the content; when the question itself is bad, that is the error to report, so the
-        # placeholder only keeps a missing id from being reported first.
-        question, domain = data.get("question"), data.get("domain", DEFAULT_DOMAIN)
-        derived = (
-            task_id(question, domain if isinstance(domain, str) else "") if isinstance(question, str) else "x"
-        )
-        data = {"id": derived, **data}
-    try:
-        task = Task.model_validate(data)
-    except pydantic.ValidationError as err:
-        field, message = _field_of(err)
-        raise ValidationError(prefix + field, message) from None
-    # Imported here because rewards imports this module for the Task type.
-    from zoo.trainer.rewards import check_task
-
-    try:
-        check_task(task)
-    except ValidationError as err:
-        raise ValidationError(prefix + err.field, err.message.removeprefix(f"{err.field}: ")) from None
-    return task
-
-
-def load_jsonl(path: str | os.PathLike[str]) -> list[Task]:
-    """Read tasks from a JSONL file (blank lines skipped); the first bad line raises ValidationError.
-
-    Ids must be unique within the file.
-    """
-    tasks: list[Task] = []
-    seen: dict[str, int] = {}
-    with open(path, encoding="utf-8") as fh:
-        for number, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            where = f"line {number}"
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValidationError(where, f"invalid JSON: {err.msg} (column {err.colno})") from None
-            task = parse_task(data, where=where)
-            if task.id in seen:
-                raise ValidationError(
-                    f"{where}: id", f"duplicate id {task.id!r} (first on line {seen[task.id]})"
-                )
-            seen[task.id] = number
-            tasks.append(task)
-    return tasks
-
-
 def dump_task(task: Task) -> str:
     """One JSONL line (without the newline); key order is the schema's, so files diff cleanly."""
     data = task.model_dump(mode="json")
@@ -261,8 +192,3 @@ def split(tasks: Sequence[Task], validation_fraction: float, seed: int) -> tuple
     train = [t for t in tasks if t.id not in validation_ids]
     validation = [t for t in tasks if t.id in validation_ids]
     return train, validation
-
-
-def load_shipped(part: Literal["train", "validation"]) -> list[Task]:
-    """The task set shipped with zoo-node (by trainer/tasks/generate.py): arithmetic, units and coding."""
-    return load_jsonl(DATA_DIR / f"{part}.jsonl")

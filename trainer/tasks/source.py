@@ -15,7 +15,8 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from zoo.registry.errors import ValidationError
-from zoo.trainer.tasks.schema import Task, load_jsonl, load_shipped, split
+from zoo.trainer.tasks.loading import load_jsonl, load_shipped
+from zoo.trainer.tasks.schema import Task, split
 
 SHIPPED = "shipped"
 
