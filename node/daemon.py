@@ -29,7 +29,7 @@ from zoo.node.components.inference import RetrievalComponent, answer_metering, e
 from zoo.node.components.library import LibraryComponent
 from zoo.node.components.models import model_id, resolve_model_path, training_weights, trains_lora
 from zoo.node.components.probes import ChainComponent, IpfsComponent, ModelComponent
-from zoo.node.components.supervisor import Component, DisabledComponent, Supervisor
+from zoo.node.components.supervisor import Supervisor
 from zoo.node.config import NodeConfig, parse_listen
 from zoo.node.credits.book import CreditBook
 from zoo.node.credits.consent import SpendCheck
@@ -38,6 +38,7 @@ from zoo.node.credits.meter import UsageMeter
 from zoo.node.credits.verifier import RequestVerifier
 from zoo.node.datadir import DataDir, DataDirLocked
 from zoo.node.jobs.runner import JobRunner, Resources
+from zoo.node.lifecycle import Component, DisabledComponent
 from zoo.node.logs import configure_logging, get_logger
 from zoo.node.metrics import NodeMetrics
 from zoo.registry.store import LibraryStore

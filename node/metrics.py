@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from zoo.node.components.supervisor import State, Status
+from zoo.node.lifecycle import State, Status
 
 
 class NodeMetrics:

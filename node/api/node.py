@@ -14,7 +14,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from zoo.node import __version__
 from zoo.node.components.library import LibraryComponent
 from zoo.node.components.probes import ChainComponent, ModelComponent
-from zoo.node.components.supervisor import State, Supervisor
+from zoo.node.components.supervisor import Supervisor
+from zoo.node.lifecycle import State
 from zoo.v1 import inference_pb2, jobs_pb2, library_pb2, node_pb2, node_pb2_grpc
 
 _STATE_TO_PROTO = {

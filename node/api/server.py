@@ -12,9 +12,10 @@ from grpc_reflection.v1alpha import reflection
 
 from zoo.node.api.interceptor import NodeInterceptor
 from zoo.node.api.node import PLANNED, unimplemented_handler
-from zoo.node.components.supervisor import Status, Supervisor
+from zoo.node.components.supervisor import Supervisor
 from zoo.node.config import NodeConfig
 from zoo.node.credits.identity import Identify
+from zoo.node.lifecycle import Status
 from zoo.node.metrics import NodeMetrics
 from zoo.v1 import node_pb2
 

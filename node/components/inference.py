@@ -13,10 +13,10 @@ from typing import Any
 from zoo.inference.adapters import AdapterDirectory
 from zoo.node.components.library import LibraryComponent
 from zoo.node.components.probes import ModelComponent
-from zoo.node.components.supervisor import Component, State, in_background_thread
 from zoo.node.config import NodeConfig
 from zoo.node.credits.book import CreditBook
 from zoo.node.credits.meter import Served, UsageMeter
+from zoo.node.lifecycle import Component, State, in_background_thread
 from zoo.node.logs import get_logger
 from zoo.node.metrics import NodeMetrics
 from zoo.registry.store import StoredVersion

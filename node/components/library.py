@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from zoo.node.components.supervisor import Component, State
+from zoo.node.lifecycle import Component, State
 from zoo.node.logs import get_logger
 from zoo.registry.errors import IntegrityError
 from zoo.registry.store import LibraryStore, StoredVersion

@@ -9,8 +9,8 @@ from typing import Any
 
 import httpx
 
-from zoo.node.components.supervisor import Component, State, in_background_thread
 from zoo.node.config import ModelConfig
+from zoo.node.lifecycle import Component, State, in_background_thread
 from zoo.node.logs import get_logger
 
 log = get_logger(__name__)

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zoo.node.components.supervisor import Component, State
 from zoo.node.credits.meter import UsageMeter
+from zoo.node.lifecycle import Component, State
 from zoo.node.logs import get_logger
 from zoo.registry.fsutil import write_atomic
 

@@ -23,8 +23,8 @@ from typing import Any
 
 from zoo.inference.adapters import AdapterDirectory
 from zoo.inference.defaults import ServingDefaults
-from zoo.node.components.supervisor import Component, State
 from zoo.node.jobs.store import TERMINAL, JobRecord, JobState, JobStore
+from zoo.node.lifecycle import Component, State
 from zoo.node.logs import get_logger
 from zoo.registry.errors import ValidationError
 

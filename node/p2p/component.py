@@ -21,8 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from zoo.node.components.supervisor import Component, State
 from zoo.node.config import P2PConfig
+from zoo.node.lifecycle import Component, State
 from zoo.node.logs import get_logger
 from zoo.node.p2p.host import ContentLookup, P2PError, P2PHost, load_identity
 from zoo.node.p2p.messages import (

@@ -23,9 +23,9 @@ from zoo.devnet.dev_dao import DevDao
 from zoo.devnet.dev_ledger import give_credits
 from zoo.devnet.info import DevnetInfo, warp
 from zoo.devnet.manager import Devnet, DevnetSettings
-from zoo.node.components.supervisor import State
 from zoo.node.credits.meter import Served, UsageMeter
 from zoo.node.credits.settlement import Settlement
+from zoo.node.lifecycle import State
 from zoo.registry.chain import ContractRevert, LedgerClient
 from zoo.registry.chain.ledger import EARNED, SPENT, UsageReport
 from zoo.registry.ipfs import IpfsClient

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from zoo.node.components.supervisor import Component, DisabledComponent, State, Supervisor
+from zoo.node.components.supervisor import Supervisor
+from zoo.node.lifecycle import Component, DisabledComponent, State
 
 
 class Flaky(Component):
