@@ -202,9 +202,9 @@ def figure_one(
     from trl import GRPOConfig, GRPOTrainer
 
     from zoo.trainer.gspo.policy import LoraPolicy
-    from zoo.trainer.gspo.rollouts import messages_for
     from zoo.trainer.gspo.run import GspoRun
     from zoo.trainer.gspo.spec import DEFAULT_TARGET_MODULES
+    from zoo.trainer.prompting import bare_messages
     from zoo.trainer.rewards import get_reward, score_group
 
     b, g, n, iters = args.prompts, args.group_size, args.max_new_tokens, args.num_iterations
@@ -249,7 +249,7 @@ def figure_one(
         return scores
 
     dataset = datasets.Dataset.from_list(
-        [{"prompt": messages_for(t, spec.instruction), "task_id": t.id} for t in rows]
+        [{"prompt": bare_messages(t, spec.instruction), "task_id": t.id} for t in rows]
     )
     config = GRPOConfig(
         output_dir=str(work / "trl"),

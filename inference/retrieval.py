@@ -16,9 +16,10 @@ Search is cosine similarity over L2-normalised vectors, reported as the score. R
 "mathematics" (which sorts after "math/", the end of the range).
 
 Below `ann_threshold` experiences (default 20,000) the search is exact: one numpy matrix-vector product.
-Above it an approximate index is used, faiss IndexIVFFlat (inner product, spherical k-means with a fixed
-seed, so a build is deterministic: the same library gives the same index byte for byte, whatever the
-thread count). Candidates measured on this 2-core machine (load average 1.3-1.7 from other work) in one
+Above it an approximate index is used, faiss IVF (inference/ivf.py: inner product, spherical k-means
+with a fixed seed, so a build is deterministic: the same library gives the same index byte for byte,
+whatever the thread count; its lists now hold 8-bit codes, IndexIVFScalarQuantizer, for memory).
+Candidates measured on this 2-core machine (load average 1.3-1.7 from other work) in one
 run, on the data of benchmarks/retrieval.py: 100k 384-dim unit vectors with the topic structure of
 sentence embeddings, 1000 queries, top-5, one query at a time, builds on 2 threads:
 
