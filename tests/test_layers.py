@@ -9,11 +9,17 @@ is an edge to each zoo module it imports (`import zoo.a.b` and `from zoo.a.b imp
 zoo.a.b.c where that is a module); a name taken from a package whose `__init__` only re-exports it goes to
 the module that defines it, and a name the `__init__` defines itself goes to the package. The enclosing
 packages that every import also runs are no edge, so a package's `__init__` re-exporting its modules is no
-cycle with them."""
+cycle with them.
+
+And every absolute zoo import, in the packages and in tests/, benchmarks/ and scripts/, lazy ones included,
+names a module that is there and only names that module binds at its top level or has as a submodule: read
+from the source, so an import in a function of a benchmark that CI never runs is checked too."""
 
 from __future__ import annotations
 
 import ast
+import re
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -251,3 +257,169 @@ def test_the_graph_counts_lazy_and_relative_imports_and_sees_through_re_exports(
 def test_cycles_are_found_and_shown_in_import_order() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"f"}, "f": {"e", "d"}, "g": {"g"}}
     assert shown_cycles(graph) == ["a -> b -> c -> a", "", "e -> f -> e", ""]
+
+
+# Every zoo import names a module and names that are there (see the module's docstring).
+CHECKED = ["tests", "benchmarks", "scripts"]  # beside the packages' own folders
+# The gRPC stubs (`X_pb2`, `X_pb2_grpc`) are generated from `X.proto` by the build (setup.py,
+# scripts/gen_proto.py) into files git ignores, so a fresh checkout has none: such a module counts as there
+# when its `X.proto` is, whether or not it has been generated yet, and the names taken from it are not
+# checked (the stubs bind their messages at import time from the descriptors; no AST shows them).
+GENERATED = re.compile(r"(?P<proto>\w+?)_pb2(_grpc)?")
+
+
+def package_dirs(root: Path = ROOT) -> dict[str, Path]:
+    """Each zoo package -> its folder, as pyproject's package-dir maps them for the build and the editable
+    install (`zoo.node` -> node/, `zoo.v1` -> proto/zoo/v1/)."""
+    with (root / "pyproject.toml").open("rb") as f:
+        mapping = tomllib.load(f)["tool"]["setuptools"]["package-dir"]
+    return {package: root / folder for package, folder in mapping.items()}
+
+
+def locate(module: str, dirs: dict[str, Path]) -> Path | None:
+    """Where `module` is: its .py file, a package's `__init__.py`, the folder of a package that has none
+    (`zoo` itself, a package-dir folder such as proto/zoo/v1), the `.proto` a stub is generated from; None
+    where there is no such module."""
+    if module == "zoo":
+        return ROOT
+    package = max((p for p in dirs if module == p or module.startswith(f"{p}.")), key=len, default=None)
+    if package is None:
+        return None
+    parts = module[len(package) :].split(".")[1:]
+    place = dirs[package].joinpath(*parts)
+    if (place / "__init__.py").is_file():
+        return place / "__init__.py"
+    if not parts and place.is_dir():
+        return place
+    if parts and (stub := GENERATED.fullmatch(parts[-1])):
+        proto = place.with_name(f"{stub['proto']}.proto")
+        if proto.is_file():
+            return proto
+    return place.with_suffix(".py") if place.with_suffix(".py").is_file() else None
+
+
+def top_level(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """The statements that run when a module is imported: its own, and those inside `if`, `try`, `with`,
+    `for` and `while` blocks at its top level (not the bodies of its functions and classes)."""
+    for node in body:
+        yield node
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                yield from top_level(getattr(node, field, []))
+
+
+def bound_at_top(tree: ast.Module) -> set[str] | None:
+    """The names a module binds at its top level, in its `if`/`try`/`with`/`for` blocks too: defs, classes,
+    assignments (annotated ones with a value), imports, loop and `with … as` targets, the names of
+    `__all__`; None where any name may be there (a star import, a module `__getattr__`)."""
+    names: set[str] = set()
+    targets: list[ast.expr] = []
+    for node in top_level(tree.body):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AugAssign) or (isinstance(node, ast.AnnAssign) and node.value):
+            assigned = node.targets if isinstance(node, ast.Assign) else [node.target]
+            targets += assigned
+            if any(isinstance(t, ast.Name) and t.id == "__all__" for t in assigned):
+                elements = getattr(node.value, "elts", [])
+                names.update(e.value for e in elements if isinstance(e, ast.Constant))
+        elif isinstance(node, ast.Import):
+            names.update(a.asname or a.name.partition(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            names.update(a.asname or a.name for a in node.names)
+        elif isinstance(node, ast.For | ast.AsyncFor):
+            targets.append(node.target)
+        elif isinstance(node, ast.With | ast.AsyncWith):
+            targets += [item.optional_vars for item in node.items if item.optional_vars]
+    for target in targets:
+        names.update(
+            n.id for n in ast.walk(target) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+        )
+    return None if names & {"*", "__getattr__"} else names
+
+
+def zoo_imports(tree: ast.Module) -> Iterator[tuple[int, str, list[str]]]:
+    """(line, module, the names taken from it: [] for `import zoo.a.b`) of every absolute zoo import
+    anywhere in `tree`, in the order of the source: top level, in functions, under `if TYPE_CHECKING`."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name, []) for a in node.names if a.name.split(".")[0] == "zoo"]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module.split(".")[0] == "zoo":
+            found.append((node.lineno, node.module, [a.name for a in node.names]))
+    return iter(sorted(found))
+
+
+def broken_imports(paths: list[Path], dirs: dict[str, Path], root: Path = ROOT) -> list[str]:
+    """`file:line: from zoo.x import name: no such module|name` (`import zoo.x: no such module`) for each zoo
+    import in `paths` whose module is not there, and each name one takes that its module neither binds at
+    its top level nor has as a submodule."""
+    bound: dict[Path, set[str] | None] = {}
+    wrong = []
+    for path in paths:
+        for line, module, names in zoo_imports(ast.parse(path.read_text(), str(path))):
+            where = f"{path.relative_to(root)}:{line}"
+            place = locate(module, dirs)
+            if place is None:
+                statement = f"from {module} import {', '.join(names)}" if names else f"import {module}"
+                wrong.append(f"{where}: {statement}: no such module")
+                continue
+            if place.suffix == ".proto":
+                continue
+            if place.suffix == ".py" and place not in bound:
+                bound[place] = bound_at_top(ast.parse(place.read_text(), str(place)))
+            there = bound.get(place, set())
+            for name in names:
+                if name == "*" or there is None or name in there:
+                    continue
+                if (place.is_dir() or place.name == "__init__.py") and locate(f"{module}.{name}", dirs):
+                    continue
+                wrong.append(f"{where}: from {module} import {name}: no such name")
+    return wrong
+
+
+def checked_files(root: Path = ROOT) -> list[Path]:
+    """Every .py file of the packages' folders, tests/, benchmarks/, scripts/ and the repository's top."""
+    folders = {*package_dirs(root).values(), *(root / f for f in CHECKED)}
+    files = {path for folder in folders for path in folder.rglob("*.py")}
+    return sorted(files | set(root.glob("*.py")))
+
+
+def test_every_zoo_import_names_a_module_and_names_that_are_there() -> None:
+    wrong = broken_imports(checked_files(), package_dirs())
+    assert not wrong, "imports of zoo modules or names that are not there:\n" + "\n".join(wrong)
+
+
+def test_broken_imports_are_found_lazy_ones_and_generated_stubs_included(tmp_path: Path) -> None:
+    files = {
+        "p/__init__.py": "from zoo.p.impl import Thing as Alias\n__all__ = ['late']\n",
+        "p/impl.py": (
+            "import os.path\nfrom typing import TYPE_CHECKING\nclass Thing: ...\nX: int = 1\nY: int\n"
+            "A, (B, *C) = 1, (2, 3)\nfor I in (): pass\nwith open(__file__) as (F, G): pass\n"
+            "try:\n    import json as fast\nexcept ImportError:\n    fast = None\n"
+            "if TYPE_CHECKING:\n    from zoo.p import Alias\n"
+        ),
+        "p/sub/__init__.py": "",
+        "proto/zoo/v1/api.proto": "",
+        "user.py": (
+            "import zoo.p.sub\nfrom zoo.p import Alias, impl, sub, late, gone\n"
+            "from zoo.p.impl import Thing, X, Y, A, B, C, I, F, G, fast, os, TYPE_CHECKING, Alias\n"
+            "from zoo.v1 import api_pb2, api_pb2_grpc, other_pb2\nfrom zoo.v1.api_pb2 import Request\n"
+            "from zoo import p, q\n"
+            "def lazy():\n    from zoo.p.impl import messages_for\n    import zoo.p.nowhere\n"
+            "    from zoo.q import anything\n"
+        ),
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    dirs = {"zoo.p": tmp_path / "p", "zoo.v1": tmp_path / "proto/zoo/v1"}
+    assert broken_imports([tmp_path / "user.py"], dirs, tmp_path) == [
+        "user.py:2: from zoo.p import gone: no such name",
+        "user.py:3: from zoo.p.impl import Y: no such name",
+        "user.py:4: from zoo.v1 import other_pb2: no such name",
+        "user.py:6: from zoo import q: no such name",
+        "user.py:8: from zoo.p.impl import messages_for: no such name",
+        "user.py:9: import zoo.p.nowhere: no such module",
+        "user.py:10: from zoo.q import anything: no such module",
+    ]
