@@ -1,56 +1,96 @@
-"""Map domain exceptions to precise gRPC status codes (never everything to INTERNAL).
+"""Map every exception to the status a client sees, in one table: `CODES` gives each exception class one gRPC
+code, and `HTTP` gives each gRPC code one HTTP status (with OpenAI's error type and code). So a class's HTTP
+status is fixed by its gRPC code; the HTTP API (http/errors.py) and the gRPC interceptor both read it
+through `status_for`, and nothing adds a row at import time.
 
-Domain code raises the exceptions of its own layer (zoo.registry.errors and friends); the interceptor
-asks `status_for` which code a client should see. Unknown exceptions are INTERNAL and logged with
-their traceback; their text is not sent to the client.
+An exception takes the row of the first class in its MRO that has one, so a subclass's own row wins over
+its base's. Rows are keyed by the class's dotted path, not by the class: this module imports none of them,
+so the table names exceptions of every layer (those of torch- and web3-heavy modules too, which the daemon
+loads only when it needs them) without loading them. tests/node/test_error_tree.py checks that every key
+names an exception class that exists and that every ZooError has a row of its own or of a base below
+ZooError.
+
+INTERNAL rows are faults of this node (its setup, its files, its tools, its code) that a client can do
+nothing about; like an exception in no row, they are INTERNAL, logged with their traceback, and their text
+is not sent to the client.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+
 import grpc
 
-from zoo.inference.adapters import AdapterLoadError
-from zoo.inference.backend import BackendUnavailable
-from zoo.inference.engine import Unsupported
-from zoo.node.credits.consent import SpendUnavailable
-from zoo.node.credits.signing import SignatureError
-from zoo.node.credits.verifier import TooManyNonces
 from zoo.registry import errors as reg
+
+_C = grpc.StatusCode
 
 
 class Unimplemented(reg.ZooError):
     """The RPC exists in the API but this node does not implement it yet."""
 
 
-_CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
-    (reg.ValidationError, grpc.StatusCode.INVALID_ARGUMENT),
-    (reg.NotFound, grpc.StatusCode.NOT_FOUND),
-    (reg.IntegrityError, grpc.StatusCode.DATA_LOSS),
-    (reg.IpfsUnavailable, grpc.StatusCode.UNAVAILABLE),
-    (reg.IpfsTimeout, grpc.StatusCode.DEADLINE_EXCEEDED),
-    (reg.IpfsError, grpc.StatusCode.UNAVAILABLE),
-    (reg.Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (TooManyNonces, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (SpendUnavailable, grpc.StatusCode.UNAVAILABLE),
-    (SignatureError, grpc.StatusCode.UNAUTHENTICATED),
-    (Unimplemented, grpc.StatusCode.UNIMPLEMENTED),
-    (Unsupported, grpc.StatusCode.FAILED_PRECONDITION),
-    (AdapterLoadError, grpc.StatusCode.FAILED_PRECONDITION),
-    (BackendUnavailable, grpc.StatusCode.UNAVAILABLE),
-    (PermissionError, grpc.StatusCode.PERMISSION_DENIED),
-    (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
-    (ConnectionError, grpc.StatusCode.UNAVAILABLE),
-]
+CODES: Mapping[str, grpc.StatusCode] = MappingProxyType(
+    {
+        # registry
+        "zoo.registry.errors.ValidationError": _C.INVALID_ARGUMENT,
+        "zoo.registry.errors.NotFound": _C.NOT_FOUND,
+        "zoo.registry.errors.IntegrityError": _C.DATA_LOSS,
+        "zoo.registry.errors.IpfsUnavailable": _C.UNAVAILABLE,
+        "zoo.registry.errors.IpfsTimeout": _C.DEADLINE_EXCEEDED,
+        "zoo.registry.errors.IpfsError": _C.UNAVAILABLE,
+        "zoo.registry.errors.Overloaded": _C.RESOURCE_EXHAUSTED,
+        # inference
+        "zoo.inference.engine.Unsupported": _C.FAILED_PRECONDITION,
+        "zoo.inference.adapters.AdapterLoadError": _C.FAILED_PRECONDITION,
+        "zoo.inference.backend.BackendUnavailable": _C.UNAVAILABLE,
+        # node
+        "zoo.node.credits.verifier.TooManyNonces": _C.RESOURCE_EXHAUSTED,
+        "zoo.node.credits.consent.SpendUnavailable": _C.UNAVAILABLE,
+        "zoo.node.credits.signing.SignatureError": _C.UNAUTHENTICATED,
+        "zoo.node.jobs.store.JobStateError": _C.FAILED_PRECONDITION,
+        "zoo.node.api.errors.Unimplemented": _C.UNIMPLEMENTED,
+        # a ZooError no row above names
+        "zoo.registry.errors.ZooError": _C.INTERNAL,
+        # not ours
+        "builtins.PermissionError": _C.PERMISSION_DENIED,
+        "builtins.TimeoutError": _C.DEADLINE_EXCEEDED,
+        "builtins.ConnectionError": _C.UNAVAILABLE,
+    }
+)
+
+# gRPC code -> (HTTP status, OpenAI error type, OpenAI error code); one entry for each code of CODES.
+HTTP: Mapping[grpc.StatusCode, tuple[int, str, str | None]] = MappingProxyType(
+    {
+        _C.INVALID_ARGUMENT: (400, "invalid_request_error", None),
+        _C.FAILED_PRECONDITION: (400, "invalid_request_error", "unsupported"),
+        _C.NOT_FOUND: (404, "invalid_request_error", "not_found"),
+        _C.RESOURCE_EXHAUSTED: (429, "rate_limit_error", "rate_limit_exceeded"),
+        _C.UNAVAILABLE: (503, "server_error", "unavailable"),
+        _C.DEADLINE_EXCEEDED: (504, "server_error", "timeout"),
+        _C.UNAUTHENTICATED: (401, "authentication_error", "invalid_api_key"),
+        _C.PERMISSION_DENIED: (403, "permission_error", None),
+        _C.UNIMPLEMENTED: (501, "server_error", "not_implemented"),
+        _C.DATA_LOSS: (500, "server_error", None),
+        _C.INTERNAL: (500, "server_error", None),
+    }
+)
 
 
-def register(exc_type: type[BaseException], code: grpc.StatusCode) -> None:
-    """Let a layer added later (inference, jobs) map its own exceptions; earlier entries win."""
-    _CODES.append((exc_type, code))
+def row_of(exc_type: type[BaseException]) -> tuple[str, grpc.StatusCode] | None:
+    """The row `exc_type` takes: (the dotted path of the class in its MRO that has one, its code)."""
+    for cls in exc_type.__mro__:
+        key = f"{cls.__module__}.{cls.__qualname__}"
+        if key in CODES:
+            return key, CODES[key]
+    return None
 
 
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str] | None:
-    """The status code and client-facing message for a domain error, or None for an unexpected one."""
-    for exc_type, code in _CODES:
-        if isinstance(exc, exc_type):
-            return code, str(exc)
-    return None
+    """The status code and client-facing message for a domain error; None for one that is INTERNAL (an
+    INTERNAL row, or no row): the caller logs it and answers INTERNAL without its text."""
+    row = row_of(type(exc))
+    if row is None or row[1] == _C.INTERNAL:
+        return None
+    return row[1], str(exc)

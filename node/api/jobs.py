@@ -15,13 +15,10 @@ from google.protobuf import json_format
 from google.protobuf.struct_pb2 import Struct
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from zoo.node.api.errors import register
 from zoo.node.jobs.runner import JobRunner
-from zoo.node.jobs.store import TERMINAL, JobEvent, JobRecord, JobState, JobStateError
+from zoo.node.jobs.store import TERMINAL, JobEvent, JobRecord, JobState
 from zoo.registry.errors import ValidationError
 from zoo.v1 import jobs_pb2, jobs_pb2_grpc
-
-register(JobStateError, grpc.StatusCode.FAILED_PRECONDITION)
 
 _STATES = {
     JobState.QUEUED: jobs_pb2.JOB_STATE_QUEUED,

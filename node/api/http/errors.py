@@ -1,5 +1,6 @@
 """Errors of the HTTP API in OpenAI's shape, {"error": {"message", "type", "param", "code"}}: domain
-errors mapped by their gRPC status (`status_for`), body-validation errors by the field they name.
+errors by node/api/errors.py's table (their gRPC code's HTTP status), body-validation errors by the field
+they name.
 """
 
 from __future__ import annotations
@@ -7,27 +8,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import grpc
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError as BodyError
 
-from zoo.node.api.errors import status_for
+from zoo.node.api.errors import HTTP, status_for
 from zoo.node.logs import get_logger
 
 log = get_logger(__name__)
-
-# gRPC status of a domain error -> (HTTP status, OpenAI error type, OpenAI error code).
-_HTTP_OF: dict[grpc.StatusCode, tuple[int, str, str | None]] = {
-    grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error", None),
-    grpc.StatusCode.FAILED_PRECONDITION: (400, "invalid_request_error", "unsupported"),
-    grpc.StatusCode.NOT_FOUND: (404, "invalid_request_error", "not_found"),
-    grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error", "rate_limit_exceeded"),
-    grpc.StatusCode.UNAVAILABLE: (503, "server_error", "unavailable"),
-    grpc.StatusCode.DEADLINE_EXCEEDED: (504, "server_error", "timeout"),
-    grpc.StatusCode.UNAUTHENTICATED: (401, "authentication_error", "invalid_api_key"),
-    grpc.StatusCode.PERMISSION_DENIED: (403, "permission_error", None),
-    grpc.StatusCode.UNIMPLEMENTED: (501, "server_error", "not_implemented"),
-}
 
 
 class ApiError(Exception):
@@ -67,7 +54,8 @@ def unsupported(param: str, what: str = "is not supported by this node") -> ApiE
 
 
 def api_error_for(exc: BaseException, rename: Callable[[str], str] = lambda f: f) -> ApiError:
-    """The OpenAI error for an exception: domain errors by `status_for`, anything else a logged 500."""
+    """The OpenAI error for an exception: domain errors by `status_for` and `HTTP`, anything else (INTERNAL)
+    a logged 500."""
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, BodyError):
@@ -77,7 +65,7 @@ def api_error_for(exc: BaseException, rename: Callable[[str], str] = lambda f: f
         log.error("unhandled error in HTTP request", exc_info=exc)
         return ApiError(500, f"internal error ({type(exc).__name__}); see the node log", type="server_error")
     grpc_code, message = mapped
-    status, kind, code = _HTTP_OF.get(grpc_code, (500, "server_error", None))
+    status, kind, code = HTTP[grpc_code]
     field = getattr(exc, "field", None)
     if not field:
         return ApiError(status, message, type=kind, code=code)
