@@ -24,6 +24,7 @@ from types import TracebackType
 import httpx
 
 from zoo.contracts.jstools import anvil_binary
+from zoo.registry.errors import ZooError
 
 __all__ = ["AnvilError", "AnvilProcess"]
 
@@ -33,7 +34,7 @@ _LISTENING_RE = re.compile(r"Listening on ([^\s:]+|\[[^\]]+\]):(\d+)")
 _PR_SET_PDEATHSIG = 1
 
 
-class AnvilError(RuntimeError):
+class AnvilError(ZooError, RuntimeError):
     """anvil could not be started or did not become ready."""
 
 

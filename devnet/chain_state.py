@@ -27,12 +27,13 @@ from typing import Any
 import httpx
 
 from zoo.devnet.process import ProcessRecord
+from zoo.registry.errors import ZooError
 from zoo.registry.fsutil import write_atomic
 
 __all__ = ["ChainStateError", "dump_state", "restore_clock"]
 
 
-class ChainStateError(RuntimeError):
+class ChainStateError(ZooError, RuntimeError):
     """The chain's state could not be read or written."""
 
 

@@ -23,13 +23,14 @@ import httpx
 
 from zoo.contracts.jstools import jsipfs_cli, node_binary
 from zoo.devnet.process import pdeathsig
+from zoo.registry.errors import ZooError
 
 _LOG_NAME = "zoo-daemon.log"
 # js-ipfs prints these when it cannot bind its API but keeps running without one instead of exiting.
 _FATAL_MARKERS = ("EADDRINUSE", "EACCES", "EADDRNOTAVAIL")
 
 
-class IpfsDaemonError(RuntimeError):
+class IpfsDaemonError(ZooError, RuntimeError):
     """The IPFS daemon could not be initialised or did not come up."""
 
 

@@ -29,6 +29,7 @@ import httpx
 from zoo.devnet.chain_state import dump_state, restore_clock
 from zoo.devnet.info import DevnetInfo, warp
 from zoo.devnet.process import ProcessRecord, pdeathsig
+from zoo.registry.errors import ZooError
 from zoo.registry.fsutil import write_atomic
 
 TOKEN = 10**18
@@ -39,7 +40,7 @@ GENESIS_VOTERS = (0, 1, 2)
 Progress = Callable[[str], None]
 
 
-class DevnetError(RuntimeError):
+class DevnetError(ZooError, RuntimeError):
     """The devnet cannot be brought up or reached; the message says why."""
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zoo.registry.errors import NotFound, ValidationError
+from zoo.registry.errors import NotFound, ValidationError, ZooError
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class AdapterDirectory:
         return target
 
 
-class AdapterLoadError(Exception):
+class AdapterLoadError(ZooError):
     """An adapter on disk that does not load into this model (wrong base, corrupt weights)."""
 
 

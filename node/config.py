@@ -33,6 +33,7 @@ from zoo.inference.defaults import (
     LessonPosition,
     ServingDefaults,
 )
+from zoo.registry.errors import ZooError
 
 ENV_PREFIX = "ZOO_NODE_"
 # Variables under the prefix that are not config overrides: where caches and node_modules live, and
@@ -61,7 +62,7 @@ def default_cache_dir() -> Path:
     return Path(base) / "zoo-node"
 
 
-class ConfigError(Exception):
+class ConfigError(ZooError):
     """The configuration is invalid; the message names the key, the source and the fix."""
 
 

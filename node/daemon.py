@@ -41,6 +41,7 @@ from zoo.node.jobs.runner import JobRunner, Resources
 from zoo.node.lifecycle import Component, DisabledComponent
 from zoo.node.logs import configure_logging, get_logger
 from zoo.node.metrics import NodeMetrics
+from zoo.registry.errors import ZooError
 from zoo.registry.store import LibraryStore
 from zoo.v1 import inference_pb2_grpc, jobs_pb2_grpc, library_pb2_grpc, node_pb2_grpc
 
@@ -55,7 +56,7 @@ EXIT_CONFIG = 2
 EXIT_LOCKED = 3
 
 
-class StartupError(Exception):
+class StartupError(ZooError):
     """The node cannot start; the message says why and what to do."""
 
     def __init__(self, message: str, exit_code: int = EXIT_FAILURE) -> None:

@@ -14,10 +14,11 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from zoo.registry.errors import ZooError
 from zoo.registry.fsutil import write_atomic
 
 
-class DataDirLocked(Exception):
+class DataDirLocked(ZooError):
     """Another process holds the data directory."""
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zoo.node.config import NodeConfig
+from zoo.registry.errors import ZooError
 
 
-class EndpointsUnavailable(Exception):
+class EndpointsUnavailable(ZooError):
     """The configured chain/IPFS endpoints cannot be determined (e.g. the devnet is not running)."""
 
 

@@ -43,7 +43,7 @@ from typing import Any, Literal, TypeVar
 import msgspec
 from msgspec import UNSET, Struct, UnsetType, field
 
-from zoo.registry.errors import NotFound, ValidationError
+from zoo.registry.errors import NotFound, ValidationError, ZooError
 
 # The paper (§4.6) asks each lesson to begin with its triggering condition ("When solving...",
 # "For problems involving...", "In geometry problems..."); these words open such a condition.
@@ -86,7 +86,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _CONTROL_BUT_TAB_NEWLINE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
-class Problem(ValueError):
+class Problem(ZooError, ValueError):
     """One invalid field, relative to the object being checked (a ValidationError once located)."""
 
     def __init__(self, field: str, message: str, value: object = None) -> None:

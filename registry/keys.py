@@ -21,6 +21,8 @@ from eth_account.datastructures import SignedTransaction
 from eth_account.signers.local import LocalAccount
 from eth_typing import ChecksumAddress
 
+from zoo.registry.errors import ZooError
+
 __all__ = [
     "DEFAULT_KEY_ENV",
     "DEV_ACCOUNT_COUNT",
@@ -43,7 +45,7 @@ _DEV_NAME_RE = re.compile(r"dev(\d+)")
 _HEX_KEY_RE = re.compile(r"(0x)?[0-9a-fA-F]{64}")
 
 
-class KeyLoadError(ValueError):
+class KeyLoadError(ZooError, ValueError):
     """A signing key could not be loaded. The message never contains key material."""
 
 

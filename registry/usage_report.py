@@ -22,6 +22,7 @@ from eth_utils import is_address, to_checksum_address
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from zoo.registry.chain.ledger import EARNED, SPENT, UsageReport, record_leaf
+from zoo.registry.errors import ZooError
 from zoo.registry.ipfs import IpfsClient
 from zoo.registry.merkle import MerkleTree
 from zoo.registry.spend import SpendAuthorization
@@ -32,7 +33,7 @@ _KINDS = {name: kind for kind, name in KIND_NAMES.items()}
 MAX_RECORDS = 100_000
 
 
-class ReportError(ValueError):
+class ReportError(ZooError, ValueError):
     """Report content that is malformed or does not match what the ledger holds."""
 
 

@@ -17,6 +17,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from zoo.registry.errors import ZooError
+
 logger = logging.getLogger(__name__)
 
 _init_lock = threading.Lock()
@@ -24,7 +26,7 @@ _initialised = False
 _log_callback: Any = None  # kept referenced: llama.cpp calls it from C for as long as the process lives
 
 
-class GgufLoadError(RuntimeError):
+class GgufLoadError(ZooError, RuntimeError):
     """The GGUF file could not be opened as a model by llama.cpp."""
 
 

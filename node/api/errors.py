@@ -1,18 +1,20 @@
 """Map every exception to the status a client sees, in one table: `CODES` gives each exception class one gRPC
-code, and `HTTP` gives each gRPC code one HTTP status (with OpenAI's error type and code). So a class's HTTP
-status is fixed by its gRPC code; the HTTP API (http/errors.py) and the gRPC interceptor both read it
-through `status_for`, and nothing adds a row at import time.
+code, and `HTTP` gives each gRPC code one HTTP status (with OpenAI's error type and code), so a class's HTTP
+status is fixed by its gRPC code. The gRPC interceptor and the HTTP API (http/errors.py) both read them
+through `status_for`; nothing adds a row at import time.
+
+Every exception of zoo-node is a ZooError (registry/errors.py) and has a row here, of its own or of a base
+below ZooError; the few that are not ZooErrors say why in their docstring ("Not a ZooError: ...").
+tests/node/test_error_tree.py checks both, and that every key names an exception class that exists.
 
 An exception takes the row of the first class in its MRO that has one, so a subclass's own row wins over
 its base's. Rows are keyed by the class's dotted path, not by the class: this module imports none of them,
-so the table names exceptions of every layer (those of torch- and web3-heavy modules too, which the daemon
-loads only when it needs them) without loading them. tests/node/test_error_tree.py checks that every key
-names an exception class that exists and that every ZooError has a row of its own or of a base below
-ZooError.
+so the table names exceptions of every layer (of torch- and web3-heavy modules too, which the daemon loads
+only when it needs them, and of the CLI and the daemon, which api may not import) without loading them.
 
-INTERNAL rows are faults of this node (its setup, its files, its tools, its code) that a client can do
-nothing about; like an exception in no row, they are INTERNAL, logged with their traceback, and their text
-is not sent to the client.
+INTERNAL rows are faults of this node (its setup, files, tools or code) that a client can do nothing
+about, each named by a row of its own: like an exception in no row, they are answered INTERNAL, logged with
+their traceback, and their text is not sent to the client.
 """
 
 from __future__ import annotations
@@ -33,24 +35,56 @@ class Unimplemented(reg.ZooError):
 
 CODES: Mapping[str, grpc.StatusCode] = MappingProxyType(
     {
+        # contracts: no ZooErrors (the layer below registry)
         # registry
         "zoo.registry.errors.ValidationError": _C.INVALID_ARGUMENT,
+        "zoo.registry.experience.Problem": _C.INVALID_ARGUMENT,
         "zoo.registry.errors.NotFound": _C.NOT_FOUND,
         "zoo.registry.errors.IntegrityError": _C.DATA_LOSS,
+        "zoo.registry.usage_report.ReportError": _C.DATA_LOSS,
         "zoo.registry.errors.IpfsUnavailable": _C.UNAVAILABLE,
         "zoo.registry.errors.IpfsTimeout": _C.DEADLINE_EXCEEDED,
         "zoo.registry.errors.IpfsError": _C.UNAVAILABLE,
         "zoo.registry.errors.Overloaded": _C.RESOURCE_EXHAUSTED,
+        "zoo.registry.chain.errors.ContractRevert": _C.FAILED_PRECONDITION,  # the chain's state refuses it
+        "zoo.registry.chain.errors.ChainError": _C.UNAVAILABLE,  # the chain's RPC failed or did not mine it
+        "zoo.registry.keys.KeyLoadError": _C.INTERNAL,
         # inference
         "zoo.inference.engine.Unsupported": _C.FAILED_PRECONDITION,
         "zoo.inference.adapters.AdapterLoadError": _C.FAILED_PRECONDITION,
         "zoo.inference.backend.BackendUnavailable": _C.UNAVAILABLE,
+        "zoo.inference.backend.BackendError": _C.INTERNAL,  # the model or the remote server failed
+        "zoo.inference.llamacpp.gguf.GgufLoadCancelled": _C.UNAVAILABLE,  # the node is stopping
+        "zoo.inference.llamacpp.gguf.GgufLoadError": _C.INTERNAL,
+        "zoo.inference.models.ModelUnavailable": _C.INTERNAL,
+        # devnet: this node's own tools
+        "zoo.devnet.anvil.AnvilError": _C.INTERNAL,
+        "zoo.devnet.chain_state.ChainStateError": _C.INTERNAL,
+        "zoo.devnet.ipfs.IpfsDaemonError": _C.INTERNAL,
+        "zoo.devnet.manager.DevnetError": _C.INTERNAL,
+        # trainer
+        "zoo.trainer.tfgrpo.llm.ContextTooSmall": _C.FAILED_PRECONDITION,
+        "zoo.trainer.envs.nano.NetworkIsolationUnavailable": _C.FAILED_PRECONDITION,
+        "zoo.trainer.gspo.episodes.EpisodeFormatError": _C.FAILED_PRECONDITION,  # the model's chat template
+        "zoo.trainer.gspo.zero.ZeroConfigError": _C.INVALID_ARGUMENT,
+        "zoo.trainer.tfgrpo.critic.JsonReplyError": _C.INTERNAL,  # the model's reply (ask_json retries it)
         # node
         "zoo.node.credits.verifier.TooManyNonces": _C.RESOURCE_EXHAUSTED,
         "zoo.node.credits.consent.SpendUnavailable": _C.UNAVAILABLE,
         "zoo.node.credits.signing.SignatureError": _C.UNAUTHENTICATED,
         "zoo.node.jobs.store.JobStateError": _C.FAILED_PRECONDITION,
+        "zoo.node.jobs.store.JobStoreVersionError": _C.INTERNAL,
+        "zoo.node.jobs.foreground.TrainingError": _C.FAILED_PRECONDITION,
+        "zoo.node.p2p.messages.MessageError": _C.INVALID_ARGUMENT,
+        "zoo.node.p2p.host.P2PError": _C.UNAVAILABLE,
         "zoo.node.api.errors.Unimplemented": _C.UNIMPLEMENTED,
+        "zoo.node.endpoints.EndpointsUnavailable": _C.UNAVAILABLE,
+        "zoo.node.client.NodeNotRunning": _C.UNAVAILABLE,
+        "zoo.node.cli.eval.EvalError": _C.INVALID_ARGUMENT,
+        "zoo.node.config.ConfigError": _C.INTERNAL,
+        "zoo.node.datadir.DataDirLocked": _C.INTERNAL,
+        "zoo.node.api.server.BindError": _C.INTERNAL,
+        "zoo.node.daemon.StartupError": _C.INTERNAL,
         # a ZooError no row above names
         "zoo.registry.errors.ZooError": _C.INTERNAL,
         # not ours

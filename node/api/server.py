@@ -17,6 +17,7 @@ from zoo.node.config import NodeConfig
 from zoo.node.credits.identity import Identify
 from zoo.node.lifecycle import Status
 from zoo.node.metrics import NodeMetrics
+from zoo.registry.errors import ZooError
 from zoo.v1 import node_pb2
 
 # The component that must be usable for the node as a whole to report SERVING: without a model the
@@ -29,7 +30,7 @@ SERVICE_NAMES = (
 )
 
 
-class BindError(Exception):
+class BindError(ZooError):
     """The listen address cannot be bound."""
 
 

@@ -26,12 +26,13 @@ from rich.table import Table
 from zoo.node.cli.console import err, out
 from zoo.node.cli.context import fail, load
 from zoo.node.cli.options import ConfigOpt, DataDirOpt
+from zoo.registry.errors import ZooError
 
 NONE = "none"
 CURRENT = "current"
 
 
-class EvalError(Exception):
+class EvalError(ZooError):
     """A configuration that cannot be scored: the message says why (exit 2)."""
 
 
@@ -48,7 +49,6 @@ class Configuration:
 def read_library(cfg: Any, value: str) -> tuple[list[Any], str]:
     """(experiences, what they are) of a --library value."""
     from zoo.registry.canonical import decode_library
-    from zoo.registry.errors import ZooError
     from zoo.registry.store import LibraryStore
 
     if value == NONE:
@@ -104,7 +104,6 @@ async def evaluate(
     "compare" and "difference"."""
     from zoo.inference.adapters import AdapterLoadError
     from zoo.inference.backend import BackendError
-    from zoo.registry.errors import ZooError
     from zoo.trainer.evaluate import Scorer, paired_difference, summary
     from zoo.trainer.prompting import PromptPath
     from zoo.trainer.tasks.loading import load_jsonl

@@ -35,6 +35,8 @@ import coincurve
 from eth_hash.auto import keccak
 from eth_utils import to_checksum_address
 
+from zoo.registry.errors import ZooError
+
 HEADER = "zoo-signature"
 SPEND_HEADER = "zoo-spend"
 _SPEND_FIELDS = ("epoch", "units", "signature")
@@ -53,7 +55,7 @@ _SIGNATURE = re.compile(r"0x[0-9a-fA-F]{130}")
 _UINT = re.compile(r"[0-9]{1,78}")  # up to 2**256 - 1
 
 
-class SignatureError(Exception):
+class SignatureError(ZooError):
     """A signed request that is refused; the message says why (malformed, stale, replayed, forged)."""
 
     def __init__(self, reason: str, message: str) -> None:

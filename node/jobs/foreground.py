@@ -20,7 +20,7 @@ from zoo.registry.fsutil import write_atomic
 CHECKPOINT = "checkpoint.json"
 
 
-class TrainingError(Exception):
+class TrainingError(ZooError):
     """The run cannot start: bad spec, missing checkpoint, model unavailable."""
 
 

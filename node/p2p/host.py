@@ -27,6 +27,7 @@ from multiaddr import Multiaddr
 
 from zoo.node.logs import get_logger
 from zoo.registry import untrusted_json
+from zoo.registry.errors import ZooError
 from zoo.registry.fsutil import write_atomic
 
 log = get_logger(__name__)
@@ -42,7 +43,7 @@ MessageSink = Callable[[str, str, bytes], None]  # (topic, publisher peer id, da
 ContentLookup = Callable[[str], bytes | None]  # cid -> bytes this node holds, or None
 
 
-class P2PError(Exception):
+class P2PError(ZooError):
     """A peer operation failed (unreachable, refused, timed out, protocol violation)."""
 
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from zoo.registry import untrusted_json
 from zoo.registry.cids import cid_problem
+from zoo.registry.errors import ZooError
 
 LIBRARY_TOPIC = "/zoo/library/1"
 CAPABILITIES_TOPIC = "/zoo/capabilities/1"
@@ -29,7 +30,7 @@ Name = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"
 Endpoint = Annotated[str, StringConstraints(max_length=256, pattern=r"^[\x21-\x7e]*$")]
 
 
-class MessageError(ValueError):
+class MessageError(ZooError, ValueError):
     """A message that is not well-formed; `reason` is a short metrics label (oversized, malformed, ...)."""
 
     def __init__(self, reason: str, detail: str) -> None:

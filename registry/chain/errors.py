@@ -18,6 +18,7 @@ from web3.exceptions import ContractLogicError
 from zoo.contracts.build import Artifacts, build
 from zoo.registry.chain.ids import format_proposal_id
 from zoo.registry.chain.records import ProposalState
+from zoo.registry.errors import ZooError
 
 _ERROR_STRING_SELECTOR = bytes.fromhex("08c379a0")  # Error(string)
 _PANIC_SELECTOR = bytes.fromhex("4e487b71")  # Panic(uint256)
@@ -158,7 +159,7 @@ _TIME_FIELDS |= {"clock", "snapshot", "closedAt", "closesAt"}
 _REVERT_SOURCES = ("ExperienceRegistry", "KeeperToken", "AllowlistVoterRegistry", "UsageLedger")
 
 
-class ChainError(RuntimeError):
+class ChainError(ZooError, RuntimeError):
     """A chain interaction failed (RPC error, transaction not mined, missing signer)."""
 
 

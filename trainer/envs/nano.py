@@ -70,6 +70,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from zoo.registry.errors import ZooError
 from zoo.trainer.envs.tool_calls import (
     ToolCall,
     ToolCallError,
@@ -120,7 +121,7 @@ def approximate_token_count(text: str) -> int:
     return (len(text) + 3) // 4
 
 
-class NetworkIsolationUnavailable(RuntimeError):
+class NetworkIsolationUnavailable(ZooError, RuntimeError):
     """No way to run commands without network was found on this machine."""
 
 

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import torch
 
+from zoo.registry.errors import ZooError
 from zoo.trainer.gspo.policy import LoraPolicy
 from zoo.trainer.gspo.rollouts import Rollouts, eos_ids_of, policy_generate, stack
 from zoo.trainer.schedule import seed_of
@@ -41,7 +42,7 @@ class Environment(Protocol):
     def close(self) -> None: ...
 
 
-class EpisodeFormatError(RuntimeError):
+class EpisodeFormatError(ZooError, RuntimeError):
     """The chat template re-renders the conversation differently from the tokens already in it."""
 
 

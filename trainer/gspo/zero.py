@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from zoo.registry.errors import ZooError
 from zoo.trainer.gspo.processes import AcceleratedProcesses
 from zoo.trainer.gspo.rendezvous import free_port
 
@@ -53,7 +54,7 @@ OWNED = {
 FROM_SPEC = {"gradient_clipping": "max_grad_norm", "train_micro_batch_size_per_gpu": "micro_batch_size"}
 
 
-class ZeroConfigError(ValueError):
+class ZeroConfigError(ZooError, ValueError):
     """A DeepSpeed config this run cannot use; the message says which key and why."""
 
 

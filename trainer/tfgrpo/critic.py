@@ -31,6 +31,7 @@ import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
 from zoo.inference.backend import ResponseFormat
+from zoo.registry.errors import ZooError
 from zoo.registry.experience import MAX_TEXT_CHARS, MAX_WORDS, TRIGGER_WORDS, Experience
 from zoo.trainer.tfgrpo.llm import LLM, ContextTooSmall
 
@@ -145,8 +146,8 @@ class JsonStats:
         return {"retries": self.retries, "failures": self.failures, "cut": self.cut}
 
 
-class JsonReplyError(ValueError):
-    pass
+class JsonReplyError(ZooError, ValueError):
+    """A model's reply holds no JSON object that validates; the message says what was wrong with the last."""
 
 
 def parse_json_reply(text: str, model: type[M]) -> M:
