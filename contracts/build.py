@@ -51,7 +51,11 @@ _IMPORT_RE = re.compile(r"""^\s*import\s+(?:[^;"']*?\bfrom\s+)?["']([^"']+)["']"
 
 
 class CompilationError(RuntimeError):
-    """solc rejected the sources (or could not run); `errors` holds its formatted messages."""
+    """solc rejected the sources (or could not run); `errors` holds its formatted messages.
+
+    Not a ZooError: contracts is the layer below registry, where ZooError lives, and imports nothing of
+    zoo's; it is a build tool's error that no client sees.
+    """
 
     def __init__(self, errors: list[str]) -> None:
         self.errors = errors

@@ -12,7 +12,11 @@ from pathlib import Path
 
 
 class JsToolMissing(RuntimeError):
-    """A JavaScript tool that zoo-node needs is not installed."""
+    """A JavaScript tool that zoo-node needs is not installed.
+
+    Not a ZooError: contracts is the layer below registry, where ZooError lives, and imports nothing of
+    zoo's; it is a build tool's error that no client sees.
+    """
 
 
 def node_modules_dir() -> Path:

@@ -212,7 +212,8 @@ def decode_library_parts(
 
 
 class _NotCanonical(Exception):
-    pass
+    """Not a ZooError: a private signal inside decode_library_parts that leaves its fast path (the slow
+    path then decodes again and raises the ValidationError); it never leaves that function."""
 
 
 def _in_canonical_frame(doc: _LibraryOfRaw, data: bytes) -> bool:
@@ -315,7 +316,8 @@ def _load(data: bytes, what: str) -> Any:
 
 
 class _Refused(Exception):
-    pass
+    """Not a ZooError: a private signal of _load's JSON hooks, which _load turns into a ValidationError
+    naming the input; it never leaves that function."""
 
 
 # Canonical documents nest at most 5 levels (library > experiences > experience > factors/provenance).

@@ -47,7 +47,10 @@ class Resources:
 
 
 class StopRequested(Exception):
-    """Raised in a GSPO job's worker thread at a step boundary once the job is to stop."""
+    """Raised in a GSPO job's worker thread at a step boundary once the job is to stop.
+
+    Not a ZooError: a control-flow signal, not an error; it must pass through the trainer's handling of
+    ZooErrors untouched, up to the runner that raised it (it never reaches a client)."""
 
 
 def parse_spec(kind: str, spec: dict[str, Any]) -> Any:

@@ -37,11 +37,16 @@ class NoCapablePeer(BackendUnavailable):
 
 
 class _WrongRoot(Exception):
-    """A peer answered a pinned request from another library root (it is penalised; try the next)."""
+    """A peer answered a pinned request from another library root (it is penalised; try the next).
+
+    Not a ZooError: a private signal of the router, which asks the next peer; it never leaves this module."""
 
 
 class PeerRefused(Exception):
-    """The peer answered with a non-retryable status; the servicer passes its code and message on."""
+    """The peer answered with a non-retryable status; the servicer passes its code and message on.
+
+    Not a ZooError: it carries the peer's own status, which the servicers and the HTTP routes pass on as
+    received, so no one row of node/api/errors.py's table fits it."""
 
     def __init__(self, peer_id: str, code: grpc.StatusCode, details: str) -> None:
         super().__init__(f"peer {peer_id} answered {code.name}: {details}")

@@ -18,7 +18,10 @@ log = get_logger(__name__)
 
 
 class ApiError(Exception):
-    """An error answer in OpenAI's shape."""
+    """An error answer in OpenAI's shape.
+
+    Not a ZooError: it is the HTTP answer itself and carries its own status, so no one row of
+    node/api/errors.py's table fits it; it never leaves the HTTP API."""
 
     def __init__(
         self,
