@@ -357,6 +357,7 @@ def _prune(cache_dir: Path, keep: Path) -> None:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
+    # Not zoo.registry.fsutil.write_atomic: contracts is the bottom layer and may import no other zoo package.
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, NoReturn
@@ -22,6 +21,7 @@ from eth_account.signers.local import LocalAccount
 from eth_typing import ChecksumAddress
 
 from zoo.registry.errors import ZooError
+from zoo.registry.fsutil import write_atomic
 
 __all__ = [
     "DEFAULT_KEY_ENV",
@@ -174,16 +174,7 @@ def save_keystore(signer: Signer, path: str | Path, password: str, *, scrypt_n: 
     path = Path(path).expanduser()
     keyfile = Account.encrypt(signer.account.key, password, kdf="scrypt", iterations=scrypt_n)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(keyfile, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, json.dumps(keyfile).encode("utf-8"), mode=0o600)
     return path
 
 
