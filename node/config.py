@@ -11,9 +11,10 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -84,8 +85,17 @@ def parse_listen(value: str) -> tuple[str, int]:
     return m.group("host"), port
 
 
+def _valid_listen(value: str) -> str:
+    parse_listen(value)
+    return value
+
+
+ListenAddress = Annotated[str, AfterValidator(_valid_listen)]
+"""A HOST:PORT listen address, checked by parse_listen when the config is loaded."""
+
+
 class ServerConfig(_Section):
-    listen: str = "127.0.0.1:50051"
+    listen: ListenAddress = "127.0.0.1:50051"
     """gRPC listen address HOST:PORT; port 0 picks a free port (the chosen one is logged and written to
     DATA_DIR/node.json)."""
     grace_period_s: float = Field(10.0, ge=0, le=600)
@@ -104,12 +114,6 @@ class ServerConfig(_Section):
     max_concurrent_rpcs: int = Field(64, ge=1, le=10_000)
     """RPCs handled at once; further calls are refused with RESOURCE_EXHAUSTED."""
 
-    @field_validator("listen")
-    @classmethod
-    def _listen(cls, v: str) -> str:
-        parse_listen(v)
-        return v
-
     @model_validator(mode="after")
     def _tls_pair(self) -> ServerConfig:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -120,30 +124,18 @@ class ServerConfig(_Section):
 class MetricsConfig(_Section):
     enabled: bool = True
     """Serve Prometheus metrics over HTTP."""
-    listen: str = "127.0.0.1:9464"
+    listen: ListenAddress = "127.0.0.1:9464"
     """Metrics HTTP listen address HOST:PORT (port 0 picks a free port)."""
-
-    @field_validator("listen")
-    @classmethod
-    def _listen(cls, v: str) -> str:
-        parse_listen(v)
-        return v
 
 
 class HttpConfig(_Section):
     enabled: bool = True
     """Serve the OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/embeddings,
     /v1/models) in the daemon's process, sharing its model, admission queue and metrics."""
-    listen: str = "127.0.0.1:8080"
+    listen: ListenAddress = "127.0.0.1:8080"
     """HTTP listen address HOST:PORT (port 0 picks a free port; the chosen one is written to node.json)."""
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, le=1024**3)
     """Largest request body accepted; a bigger one is refused with 413."""
-
-    @field_validator("listen")
-    @classmethod
-    def _listen(cls, v: str) -> str:
-        parse_listen(v)
-        return v
 
 
 class LogConfig(_Section):
