@@ -12,8 +12,9 @@ the same spec.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -36,6 +37,21 @@ from zoo.node.cli.options import ConfigOpt, DataDirOpt
 app = typer.Typer(help="Run a learning job in the foreground, without a daemon.", no_args_is_help=True)
 
 
+def _exit_with(run: Callable[[], int], interrupted: str) -> NoReturn:
+    """Run a foreground job and exit with its code: a TrainingError exits 2 with its message, Ctrl-C
+    prints `interrupted` and exits 130."""
+    from zoo.node.jobs.foreground import TrainingError
+
+    try:
+        code = run()
+    except TrainingError as e:
+        raise fail(str(e), 2) from None
+    except KeyboardInterrupt:
+        err.print(interrupted)
+        raise typer.Exit(130) from None
+    raise typer.Exit(code)
+
+
 @with_spec_options
 def _train_tf_grpo(
     spec: dict[str, Any],
@@ -47,17 +63,13 @@ def _train_tf_grpo(
     """Run TF-GRPO in this process with the configured model (no daemon); Ctrl-C keeps the checkpoint."""
     import asyncio
 
-    from zoo.node.jobs.foreground import TrainingError, run_foreground
+    from zoo.node.jobs.foreground import run_foreground
 
     cfg = load(config, data_dir=data_dir and str(data_dir))
-    try:
-        code = asyncio.run(run_foreground(cfg, spec, out_dir, resume, ProgressView(err)))
-    except TrainingError as e:
-        raise fail(str(e), 2) from None
-    except KeyboardInterrupt:
-        err.print(f"interrupted; continue with the same command and --resume (checkpoint in {out_dir})")
-        raise typer.Exit(130) from None
-    raise typer.Exit(code)
+    _exit_with(
+        lambda: asyncio.run(run_foreground(cfg, spec, out_dir, resume, ProgressView(err))),
+        f"interrupted; continue with the same command and --resume (checkpoint in {out_dir})",
+    )
 
 
 app.command("tf-grpo")(_train_tf_grpo)
@@ -123,18 +135,14 @@ def _train_gspo(
     continue with --resume from its last checkpoint. --processes N shares each batch out over N workers
     (the same adapters as one process, within float tolerance); with --deepspeed their optimiser state and
     gradients are partitioned by DeepSpeed ZeRO."""
-    from zoo.node.jobs.foreground import TrainingError, run_gspo_foreground
+    from zoo.node.jobs.foreground import run_gspo_foreground
     from zoo.trainer.gspo.spec import GspoSpec  # noqa: F401  (documents where the options come from)
 
     cfg = load(config, data_dir=data_dir and str(data_dir))
-    try:
-        code = run_gspo_foreground(cfg, spec, out_dir, resume, GspoView(err), processes, deepspeed)
-    except TrainingError as e:
-        raise fail(str(e), 2) from None
-    except KeyboardInterrupt:
-        err.print(f"interrupted; continue with the same command and --resume (checkpoints in {out_dir})")
-        raise typer.Exit(130) from None
-    raise typer.Exit(code)
+    _exit_with(
+        lambda: run_gspo_foreground(cfg, spec, out_dir, resume, GspoView(err), processes, deepspeed),
+        f"interrupted; continue with the same command and --resume (checkpoints in {out_dir})",
+    )
 
 
 app.command("gspo")(with_spec_options(_train_gspo, gspo_options()))
@@ -188,17 +196,13 @@ def _sft_command(kind: str, summary: str) -> Any:
         config: Path | None = ConfigOpt,
         data_dir: Path | None = DataDirOpt,
     ) -> None:
-        from zoo.node.jobs.foreground import TrainingError, run_sft_foreground
+        from zoo.node.jobs.foreground import run_sft_foreground
 
         cfg = load(config, data_dir=data_dir and str(data_dir))
-        try:
-            code = run_sft_foreground(cfg, kind, spec, out_dir, SftView(err), processes, deepspeed)
-        except TrainingError as e:
-            raise fail(str(e), 2) from None
-        except KeyboardInterrupt:
-            err.print(f"interrupted; nothing was written to {out_dir}/adapter (a run starts over)")
-            raise typer.Exit(130) from None
-        raise typer.Exit(code)
+        _exit_with(
+            lambda: run_sft_foreground(cfg, kind, spec, out_dir, SftView(err), processes, deepspeed),
+            f"interrupted; nothing was written to {out_dir}/adapter (a run starts over)",
+        )
 
     command.__doc__ = summary
     command.__name__ = f"train_{kind}"
