@@ -78,6 +78,8 @@ app.command("tf-grpo")(_train_tf_grpo)
 class GspoView:
     """Renders a GSPO run: a bar for steps and a line per step."""
 
+    step_line = staticmethod(gspo_step_line)
+
     def __init__(self, console: Console) -> None:
         self.console = console
         self.progress = Progress(
@@ -102,7 +104,7 @@ class GspoView:
 
     def step(self, d: dict[str, Any]) -> None:
         self.progress.update(self.steps, total=d.get("steps_total"), completed=d.get("step"))
-        self.progress.console.print(gspo_step_line(d), highlight=False)
+        self.progress.console.print(self.step_line(d), highlight=False)
 
     def done(self, result: dict[str, Any]) -> None:
         self.progress.console.print(
@@ -153,6 +155,7 @@ class SftView(GspoView):
     and a line per step."""
 
     rollouts: TaskID | None = None
+    step_line = staticmethod(sft_step_line)
 
     def collect(self, d: dict[str, Any]) -> None:
         if self.rollouts is None:
@@ -166,10 +169,6 @@ class SftView(GspoView):
             f"{spec.epochs} epoch(s), {spec.batch_size} pairs a step, lr {spec.learning_rate:g}",
             highlight=False,
         )
-
-    def step(self, d: dict[str, Any]) -> None:
-        self.progress.update(self.steps, total=d.get("steps_total"), completed=d.get("step"))
-        self.progress.console.print(sft_step_line(d), highlight=False)
 
     def done(self, result: dict[str, Any]) -> None:
         source = f" from library {result['library_root']}" if result.get("library_root") else ""
