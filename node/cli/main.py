@@ -16,7 +16,7 @@ from rich.table import Table
 from zoo.node import __version__
 from zoo.node.cli.console import err, out
 from zoo.node.cli.context import load
-from zoo.node.cli.options import ConfigOpt, DataDirOpt
+from zoo.node.cli.options import ConfigOpt, DataDirOpt, JsonTableOpt, NodeAddressOpt
 
 app = typer.Typer(
     name="zoo-node",
@@ -100,10 +100,8 @@ def start(
 def status(
     config: Path | None = ConfigOpt,
     data_dir: Path | None = DataDirOpt,
-    address: str | None = typer.Option(
-        None, "--address", help="HOST:PORT of the node (default: from data dir)."
-    ),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    address: str | None = NodeAddressOpt,
+    as_json: bool = JsonTableOpt,
 ) -> None:
     """Ask the running node for its status and print a readable summary."""
     st = _ask_node(config, data_dir, address, lambda client: client.status())
@@ -147,10 +145,8 @@ def status(
 def peers(
     config: Path | None = ConfigOpt,
     data_dir: Path | None = DataDirOpt,
-    address: str | None = typer.Option(
-        None, "--address", help="HOST:PORT of the node (default: from data dir)."
-    ),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    address: str | None = NodeAddressOpt,
+    as_json: bool = JsonTableOpt,
 ) -> None:
     """List the peers the running node knows over libp2p: connection, score, capabilities, last seen."""
     import time

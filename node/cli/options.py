@@ -9,3 +9,5 @@ DataDirOpt = typer.Option(None, "--data-dir", help="Data directory (default ~/.l
 KeyOpt = typer.Option(
     None, "--key", help="Signing key: devN, env:VAR or keystore:PATH (default on the devnet: dev0)."
 )
+NodeAddressOpt = typer.Option(None, "--address", help="HOST:PORT of the node (default: from data dir).")
+JsonTableOpt = typer.Option(False, "--json", help="Print JSON instead of a table.")

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from zoo.node.cli.console import err, out
 from zoo.node.cli.context import load
-from zoo.node.cli.options import ConfigOpt, DataDirOpt
+from zoo.node.cli.options import ConfigOpt, DataDirOpt, JsonTableOpt
 
 app = typer.Typer(help="Usage this node has metered for experience authors.", no_args_is_help=True)
 
@@ -23,7 +23,7 @@ app = typer.Typer(help="Usage this node has metered for experience authors.", no
 @app.command()
 def report(
     epoch: int | None = typer.Option(None, "--epoch", min=0, help="Epoch number (default: the current one)."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    as_json: bool = JsonTableOpt,
     config: Path | None = ConfigOpt,
     data_dir: Path | None = DataDirOpt,
 ) -> None:
