@@ -86,6 +86,14 @@ def _select(store: Any, which: str | None) -> Any:
     return store.get(version=int(which)).library
 
 
+def _load_version(config: Path | None, data_dir: Path | None, which: str | None) -> Any:
+    """`_select` in the configured data dir's store; a domain error exits 1 with its message."""
+    try:
+        return _select(_store(_cfg(config, data_dir)), which)
+    except _domain_errors() as e:
+        raise _fail(str(e)) from None
+
+
 def _replace_experiences(lib: Any, experiences: Any) -> Any:
     from zoo.registry.experience import Library
 
@@ -109,10 +117,7 @@ def show(
     from zoo.registry.canonical import encode_library
     from zoo.registry.merkle import library_root
 
-    try:
-        lib = _select(_store(_cfg(config, data_dir)), version)
-    except _domain_errors() as e:
-        raise _fail(str(e)) from None
+    lib = _load_version(config, data_dir, version)
     if as_json:
         out.print_json(encode_library(lib).decode())
         return
@@ -278,10 +283,7 @@ def export(
     from zoo.registry.canonical import encode_library
     from zoo.registry.fsutil import write_atomic
 
-    try:
-        lib = _select(_store(_cfg(config, data_dir)), version)
-    except _domain_errors() as e:
-        raise _fail(str(e)) from None
+    lib = _load_version(config, data_dir, version)
     write_atomic(file, encode_library(lib))
     out.print(f"wrote version {lib.version} ({len(lib.experiences)} experiences) to {file}")
 
