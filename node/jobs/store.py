@@ -243,23 +243,11 @@ class JobStore:
         return self._conn
 
     @contextlib.contextmanager
-    def _read(self) -> Iterator[sqlite3.Connection]:
-        """A consistent snapshot for several SELECTs (a deferred transaction takes no write lock)."""
+    def _transaction(self, begin: str) -> Iterator[sqlite3.Connection]:
+        """A transaction opened with `begin`: committed when the block ends, rolled back if it raises."""
         with self._lock:
             conn = self._connection()
-            conn.execute("BEGIN")
-            try:
-                yield conn
-            finally:
-                if conn.in_transaction:
-                    conn.execute("COMMIT")
-
-    @contextlib.contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """One all-or-nothing write transaction: committed when the block ends, rolled back if it raises."""
-        with self._lock:
-            conn = self._connection()
-            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(begin)
             try:
                 yield conn
                 conn.execute("COMMIT")
@@ -267,6 +255,14 @@ class JobStore:
                 if conn.in_transaction:  # also when COMMIT itself failed (disk full, I/O error)
                     conn.execute("ROLLBACK")
                 raise
+
+    def _read(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        """A consistent snapshot for several SELECTs (a deferred transaction takes no write lock)."""
+        return self._transaction("BEGIN")
+
+    def _write(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        """One all-or-nothing write transaction: committed when the block ends, rolled back if it raises."""
+        return self._transaction("BEGIN IMMEDIATE")
 
     # -- helpers run inside a transaction -------------------------------------------------------
 
