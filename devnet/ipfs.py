@@ -173,7 +173,7 @@ class IpfsDaemon:
         if not lock.exists() and not api_file.exists():
             return
         url = _multiaddr_to_url(api_file.read_text()) if api_file.exists() else None
-        if url is not None and _answers(url):
+        if url is not None and api_answers(url):
             raise IpfsDaemonError(f"another IPFS daemon is already running on {self.repo_dir} at {url}")
         if lock.is_dir():
             shutil.rmtree(lock, ignore_errors=True)
@@ -199,7 +199,7 @@ class IpfsDaemon:
             url = _multiaddr_to_url(api_file.read_text()) if api_file.exists() else None
             if url is None and self.api_port:
                 url = f"http://127.0.0.1:{self.api_port}"
-            if url is not None and _answers(url):
+            if url is not None and api_answers(url):
                 self._api_url = url
                 return
             time.sleep(0.1)
@@ -228,7 +228,8 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def _answers(url: str) -> bool:
+def api_answers(url: str) -> bool:
+    """Whether an IPFS RPC API answers at `url` (its /api/v0/version, within 2 s)."""
     try:
         return httpx.post(f"{url}/api/v0/version", timeout=2.0).status_code == 200
     except httpx.HTTPError:

@@ -101,10 +101,12 @@ class Devnet:
 
     def running(self) -> DevnetInfo | None:
         """The devnet if it is fully up: every recorded process alive and both endpoints answering."""
+        from zoo.devnet.ipfs import api_answers
+
         info = self.info()
         if info is None or not info.ready or not all(p.alive() for p in info.processes):
             return None
-        if not (_rpc_answers(info.rpc_url) and _ipfs_answers(info.ipfs_api)):
+        if not (_rpc_answers(info.rpc_url) and api_answers(info.ipfs_api)):
             return None
         return info
 
@@ -453,11 +455,4 @@ def _rpc_answers(url: str) -> bool:
         )
         return r.status_code == 200 and "result" in r.json()
     except (httpx.HTTPError, ValueError):
-        return False
-
-
-def _ipfs_answers(url: str) -> bool:
-    try:
-        return httpx.post(f"{url}/api/v0/version", timeout=2).status_code == 200
-    except httpx.HTTPError:
         return False
