@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from zoo.inference.adapters import AdapterDirectory, AdapterRef
 from zoo.inference.backend import Backend, ChoiceGroup, Chunk, GenerationRequest, ResponseFormat, TokenLogprob
 from zoo.inference.defaults import DEFAULT_EXPERIENCE_BUDGET, DEFAULT_LESSON_POSITION, LessonPosition
-from zoo.inference.prompt import Assembled, PromptTooLong, assemble, parse_citations
+from zoo.inference.prompt import Assembled, assemble, check_fits, parse_citations
 from zoo.inference.tools import ToolCall, ToolSpec, parse_answer, render_turns, template_messages
 from zoo.registry.errors import ValidationError, ZooError
 
@@ -309,14 +309,7 @@ class InferenceEngine:
         """A plain-text prompt as given (no experiences), checked against the context window."""
         assert p.prompt is not None
         tokens = len(p.prompt) if isinstance(p.prompt, list) else self.backend.count_text_tokens(p.prompt)  # type: ignore[attr-defined]
-        if tokens + p.max_tokens > self.backend.context_length:
-            raise PromptTooLong(
-                "prompt",
-                f"the prompt takes {tokens} tokens and max_tokens is {p.max_tokens}; together they exceed "
-                f"the model's context of {self.backend.context_length} tokens",
-                prompt_tokens=tokens,
-                context_length=self.backend.context_length,
-            )
+        check_fits("prompt", tokens, p.max_tokens, self.backend.context_length)
         return Assembled(p.messages, [], prompt_tokens=tokens)
 
     def _adapter(self, name: str) -> AdapterRef:

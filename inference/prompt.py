@@ -113,6 +113,18 @@ def with_experiences(
     return [system, *turns, *rest]
 
 
+def check_fits(field: str, prompt_tokens: int, max_tokens: int, context_length: int) -> None:
+    """PromptTooLong (naming `field`) unless the prompt and the answer it may grow fit the context."""
+    if prompt_tokens + max_tokens > context_length:
+        raise PromptTooLong(
+            field,
+            f"the prompt takes {prompt_tokens} tokens and max_tokens is {max_tokens}; together they exceed "
+            f"the model's context of {context_length} tokens",
+            prompt_tokens=prompt_tokens,
+            context_length=context_length,
+        )
+
+
 def assemble(
     messages: Messages,
     hits: Sequence[Any],
@@ -125,14 +137,7 @@ def assemble(
 ) -> Assembled:
     """Fit as many of the hits (sorted best first) as the budget and the context window allow."""
     base = count_tokens(messages)
-    if base + max_tokens > context_length:
-        raise PromptTooLong(
-            "messages",
-            f"the prompt takes {base} tokens and max_tokens is {max_tokens}; together they exceed the "
-            f"model's context of {context_length} tokens",
-            prompt_tokens=base,
-            context_length=context_length,
-        )
+    check_fits("messages", base, max_tokens, context_length)
     ranked = sorted(hits, key=lambda h: (-h.score, h.experience.id))
     kept = list(ranked)
     while kept:
