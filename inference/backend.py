@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from zoo.inference.defaults import DEFAULT_MAX_TOKENS
 from zoo.registry.errors import ZooError
 
 
@@ -68,7 +69,7 @@ class ChoiceGroup:
 @dataclass
 class GenerationRequest:
     messages: list[dict[str, str]]  # [{"role": "system"|"user"|"assistant", "content": ...}]
-    max_tokens: int = 256
+    max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
     seed: int = 0

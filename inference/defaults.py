@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 DEFAULT_K = 5  # experiences retrieved into a prompt
+DEFAULT_MAX_TOKENS = 256  # tokens generated when a request does not say
 DEFAULT_EXPERIENCE_BUDGET = 512  # prompt tokens the experiences may take
 
 LessonPosition = Literal["system", "user"]

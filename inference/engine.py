@@ -15,7 +15,13 @@ from typing import Any, Protocol
 
 from zoo.inference.adapters import AdapterDirectory, AdapterRef
 from zoo.inference.backend import Backend, ChoiceGroup, Chunk, GenerationRequest, ResponseFormat, TokenLogprob
-from zoo.inference.defaults import DEFAULT_EXPERIENCE_BUDGET, DEFAULT_LESSON_POSITION, LessonPosition
+from zoo.inference.defaults import (
+    DEFAULT_EXPERIENCE_BUDGET,
+    DEFAULT_K,
+    DEFAULT_LESSON_POSITION,
+    DEFAULT_MAX_TOKENS,
+    LessonPosition,
+)
 from zoo.inference.prompt import Assembled, assemble, check_fits, parse_citations
 from zoo.inference.tools import ToolCall, ToolSpec, parse_answer, render_turns, template_messages
 from zoo.registry.errors import ValidationError, ZooError
@@ -29,8 +35,8 @@ class Unsupported(ZooError):
 class InferParams:
     messages: list[dict[str, str]]
     domain: str = ""
-    k: int = 5
-    max_tokens: int = 256
+    k: int = DEFAULT_K
+    max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None

@@ -30,6 +30,7 @@ from zoo.inference.defaults import (
     DEFAULT_FACTOR_ETA,
     DEFAULT_K,
     DEFAULT_LESSON_POSITION,
+    DEFAULT_MAX_TOKENS,
     DEFAULT_MIN_SIMILARITY,
     LessonPosition,
     ServingDefaults,
@@ -281,7 +282,7 @@ class InferenceConfig(_Section):
     """Largest k a request may ask for."""
     experience_budget_tokens: int = Field(DEFAULT_EXPERIENCE_BUDGET, ge=0, le=100_000)
     """Prompt tokens the experience block may take; lowest-scoring experiences are dropped to fit."""
-    default_max_tokens: int = Field(256, ge=1, le=100_000)
+    default_max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1, le=100_000)
     """Tokens generated when a request does not say."""
     max_tokens_limit: int = Field(2048, ge=1, le=100_000)
     """Largest max_tokens a request may ask for."""
