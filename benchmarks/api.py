@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 os.environ.pop("OMP_WAIT_POLICY", None)  # passive OpenMP waits slow llama.cpp two- to threefold
 
-from zoo.inference.backend import ChoiceGroup, GenerationRequest, ResponseFormat, generate  # noqa: E402
+from zoo.inference.backend_protocol import ChoiceGroup, GenerationRequest, ResponseFormat, generate  # noqa: E402
 from zoo.inference.engine import choice_seed  # noqa: E402
 from zoo.inference.tools import Tool, ToolSpec, parse_answer, render_turns  # noqa: E402
 
@@ -96,13 +96,13 @@ def main() -> None:
 
 def load(name: str) -> Any:
     if name == "llamacpp":
-        from zoo.inference.llamacpp.backend import LlamaCppBackend
-        from zoo.inference.models import bundled_gguf
+        from zoo.inference.bundled_models import bundled_gguf
+        from zoo.inference.llamacpp.llamacpp_backend import LlamaCppBackend
 
         return LlamaCppBackend.load(bundled_gguf(), "local", max_batch_size=16, threads=THREADS)
     import torch
 
-    from zoo.inference.models import prepare_bundled_chat_model
+    from zoo.inference.bundled_models import prepare_bundled_chat_model
     from zoo.inference.transformers_backend import TransformersBackend
     from zoo.node.config import default_cache_dir
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from zoo.inference.bundled_models import prepare_bundled_chat_model
 from zoo.inference.factors import (
     ExpertFactorLogitsProcessor,
     build_processor,
@@ -37,7 +38,6 @@ from zoo.inference.factors import (
     sparse_fp32_nbytes,
     tokenizer_tag,
 )
-from zoo.inference.models import prepare_bundled_chat_model
 from zoo.registry.canonical import encode_experience
 from zoo.registry.experience import Experience
 

@@ -580,7 +580,7 @@ def main() -> None:
 
     transformers_logging.disable_progress_bar()
 
-    from zoo.inference.models import prepare_bundled_chat_model
+    from zoo.inference.bundled_models import prepare_bundled_chat_model
     from zoo.node.config import default_cache_dir
     from zoo.trainer.tasks import families
     from zoo.trainer.tasks.loading import load_jsonl

@@ -140,7 +140,7 @@ def main() -> None:
 
     transformers_logging.disable_progress_bar()
 
-    from zoo.inference.models import prepare_bundled_chat_model
+    from zoo.inference.bundled_models import prepare_bundled_chat_model
     from zoo.node.config import default_cache_dir
     from zoo.trainer.gspo.job import run_gspo
     from zoo.trainer.gspo.spec import GspoSpec

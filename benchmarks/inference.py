@@ -50,8 +50,8 @@ from tests.conftest import NodeProcess, base_config, launch, write_config  # noq
 # slows llama.cpp's OpenMP barriers two- to threefold, here and in the nodes this benchmark launches.
 if _POLICY is None:
     os.environ.pop("OMP_WAIT_POLICY", None)
-from zoo.inference.backend import GenerationRequest, ResponseFormat, generate  # noqa: E402
-from zoo.inference.models import prepare_bundled_chat_model  # noqa: E402
+from zoo.inference.backend_protocol import GenerationRequest, ResponseFormat, generate  # noqa: E402
+from zoo.inference.bundled_models import prepare_bundled_chat_model  # noqa: E402
 from zoo.inference.transformers_backend import TransformersBackend  # noqa: E402
 from zoo.node.client import NodeClient  # noqa: E402
 from zoo.node.config import default_cache_dir  # noqa: E402
@@ -111,8 +111,8 @@ def main() -> None:
 
 def local_backend(name: str) -> Any:
     if name == "llamacpp":
-        from zoo.inference.llamacpp.backend import LlamaCppBackend
-        from zoo.inference.models import bundled_gguf
+        from zoo.inference.bundled_models import bundled_gguf
+        from zoo.inference.llamacpp.llamacpp_backend import LlamaCppBackend
 
         return LlamaCppBackend.load(bundled_gguf(), "local", max_batch_size=16, threads=THREADS)
     import torch
@@ -384,7 +384,7 @@ engine, tokens, prompt, runs = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(s
 messages = [{"role": "user", "content": prompt}]
 if engine == "llama-cpp-python":
     from llama_cpp import Llama
-    from zoo.inference.models import bundled_gguf
+    from zoo.inference.bundled_models import bundled_gguf
     llm = Llama(model_path=str(bundled_gguf()), n_ctx=4096, n_threads=THREADS, n_threads_batch=THREADS,
                 verbose=False)
     def once():
@@ -393,7 +393,7 @@ if engine == "llama-cpp-python":
 else:
     sys.path.insert(0, "REPO")
     from benchmarks.inference import local_backend
-    from zoo.inference.backend import GenerationRequest, generate
+    from zoo.inference.backend_protocol import GenerationRequest, generate
     backend = local_backend(engine)
     def once():
         r = asyncio.run(generate(backend, GenerationRequest(messages, max_tokens=tokens)))
@@ -507,8 +507,8 @@ def grammar_engines(samples: int) -> None:
     import numpy as np
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-    from zoo.inference.llamacpp.backend import LlamaCppBackend
-    from zoo.inference.models import bundled_gguf
+    from zoo.inference.bundled_models import bundled_gguf
+    from zoo.inference.llamacpp.llamacpp_backend import LlamaCppBackend
 
     backend = LlamaCppBackend.load(bundled_gguf(), "local", max_batch_size=16, threads=THREADS)
     convos, critic_schema = _critic_prompts(samples)

@@ -70,6 +70,7 @@ from zoo.inference.retriever import Retriever
 from zoo.registry.canonical import decode_library, encode_library
 from zoo.registry.experience import Experience, Library
 from zoo.registry.ipfs import IpfsClient
+from zoo.registry.library_store import LibraryStore
 from zoo.registry.merkle import (
     MerkleTree,
     decode_library_leaves,
@@ -78,7 +79,6 @@ from zoo.registry.merkle import (
     library_root,
     verify_inclusion,
 )
-from zoo.registry.store import LibraryStore
 from zoo.registry.sync import LibrarySyncer
 
 BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"

@@ -19,9 +19,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from zoo.inference.backend import GenerationRequest, GenerationResult, generate
-from zoo.inference.llamacpp.backend import LlamaCppBackend
-from zoo.inference.models import bundled_gguf
+from zoo.inference.backend_protocol import GenerationRequest, GenerationResult, generate
+from zoo.inference.bundled_models import bundled_gguf
+from zoo.inference.llamacpp.llamacpp_backend import LlamaCppBackend
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.inference.near_ties import LOGPROB_TOL, disagreement

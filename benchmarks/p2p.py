@@ -29,14 +29,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.conftest import NodeProcess, base_config, launch, write_config  # noqa: E402
-from tests.sync.test_node_sync import chain_of, status, wait_until  # noqa: E402
-from tests.sync.test_sync import Chain  # noqa: E402
+from tests.node.test_node_sync import chain_of, status, wait_until  # noqa: E402
+from tests.registry.test_sync import Chain  # noqa: E402
 from zoo.devnet.info import DevnetInfo  # noqa: E402
 from zoo.devnet.manager import Devnet  # noqa: E402
 from zoo.node.client import NodeClient  # noqa: E402
 from zoo.node.p2p.messages import Announcement, Capabilities, encode  # noqa: E402
+from zoo.registry.library_store import root_hex  # noqa: E402
 from zoo.registry.merkle import library_root  # noqa: E402
-from zoo.registry.store import root_hex  # noqa: E402
 from zoo.v1 import inference_pb2 as pb  # noqa: E402
 
 BUNDLED = "HuggingFaceTB/SmolLM2-135M-Instruct"

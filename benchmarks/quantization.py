@@ -64,7 +64,7 @@ from typing import Any
 import numpy as np
 
 from zoo.devnet.process import dies_with_this_process
-from zoo.inference.models import BUNDLED_CHAT_MODEL_ID, bundled_gguf
+from zoo.inference.bundled_models import BUNDLED_CHAT_MODEL_ID, bundled_gguf
 from zoo.node.config import default_cache_dir
 
 PROMPT = "Explain in two sentences why the sky is blue."
@@ -222,7 +222,7 @@ def memory_mb() -> tuple[float, float]:
 
 async def timed_batch(backend: Any, size: int, tokens: int) -> float:
     """New tokens per second of `size` identical requests sent at once."""
-    from zoo.inference.backend import GenerationRequest, generate
+    from zoo.inference.backend_protocol import GenerationRequest, generate
 
     messages = [{"role": "user", "content": PROMPT}]
     requests = [GenerationRequest(messages, max_tokens=tokens) for _ in range(size)]
@@ -233,7 +233,7 @@ async def timed_batch(backend: Any, size: int, tokens: int) -> float:
 
 async def serve(path: Path, runs: int, tokens: int) -> dict[str, Any]:
     """Child: the llamacpp backend on `path`, single stream then CLIENTS at once; rates and memory."""
-    from zoo.inference.llamacpp.backend import LlamaCppBackend
+    from zoo.inference.llamacpp.llamacpp_backend import LlamaCppBackend
 
     backend = LlamaCppBackend.load(path, "local", max_batch_size=CLIENTS, threads=THREADS)
     try:

@@ -42,7 +42,7 @@ CLIENTS = 16
 LLAMA_RUN = """
 import json, sys, time
 from llama_cpp import Llama
-from zoo.inference.models import bundled_gguf
+from zoo.inference.bundled_models import bundled_gguf
 threads, runs, tokens, prompt = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 llm = Llama(model_path=str(bundled_gguf()), n_ctx=4096, n_threads=threads, n_threads_batch=threads,
             verbose=False)

@@ -41,7 +41,7 @@ from zoo.inference.embedder import SentenceTransformerEmbedder
 from zoo.inference.embedding_cache import EmbeddingCache
 from zoo.inference.retrieval import DEFAULT_ANN_THRESHOLD, cache_model_key
 from zoo.registry.experience import Experience, Library
-from zoo.registry.store import LibraryStore
+from zoo.registry.library_store import LibraryStore
 
 BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DOMAINS = ["math", "math.geometry", "math.algebra", "finance", "finance.tax", "cs", "biology", "chemistry"]

@@ -139,11 +139,11 @@ def load_backend(args: argparse.Namespace) -> Any:
             raise SystemExit("--backend openai needs --base-url and --model")
         return OpenAIBackend(args.base_url, args.model, max_concurrency=args.concurrency)
     if args.backend == "llamacpp":
-        from zoo.inference.llamacpp.backend import LlamaCppBackend
-        from zoo.inference.models import bundled_gguf
+        from zoo.inference.bundled_models import bundled_gguf
+        from zoo.inference.llamacpp.llamacpp_backend import LlamaCppBackend
 
         return LlamaCppBackend.load(bundled_gguf(), "HuggingFaceTB/SmolLM2-135M-Instruct", threads=2)
-    from zoo.inference.models import prepare_bundled_chat_model
+    from zoo.inference.bundled_models import prepare_bundled_chat_model
     from zoo.inference.transformers_backend import TransformersBackend
     from zoo.node.config import default_cache_dir
 
@@ -346,7 +346,7 @@ class Adapters:
     """Trained adapters installed under unique names, so the one loaded model serves them side by side."""
 
     def __init__(self, root: Path, model_id: str) -> None:
-        from zoo.inference.models import prepare_bundled_chat_model
+        from zoo.inference.bundled_models import prepare_bundled_chat_model
         from zoo.node.config import default_cache_dir
 
         self.directory = AdapterDirectory(root)

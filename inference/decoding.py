@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from zoo.inference.adapters import AdapterLoadError
-from zoo.inference.backend import (
+from zoo.inference.backend_protocol import (
     BackendError,
     Chunk,
     GenerationRequest,

@@ -18,9 +18,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from zoo.inference.bundled_models import ModelUnavailable, bundled_embedder_dir
 from zoo.inference.mean_pooled import MeanPooledEncoder, mean_pooled_layout
 from zoo.inference.model_loading import MODEL_LOADING
-from zoo.inference.models import ModelUnavailable, bundled_embedder_dir
 
 # Files that document a model but do not change what it computes; hashing them would only force
 # a needless re-embedding of every experience when a README is edited.

@@ -14,7 +14,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from zoo.inference.adapters import AdapterDirectory, AdapterRef
-from zoo.inference.backend import Backend, ChoiceGroup, Chunk, GenerationRequest, ResponseFormat, TokenLogprob
+from zoo.inference.backend_protocol import (
+    Backend,
+    ChoiceGroup,
+    Chunk,
+    GenerationRequest,
+    ResponseFormat,
+    TokenLogprob,
+)
 from zoo.inference.defaults import (
     DEFAULT_EXPERIENCE_BUDGET,
     DEFAULT_K,

@@ -33,7 +33,7 @@ from zoo.inference.embedder import Embedder
 from zoo.inference.ivf import IvfIndex
 from zoo.inference.retrieval import RetrievalIndex, cache_model_key, library_rows
 from zoo.registry.fsutil import write_atomic
-from zoo.registry.store import StoredVersion
+from zoo.registry.library_store import StoredVersion
 
 log = logging.getLogger(__name__)
 

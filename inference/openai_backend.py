@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from zoo.inference.backend import (
+from zoo.inference.backend_protocol import (
     BackendError,
     BackendUnavailable,
     Chunk,

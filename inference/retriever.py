@@ -20,7 +20,7 @@ from zoo.inference.retrieval import (
     ProgressFn,
     RetrievalIndex,
 )
-from zoo.registry.store import StoredVersion
+from zoo.registry.library_store import StoredVersion
 
 
 class Snapshot(NamedTuple):

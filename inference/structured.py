@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zoo.inference.backend import ResponseFormat
+from zoo.inference.backend_protocol import ResponseFormat
 from zoo.registry import untrusted_json
 from zoo.registry.errors import ValidationError
 

@@ -1,7 +1,7 @@
 """Transformers backend: a local Hugging Face causal LM (the bundled SmolLM2 by default) on CPU or GPU.
 
-Generation goes through the continuous batcher (batching.py): concurrent requests share each decode
-step's forward pass, and text reaches the caller's event loop as it is produced. Each request samples
+Generation goes through the continuous batcher (transformers_scheduler.py): concurrent requests share each
+decode step's forward pass, and text reaches the caller's event loop as it is produced. Each request samples
 with its own seeded generator, so seeded output does not depend on what else is running.
 """
 
@@ -15,12 +15,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from zoo.inference.backend import Chunk, GenerationRequest, ResponseFormat, prompt_token_ids
-from zoo.inference.batching import ContinuousBatcher
+from zoo.inference.backend_protocol import Chunk, GenerationRequest, ResponseFormat, prompt_token_ids
 from zoo.inference.decoding import relay
 from zoo.inference.model_loading import MODEL_LOADING
 from zoo.inference.structured import GrammarCache, JsonConstraint, hf_tokenizer_info
 from zoo.inference.tools import native_tool_syntax
+from zoo.inference.transformers_scheduler import ContinuousBatcher
 
 
 def _cpu_computes_bf16() -> bool:

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from zoo.inference.backend import (
+from zoo.inference.backend_protocol import (
     BackendUnavailable,
     Chunk,
     GenerationRequest,

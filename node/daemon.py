@@ -17,18 +17,18 @@ from typing import TYPE_CHECKING, Any
 from zoo.inference.adapters import AdapterDirectory
 from zoo.node import __version__
 from zoo.node.api.admission import Admission
+from zoo.node.api.grpc_server import BindError, HealthBridge, build_server
 from zoo.node.api.http.routes import ApiDeps, embedder_model_id
 from zoo.node.api.http.server import HttpServer, start_http_api
-from zoo.node.api.inference import InferenceServicer, serving_stats
+from zoo.node.api.inference_service import InferenceServicer, serving_stats
 from zoo.node.api.jobs import JobServicer
 from zoo.node.api.library import LibraryServicer
 from zoo.node.api.node import NodeServicer
-from zoo.node.api.server import BindError, HealthBridge, build_server
 from zoo.node.api.serving import ServingRules
 from zoo.node.components.inference import RetrievalComponent, answer_metering, engine_provider
 from zoo.node.components.library import LibraryComponent
-from zoo.node.components.models import model_id, resolve_model_path, training_weights, trains_lora
 from zoo.node.components.probes import ChainComponent, IpfsComponent, ModelComponent
+from zoo.node.components.served_model import model_id, resolve_model_path, training_weights, trains_lora
 from zoo.node.components.supervisor import Supervisor
 from zoo.node.config import NodeConfig, parse_listen
 from zoo.node.credits.book import CreditBook
@@ -42,7 +42,7 @@ from zoo.node.lifecycle import Component, DisabledComponent
 from zoo.node.logs import configure_logging, get_logger
 from zoo.node.metrics import NodeMetrics
 from zoo.registry.errors import ZooError
-from zoo.registry.store import LibraryStore
+from zoo.registry.library_store import LibraryStore
 from zoo.v1 import inference_pb2_grpc, jobs_pb2_grpc, library_pb2_grpc, node_pb2_grpc
 
 if TYPE_CHECKING:  # imported where p2p is enabled: py-libp2p is heavy at start-up
@@ -271,7 +271,7 @@ def _job_runner(
     retrieval: RetrievalComponent,
     metrics: NodeMetrics,
 ) -> JobRunner:
-    from zoo.inference.models import ModelUnavailable, is_prepared
+    from zoo.inference.bundled_models import ModelUnavailable, is_prepared
     from zoo.node.jobs.store import JobState, JobStore
 
     lora_jobs = trains_lora(cfg)
@@ -403,7 +403,7 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
     admin_token = (
         cfg.server.admin_token.get_secret_value() if cfg.server.admin_token else data_dir.admin_token()
     )
-    from zoo.inference.models import ModelUnavailable
+    from zoo.inference.bundled_models import ModelUnavailable
 
     try:
         model_path = await asyncio.to_thread(resolve_model_path, cfg)

@@ -1,5 +1,5 @@
 """ZooError, the root of zoo-node's exceptions, and the domain exceptions of the registry layer;
-node/api/errors.py maps each class to one gRPC status code and one HTTP status."""
+node/api/status_codes.py maps each class to one gRPC status code and one HTTP status."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ class ZooError(Exception):
     """Base of zoo-node's exceptions; `values` keeps the offending values for logs and error details.
 
     Every exception class of the packages derives from it, or says in its docstring why it must not ("Not a
-    ZooError: ..."); node/api/errors.py gives each one gRPC code and one HTTP status."""
+    ZooError: ..."); node/api/status_codes.py gives each one gRPC code and one HTTP status."""
 
     def __init__(self, message: str, **values: object) -> None:
         super().__init__(message)

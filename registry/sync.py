@@ -18,8 +18,8 @@ from typing import Protocol
 from zoo.registry.cids import cid_problem, shown_cid
 from zoo.registry.errors import ContentTooLarge, IntegrityError, ValidationError
 from zoo.registry.fsutil import write_atomic
+from zoo.registry.library_store import LibraryStore, StoredVersion, root_hex
 from zoo.registry.merkle import decode_library_leaves
-from zoo.registry.store import LibraryStore, StoredVersion, root_hex
 
 DEFAULT_MAX_LIBRARY_BYTES = 64 * 1024 * 1024
 

@@ -6,7 +6,7 @@ child's blocksize), sha2-256, base32. A file of one chunk is the raw block itsel
 
 Written by hand because no maintained Python package builds UnixFS DAGs (the PyPI `ipfs-cid` hashes
 only a single raw block); the dag-pb and UnixFS messages are three tiny protobufs encoded below.
-tests/library/test_unixfs.py checks every result against a real IPFS daemon's `add --only-hash`.
+tests/registry/test_unixfs.py checks every result against a real IPFS daemon's `add --only-hash`.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ running request its next token, and joining requests a chunk of their prompt.
 
 Written by hand, and why: llama-cpp-python's `Llama` object runs one sequence at a time, and llama.cpp's
 own server is a separate process with its own HTTP API. Here each request keeps its own sampling, seed,
-stop strings, expert factors, grammar and adapter, as in the transformers batcher (batching.py), and
-shares its per-request bookkeeping (decoding.py).
+stop strings, expert factors, grammar and adapter, as in the transformers batcher
+(transformers_scheduler.py), and shares its per-request bookkeeping (decoding.py).
 
 - KV cache: one stream per slot (`kv_unified = false`), each `context_length` tokens: a request's attention
   reads only its own keys, so a step costs what its rows need, not the whole cache. The cache is allocated
@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from zoo.inference.adapters import AdapterLoadError
-from zoo.inference.backend import GenerationRequest
+from zoo.inference.backend_protocol import GenerationRequest
 from zoo.inference.decoding import (
     BatchStats,
     DecodingState,

@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 from grpc.aio import AbortError
 
-from zoo.node.api.errors import status_for
+from zoo.node.api.status_codes import status_for
 from zoo.node.credits.identity import CLIENT, Identify
 from zoo.node.credits.signing import HEADER, SPEND_HEADER, SignatureError
 from zoo.node.logs import get_logger

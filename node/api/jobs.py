@@ -1,7 +1,7 @@
 """JobService: submit, inspect, watch and cancel learning jobs (admin-only; the interceptor checks the token).
 
-Errors map to status codes through node/api/errors.py: a bad spec or id is INVALID_ARGUMENT, an unknown job
-NOT_FOUND, cancelling a finished job FAILED_PRECONDITION, a full queue RESOURCE_EXHAUSTED and a GSPO job
+Errors map to status codes through node/api/status_codes.py: a bad spec or id is INVALID_ARGUMENT, an unknown
+job NOT_FOUND, cancelling a finished job FAILED_PRECONDITION, a full queue RESOURCE_EXHAUSTED and a GSPO job
 on a node whose model is remote (no local weights to train) FAILED_PRECONDITION.
 """
 

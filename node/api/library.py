@@ -15,8 +15,8 @@ from zoo.node.components.library import LibraryComponent
 from zoo.registry.canonical import encode_experience
 from zoo.registry.errors import NotFound, ValidationError
 from zoo.registry.experience import ID_RE, Experience
+from zoo.registry.library_store import StoredVersion
 from zoo.registry.merkle import InclusionProof, MerkleTree, leaf_hash, library_tree, verify_inclusion
-from zoo.registry.store import StoredVersion
 from zoo.v1 import library_pb2, library_pb2_grpc
 
 MAX_PAGE = 1000

@@ -1,5 +1,5 @@
-"""The serving rules both front doors (gRPC, node/api/inference.py; HTTP, node/api/http/routes.py) apply,
-in one place so they cannot drift: request validation (validate_params, naming fields as each door's
+"""The serving rules both front doors (gRPC, node/api/inference_service.py; HTTP, node/api/http/routes.py)
+apply, in one place so they cannot drift: request validation (validate_params, naming fields as each door's
 client sent them), placement (here, with an adapter, or at a peer), readiness and credit priority.
 
 Placement is one rule. A request names the base model (or none): here. One of this node's adapters: here,
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from zoo.inference.adapters import check_adapter_name
-from zoo.inference.backend import BackendUnavailable, ResponseFormat
+from zoo.inference.backend_protocol import BackendUnavailable, ResponseFormat
 from zoo.inference.engine import InferenceEngine, InferOutcome, InferParams, UsedExperience
 from zoo.inference.tools import Tool, ToolSpec, check_tools
 from zoo.node.config import InferenceConfig

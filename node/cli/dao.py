@@ -142,8 +142,8 @@ def _library_of_version(dao: Dao, ipfs: Any, version: int, root: bytes, timeout:
     chain's root; None for version 0 or when it cannot be had."""
     from zoo.registry.canonical import decode_library
     from zoo.registry.errors import ZooError
+    from zoo.registry.library_store import LibraryStore
     from zoo.registry.merkle import library_root
-    from zoo.registry.store import LibraryStore
 
     if version == 0:
         return None

@@ -49,7 +49,7 @@ class Configuration:
 def read_library(cfg: Any, value: str) -> tuple[list[Any], str]:
     """(experiences, what they are) of a --library value."""
     from zoo.registry.canonical import decode_library
-    from zoo.registry.store import LibraryStore
+    from zoo.registry.library_store import LibraryStore
 
     if value == NONE:
         return [], "no library"
@@ -103,7 +103,7 @@ async def evaluate(
     """Score every configuration on the tasks of `dataset`; the first one's summary, and with a second one
     "compare" and "difference"."""
     from zoo.inference.adapters import AdapterLoadError
-    from zoo.inference.backend import BackendError
+    from zoo.inference.backend_protocol import BackendError
     from zoo.trainer.evaluate import Scorer, paired_difference, summary
     from zoo.trainer.prompting import PromptPath
     from zoo.trainer.tasks.loading import load_jsonl
@@ -167,9 +167,9 @@ def backend_concurrency(backend: Any) -> int:
 
 
 def _backend(cfg: Any, base_url: str | None, model: str | None, adapters: bool) -> Any:
-    from zoo.inference.models import ModelUnavailable
-    from zoo.node.components.models import model_id, resolve_model_path
+    from zoo.inference.bundled_models import ModelUnavailable
     from zoo.node.components.probes import load_backend
+    from zoo.node.components.served_model import model_id, resolve_model_path
 
     if base_url is not None or model is not None:
         if not (base_url and model):

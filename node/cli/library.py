@@ -30,7 +30,7 @@ def _cfg(config: Path | None, data_dir: Path | None) -> Any:
 
 
 def _store(cfg: Any) -> Any:
-    from zoo.registry.store import LibraryStore
+    from zoo.registry.library_store import LibraryStore
 
     return LibraryStore(cfg.data_dir)
 

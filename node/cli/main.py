@@ -229,7 +229,7 @@ def models_prepare(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing when already prepared."),
 ) -> None:
     """Convert the bundled chat model into a cached Hugging Face directory (once)."""
-    from zoo.inference.models import bundled_embedder_dir, bundled_gguf, prepare_bundled_chat_model
+    from zoo.inference.bundled_models import bundled_embedder_dir, bundled_gguf, prepare_bundled_chat_model
 
     cfg = load(config)
     bundled_gguf(), bundled_embedder_dir()  # fail early and clearly when a model package is missing

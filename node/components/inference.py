@@ -19,7 +19,7 @@ from zoo.node.credits.meter import Served, UsageMeter
 from zoo.node.lifecycle import Component, State, in_background_thread
 from zoo.node.logs import get_logger
 from zoo.node.metrics import NodeMetrics
-from zoo.registry.store import StoredVersion
+from zoo.registry.library_store import StoredVersion
 
 log = get_logger(__name__)
 
@@ -264,7 +264,7 @@ class LoadingLibraryView:
     def resolve(self, root: str) -> Any:
         if self.retrieval.retriever is None:
             if root:
-                from zoo.inference.backend import BackendUnavailable
+                from zoo.inference.backend_protocol import BackendUnavailable
 
                 self.retrieval.want()
                 raise BackendUnavailable("the retrieval index is still loading; retry shortly")

@@ -16,7 +16,7 @@ from typing import Any
 from zoo.node.lifecycle import Component, State
 from zoo.node.logs import get_logger
 from zoo.registry.errors import IntegrityError
-from zoo.registry.store import LibraryStore, StoredVersion
+from zoo.registry.library_store import LibraryStore, StoredVersion
 from zoo.registry.sync import LibraryFollower, Refused
 
 log = get_logger(__name__)

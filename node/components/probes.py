@@ -112,7 +112,7 @@ class ModelComponent(Component):
     async def setup(self) -> None:
         import time
 
-        from zoo.inference.backend import GenerationRequest, generate
+        from zoo.inference.backend_protocol import GenerationRequest, generate
 
         start = time.perf_counter()
         self._idle.clear()
@@ -181,7 +181,7 @@ def load_backend(
         )
     assert path is not None
     if cfg.backend == "llamacpp":
-        from zoo.inference.llamacpp.backend import DEFAULT_CONTEXT, LlamaCppBackend
+        from zoo.inference.llamacpp.llamacpp_backend import DEFAULT_CONTEXT, LlamaCppBackend
 
         if not path.is_file():
             raise FileNotFoundError(f"{path} is not a GGUF file")
@@ -189,7 +189,7 @@ def load_backend(
         if cache_dir is not None:
             from importlib.metadata import version
 
-            from zoo.inference.models import bundled_chat_model_dir
+            from zoo.inference.bundled_models import bundled_chat_model_dir
             from zoo.node.config import default_cache_dir
 
             # `./zoo setup` keeps the converter under the default cache dir (or ZOO_NODE_CACHE_DIR).

@@ -46,11 +46,11 @@ async def run_foreground(
     cfg: NodeConfig, spec_fields: dict[str, Any], out_dir: Path, resume: bool, view: Any
 ) -> int:
     """Run TF-GRPO; returns the exit code (0 when it completed)."""
-    from zoo.inference.models import ModelUnavailable
-    from zoo.node.components.models import model_id, resolve_model_path
+    from zoo.inference.bundled_models import ModelUnavailable
     from zoo.node.components.probes import load_backend
+    from zoo.node.components.served_model import model_id, resolve_model_path
     from zoo.node.jobs.runner import parse_spec
-    from zoo.registry.store import LibraryStore
+    from zoo.registry.library_store import LibraryStore
     from zoo.trainer.tfgrpo.job import run_tf_grpo
     from zoo.trainer.tfgrpo.llm import LLM
 
@@ -170,8 +170,8 @@ def run_gspo_foreground(
 def _local_model(cfg: NodeConfig, what: str, spec: Any, deepspeed: str | None) -> tuple[Path, str | None]:
     """The local model a LoRA run trains on (TrainingError for a remote backend or a model that cannot be
     prepared), the checked DeepSpeed config, and the configured thread count applied."""
-    from zoo.inference.models import ModelUnavailable
-    from zoo.node.components.models import training_weights, trains_lora
+    from zoo.inference.bundled_models import ModelUnavailable
+    from zoo.node.components.served_model import training_weights, trains_lora
 
     if not trains_lora(cfg):
         raise TrainingError(
@@ -255,7 +255,7 @@ def resolve_experiences(cfg: NodeConfig, value: str | None, out_dir: Path) -> st
     """A distill job's library as a file: "current" (the node's current verified version, copied into
     out_dir), a job id (that TF-GRPO job's draft, DATA_DIR/jobs/ID/library.json) or a library file."""
     from zoo.registry.canonical import encode_library
-    from zoo.registry.store import LibraryStore
+    from zoo.registry.library_store import LibraryStore
 
     if value is None:
         raise TrainingError("distill needs --experiences: a library file, 'current' or a TF-GRPO job id")
@@ -289,7 +289,7 @@ def run_sft_foreground(
 ) -> int:
     """Run a supervised LoRA job (sft, rft or distill) on the configured local model, in this process or in
     `processes` accelerate workers (under ZeRO with `deepspeed`); returns the exit code."""
-    from zoo.node.components.models import model_id
+    from zoo.node.components.served_model import model_id
     from zoo.trainer.sft.job import ADAPTER_DIR, run_sft
     from zoo.trainer.sft.spec import SftSpec
 
@@ -307,7 +307,7 @@ def run_sft_foreground(
     serving = cfg.inference.serving_defaults()
     embedder_dir = None
     if kind == "distill" and spec.rollouts:
-        from zoo.inference.models import bundled_embedder_dir
+        from zoo.inference.bundled_models import bundled_embedder_dir
 
         embedder_dir = cfg.embedder.path or bundled_embedder_dir()
     out_dir.mkdir(parents=True, exist_ok=True)

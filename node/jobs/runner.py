@@ -283,7 +283,7 @@ class JobRunner(Component):
 
         value = experiences or ""
         if value == "current":
-            from zoo.registry.store import LibraryStore
+            from zoo.registry.library_store import LibraryStore
 
             stored = current() if current is not None else LibraryStore(self.jobs_dir.parent).current()
             if stored is None:

@@ -41,7 +41,7 @@ class RegistryChainView:
 
     def root_of(self, version: int) -> str | None:
         """One eth_call; None when the registry has no such version (it reverts with UnknownVersion)."""
-        from zoo.registry.chain.errors import ContractRevert
+        from zoo.registry.chain.chain_errors import ContractRevert
 
         if version < 1:
             return None

@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from zoo.inference.backend import BackendUnavailable
+from zoo.inference.backend_protocol import BackendUnavailable
 from zoo.node.logs import get_logger
 from zoo.node.p2p.messages import Capabilities
 from zoo.node.p2p.peers import PeerBook
@@ -46,7 +46,7 @@ class PeerRefused(Exception):
     """The peer answered with a non-retryable status; the servicer passes its code and message on.
 
     Not a ZooError: it carries the peer's own status, which the servicers and the HTTP routes pass on as
-    received, so no one row of node/api/errors.py's table fits it."""
+    received, so no one row of node/api/status_codes.py's table fits it."""
 
     def __init__(self, peer_id: str, code: grpc.StatusCode, details: str) -> None:
         super().__init__(f"peer {peer_id} answered {code.name}: {details}")

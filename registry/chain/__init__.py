@@ -7,7 +7,8 @@ hostile strings); the CID rule is zoo.registry.cids, re-exported here. Imports o
 zoo.registry.cids from the project.
 """
 
-from zoo.registry.chain.client import AllowlistClient, RegistryClient, TokenClient
+from zoo.registry.chain.chain_errors import ChainError, ContractRevert, describe_revert
+from zoo.registry.chain.contract_clients import AllowlistClient, RegistryClient, TokenClient
 from zoo.registry.chain.deploy import (
     DEFAULT_GRACE_PERIOD,
     DEFAULT_QUORUM,
@@ -17,7 +18,6 @@ from zoo.registry.chain.deploy import (
     deploy_registry,
     deploy_token,
 )
-from zoo.registry.chain.errors import ChainError, ContractRevert, describe_revert
 from zoo.registry.chain.ids import (
     call_hash,
     call_proposal_id,

@@ -9,7 +9,7 @@ from eth_typing import ChecksumAddress
 from web3 import Web3
 
 from zoo.contracts.build import Artifacts
-from zoo.registry.chain.errors import ChainError, _default_artifacts, _error_table
+from zoo.registry.chain.chain_errors import ChainError, _default_artifacts, _error_table
 from zoo.registry.chain.sender import TransactionSigner, _Sender
 
 

@@ -17,7 +17,7 @@ from hexbytes import HexBytes
 from web3 import Web3
 from web3.types import BlockIdentifier
 
-from zoo.registry.chain.client import _ContractClient
+from zoo.registry.chain.contract_clients import _ContractClient
 from zoo.registry.chain.ids import to_bytes32
 from zoo.registry.chain.records import TxResult
 from zoo.registry.spend import SpendAuthorization

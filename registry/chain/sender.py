@@ -18,7 +18,7 @@ from web3 import Web3
 from web3.exceptions import ContractLogicError, TimeExhausted, Web3RPCError
 from web3.types import TxParams, TxReceipt, Wei
 
-from zoo.registry.chain.errors import ChainError, ContractRevert, _as_revert, _ErrorAbi
+from zoo.registry.chain.chain_errors import ChainError, ContractRevert, _as_revert, _ErrorAbi
 from zoo.registry.chain.records import TxResult
 
 # Gas limit = estimate * 5/4 + 50k. The estimate is exact only for the block it ran in; the included block

@@ -30,7 +30,7 @@ by it may swap when their gap is at most twice it.
 
 from __future__ import annotations
 
-from zoo.inference.backend import GenerationResult
+from zoo.inference.backend_protocol import GenerationResult
 
 LOGPROB_TOL = 0.25
 

@@ -12,8 +12,8 @@ import pytest
 
 from tests.lora import random_adapter
 from zoo.inference.adapters import PLACEHOLDER, AdapterDirectory, AdapterLoadError, check_adapter_name
-from zoo.inference.backend import GenerationRequest, generate
-from zoo.inference.models import prepare_bundled_chat_model
+from zoo.inference.backend_protocol import GenerationRequest, generate
+from zoo.inference.bundled_models import prepare_bundled_chat_model
 from zoo.inference.transformers_backend import TransformersBackend
 from zoo.node.config import default_cache_dir
 from zoo.registry.errors import NotFound, ValidationError

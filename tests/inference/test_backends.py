@@ -14,8 +14,8 @@ from typing import ClassVar
 
 import pytest
 
-from zoo.inference.backend import BackendError, BackendUnavailable, GenerationRequest, generate
-from zoo.inference.models import prepare_bundled_chat_model
+from zoo.inference.backend_protocol import BackendError, BackendUnavailable, GenerationRequest, generate
+from zoo.inference.bundled_models import prepare_bundled_chat_model
 from zoo.inference.openai_backend import OpenAIBackend
 from zoo.inference.transformers_backend import TransformersBackend
 from zoo.node.config import default_cache_dir
@@ -217,7 +217,7 @@ def test_openai_backend_bounds_requests_in_flight(openai_server: str) -> None:
 
 
 def test_openai_backend_forwards_the_response_format(openai_server: str) -> None:
-    from zoo.inference.backend import ResponseFormat
+    from zoo.inference.backend_protocol import ResponseFormat
 
     b = OpenAIBackend(openai_server, "m")
     schema = '{"type":"object","properties":{"a":{"type":"integer"}}}'

@@ -72,7 +72,7 @@ def chat() -> Iterator[tuple[Any, Any]]:
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from zoo.inference.models import prepare_bundled_chat_model
+    from zoo.inference.bundled_models import prepare_bundled_chat_model
     from zoo.node.config import default_cache_dir
 
     path = prepare_bundled_chat_model(default_cache_dir()).path

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from zoo.inference.backend import GenerationRequest, ResponseFormat, generate
-from zoo.inference.models import bundled_gguf, prepare_bundled_chat_model
+from zoo.inference.backend_protocol import GenerationRequest, ResponseFormat, generate
+from zoo.inference.bundled_models import bundled_gguf, prepare_bundled_chat_model
 from zoo.node.config import default_cache_dir, llamacpp_installed
 
 pytestmark = pytest.mark.numerics
@@ -55,7 +55,7 @@ class Reference:
         else:
             from llama_cpp import Llama
 
-            from zoo.inference.llamacpp.backend import LlamaCppBackend
+            from zoo.inference.llamacpp.llamacpp_backend import LlamaCppBackend
 
             self.backend = LlamaCppBackend.load(
                 bundled_gguf(), MODEL_ID, max_batch_size=4, context_length=512, threads=2

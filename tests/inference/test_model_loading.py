@@ -12,7 +12,7 @@ import subprocess
 import sys
 import textwrap
 
-from zoo.inference.models import prepare_bundled_chat_model
+from zoo.inference.bundled_models import prepare_bundled_chat_model
 from zoo.node.config import default_cache_dir
 
 SCRIPT = textwrap.dedent(

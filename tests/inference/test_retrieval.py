@@ -28,8 +28,8 @@ from zoo.inference.retrieval import (
 from zoo.inference.retriever import Retriever
 from zoo.registry.canonical import encode_library
 from zoo.registry.experience import Experience, Library
+from zoo.registry.library_store import StoredVersion, root_hex
 from zoo.registry.merkle import library_root
-from zoo.registry.store import StoredVersion, root_hex
 
 pytestmark = pytest.mark.numerics
 

@@ -10,8 +10,8 @@ import json
 import pytest
 import torch
 
-from zoo.inference.backend import GenerationRequest, ResponseFormat, generate
-from zoo.inference.models import prepare_bundled_chat_model
+from zoo.inference.backend_protocol import GenerationRequest, ResponseFormat, generate
+from zoo.inference.bundled_models import prepare_bundled_chat_model
 from zoo.inference.structured import parse_response_format
 from zoo.inference.transformers_backend import TransformersBackend
 from zoo.node.config import default_cache_dir

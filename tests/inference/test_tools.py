@@ -104,8 +104,8 @@ class NoLibrary:
 
 @pytest.mark.skipif(not llamacpp_installed(), reason="llama-cpp-python is built by ./zoo setup")
 def test_a_template_that_knows_tools_renders_them_itself() -> None:
-    from zoo.inference.llamacpp.backend import LlamaCppBackend
-    from zoo.inference.models import bundled_gguf
+    from zoo.inference.bundled_models import bundled_gguf
+    from zoo.inference.llamacpp.llamacpp_backend import LlamaCppBackend
 
     backend = LlamaCppBackend.load(bundled_gguf(), "m", max_batch_size=2, context_length=1024, threads=2)
     prompts: list[str] = []

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.conftest import base_config, launch, write_config
-from zoo.inference.models import bundled_gguf
+from zoo.inference.bundled_models import bundled_gguf
 from zoo.node.api.http.routes import BUNDLED_EMBEDDER_ID
 from zoo.node.client import NodeClient
 from zoo.node.components.probes import ModelComponent

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from zoo.inference.backend import Chunk, GenerationRequest, GenerationResult
+from zoo.inference.backend_protocol import Chunk, GenerationRequest, GenerationResult
 from zoo.trainer.tfgrpo import critic
 
 Policy = Callable[["Call"], str]

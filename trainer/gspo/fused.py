@@ -14,7 +14,7 @@ Two implementations sit behind one autograd Function:
 - chunked torch (the fallback wherever Triton cannot run), which is also the readable statement of the
   algorithm.
 Both compute in fp32 whatever the input dtype and return fp32 log-probs. The full log-softmax in fp64
-(tests/trainer/test_gspo_fused.py) is the oracle for both.
+(tests/trainer/gspo/test_fused.py) is the oracle for both.
 """
 
 from __future__ import annotations

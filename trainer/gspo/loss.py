@@ -3,7 +3,7 @@
 GSPO (Group Sequence Policy Optimization) weights each completion by one importance ratio per sequence,
 the exponential of the mean per-token log-ratio between the current policy and the policy that sampled
 it, and clips that ratio PPO-style. This module computes exactly what TRL's GRPOTrainer computes with
-importance_sampling_level="sequence" and loss_type="grpo" (tests/trainer/test_gspo_loss.py runs TRL's own
+importance_sampling_level="sequence" and loss_type="grpo" (tests/trainer/gspo/test_loss.py runs TRL's own
 code on the same tensors), for one micro-batch, before any gradient-accumulation scaling.
 """
 

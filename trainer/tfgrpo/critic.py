@@ -30,7 +30,7 @@ import pydantic
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
-from zoo.inference.backend import ResponseFormat
+from zoo.inference.backend_protocol import ResponseFormat
 from zoo.registry.errors import ZooError
 from zoo.registry.experience import MAX_TEXT_CHARS, MAX_WORDS, TRIGGER_WORDS, Experience
 from zoo.trainer.tfgrpo.llm import LLM, ContextTooSmall

@@ -14,7 +14,13 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from zoo.inference.backend import Backend, GenerationRequest, GenerationResult, ResponseFormat, generate
+from zoo.inference.backend_protocol import (
+    Backend,
+    GenerationRequest,
+    GenerationResult,
+    ResponseFormat,
+    generate,
+)
 from zoo.registry.errors import ZooError
 
 # What each role's prompt and reply are bounded by, for the message that names what to change.

@@ -7,6 +7,6 @@ admission queue (node/api/admission.py), the validation rules (`validate_params`
 requests, the experiences used and the timings in responses. Errors always have OpenAI's shape:
 {"error": {"message", "type", "param", "code"}}.
 
-errors.py maps failures to that shape, schemas.py parses request bodies, responses.py shapes answers,
+error_bodies.py maps failures to that shape, schemas.py parses request bodies, responses.py shapes answers,
 routes.py implements the routes and server.py serves them.
 """

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from zoo.inference.backend import Chunk, TokenLogprob
+from zoo.inference.backend_protocol import Chunk, TokenLogprob
 from zoo.inference.decoding import held_back
 from zoo.inference.engine import Choice, InferOutcome
 from zoo.inference.tools import ToolCall

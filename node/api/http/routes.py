@@ -20,11 +20,11 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from zoo.inference.backend import BackendError, Chunk
+from zoo.inference.backend_protocol import BackendError, Chunk
 from zoo.inference.engine import InferOutcome, InferParams
 from zoo.inference.tools import render_turns
 from zoo.node.api.admission import Admission
-from zoo.node.api.http.errors import ApiError, api_error_for, invalid, unsupported
+from zoo.node.api.http.error_bodies import ApiError, api_error_for, invalid, unsupported
 from zoo.node.api.http.responses import SSE_DONE, Answer, ChatAnswer, CompletionAnswer, encode_vector, sse
 from zoo.node.api.http.schemas import (
     CHAT_FIELDS,

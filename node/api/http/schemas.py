@@ -12,10 +12,10 @@ from typing import Any, Literal
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict
 
-from zoo.inference.backend import MAX_TOP_LOGPROBS, ResponseFormat
+from zoo.inference.backend_protocol import MAX_TOP_LOGPROBS, ResponseFormat
 from zoo.inference.structured import parse_response_format
 from zoo.inference.tools import Tool, ToolSpec
-from zoo.node.api.http.errors import ApiError, api_error_for, invalid, unsupported
+from zoo.node.api.http.error_bodies import ApiError, api_error_for, invalid, unsupported
 from zoo.node.api.serving import FieldNames, check_tool_history, tool_spec_of
 from zoo.registry import untrusted_json
 from zoo.registry.errors import ValidationError

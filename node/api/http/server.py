@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from zoo.node.api.http.errors import ApiError, api_error_for, invalid, loc
+from zoo.node.api.http.error_bodies import ApiError, api_error_for, invalid, loc
 from zoo.node.api.http.routes import ApiDeps, OpenAIApi
 from zoo.node.config import HttpConfig, parse_listen
 from zoo.node.logs import get_logger
