@@ -30,7 +30,8 @@ from zoo.trainer.report import write_report
 from zoo.trainer.tasks.schema import Task
 from zoo.trainer.tasks.source import load_tasks
 from zoo.trainer.tfgrpo.llm import LLM
-from zoo.trainer.tfgrpo.loop import Context, TfGrpoRun, TrainState, report
+from zoo.trainer.tfgrpo.loop import Context, TfGrpoRun
+from zoo.trainer.tfgrpo.run_state import TrainState, report
 from zoo.trainer.tfgrpo.spec import TfGrpoSpec
 
 Emit = Callable[[str, dict[str, Any]], Awaitable[None]]

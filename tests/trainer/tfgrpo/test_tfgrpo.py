@@ -32,13 +32,13 @@ from zoo.trainer.tfgrpo.loop import (
     Context,
     Group,
     TfGrpoRun,
-    TrainState,
     advantages_of,
     choose,
     confidence_of,
     example_candidate,
 )
 from zoo.trainer.tfgrpo.operations import Outcome, add_examples
+from zoo.trainer.tfgrpo.run_state import TrainState
 from zoo.trainer.tfgrpo.spec import TfGrpoSpec
 
 GOOD = "When adding two numbers, add the ones digits first and then the tens digits."
