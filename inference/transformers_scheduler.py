@@ -31,7 +31,6 @@ import logging
 import threading
 import time
 import weakref
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +39,6 @@ import torch
 from zoo.inference.adapters import BASE, LoadedAdapters
 from zoo.inference.backend_protocol import ChoiceGroup, GenerationRequest
 from zoo.inference.decoding import (
-    BatchStats,
     DecodingState,
     Detokenizer,
     Emit,
@@ -49,6 +47,7 @@ from zoo.inference.decoding import (
     token_logprob,
     unscored,
 )
+from zoo.inference.scheduler_thread import SchedulerThread
 
 logger = logging.getLogger(__name__)
 
@@ -117,8 +116,10 @@ class Sequence(DecodingState):
     adapter_key: str = BASE  # the loaded LoRA adapter this row decodes with
 
 
-class ContinuousBatcher:
+class ContinuousBatcher(SchedulerThread[Sequence]):
     """Owns the model in one scheduler thread; `submit` hands it a request from any thread."""
+
+    noun = "batcher"
 
     def __init__(
         self,
@@ -153,10 +154,6 @@ class ContinuousBatcher:
         self.max_batch_size = max_batch_size if self.ragged else 1
         self.prefill_budget_tokens = prefill_budget_tokens
         self.eos_ids = _eos_ids(model, tokenizer)
-        self.stats = BatchStats()
-        self._cond = threading.Condition()
-        self._waiting: deque[Sequence] = deque()
-        self._closed = False
         self._rows: list[Sequence] = []  # running sequences, in cache row order
         # Rows set aside while priority rows decode: (rows, their cache layers, the cache width then).
         self._parked: list[tuple[list[Sequence], list[tuple[torch.Tensor, torch.Tensor]], int]] = []
@@ -165,8 +162,7 @@ class ContinuousBatcher:
         # dropped once they all have, or with the request.
         self._prefilled: weakref.WeakKeyDictionary[ChoiceGroup, _Prefilled] = weakref.WeakKeyDictionary()
         self._cache: Any = None
-        self._thread = threading.Thread(target=self._run, name="batcher", daemon=True)
-        self._thread.start()
+        self._start("batcher")
 
     # -- public --------------------------------------------------------------------------------------
 
@@ -176,47 +172,26 @@ class ContinuousBatcher:
         seq = Sequence(request, prompt_ids, emit, Detokenizer(self.tokenizer), constraint)
         if request.temperature > 0:
             seq.generator = torch.Generator(device=self.device).manual_seed(request.seed % (2**63))
-        with self._cond:
-            if self._closed:
-                raise RuntimeError("the batcher is closed")
-            self._waiting.append(seq)
-            self.stats.waiting = len(self._waiting)
-            self._cond.notify()
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-        self._thread.join(timeout=30)
+        self._enqueue(seq)
 
     # -- the scheduler thread ------------------------------------------------------------------------
 
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._closed and not self._waiting and not self._rows and not self._parked:
-                    self._cond.wait()
-                if self._closed:
-                    pending = list(self._waiting) + self._rows + self._parked_rows()
-                    self._waiting.clear()
-                    break
-                admitted = self._admit()
-            try:
-                with torch.inference_mode():
-                    if admitted:
-                        self._prefill(admitted)
-                    self._prioritise()
-                    if self._rows:
-                        self._decode_step()
-            except Exception as e:  # a failed forward pass fails every running request, not the node
-                logger.exception("batched forward pass failed")
-                for seq in [*self._rows, *admitted, *self._parked_rows()]:
-                    if not seq.finish:
-                        seq.fail(e)
-                self._rows, self._cache, self._shadow, self._parked = [], None, False, []
-            self.stats.running = len(self._rows) + len(self._parked_rows())
-        for seq in pending:
-            seq.emit(RuntimeError("the model is shutting down"))
+    def _running(self) -> list[Sequence]:
+        return self._rows + self._parked_rows()
+
+    def _step(self, admitted: list[Sequence]) -> None:
+        with torch.inference_mode():
+            if admitted:
+                self._prefill(admitted)
+            self._prioritise()
+            if self._rows:
+                self._decode_step()
+
+    def _fail_running(self, error: Exception, admitted: list[Sequence]) -> None:
+        for seq in [*self._rows, *admitted, *self._parked_rows()]:
+            if not seq.finish:
+                seq.fail(error)
+        self._rows, self._cache, self._shadow, self._parked = [], None, False, []
 
     def _admit(self) -> list[Sequence]:
         """Take waiting requests while there are free rows and the prefill budget lasts (at least one)."""

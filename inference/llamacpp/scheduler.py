@@ -29,7 +29,6 @@ stop strings, expert factors, grammar and adapter, as in the transformers batche
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -41,7 +40,6 @@ import numpy as np
 from zoo.inference.adapters import AdapterLoadError
 from zoo.inference.backend_protocol import GenerationRequest
 from zoo.inference.decoding import (
-    BatchStats,
     DecodingState,
     Detokenizer,
     Emit,
@@ -50,6 +48,7 @@ from zoo.inference.decoding import (
     unscored,
 )
 from zoo.inference.llamacpp.gguf import GgufLoadError, GgufModel
+from zoo.inference.scheduler_thread import SchedulerThread
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +97,7 @@ def sample(scores: np.ndarray, temperature: float, top_p: float, rng: np.random.
     return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(cdf) - 1))
 
 
-class LlamaCppScheduler:
+class LlamaCppScheduler(SchedulerThread[Slot]):
     """Owns one llama.cpp context in one thread; `submit` hands it a request from any thread."""
 
     def __init__(
@@ -141,7 +140,6 @@ class LlamaCppScheduler:
         self.memory = lib.llama_get_memory(self.ctx)
         self.batch = lib.llama_batch_init(step_tokens, 0, 1)
         self.eos_ids = set(model.eos_ids)
-        self.stats = BatchStats()
         self._adapter_in_context = BASE
         self._free: deque[int] = deque(range(max_batch_size))
         # What each free slot's KV cache still holds: (adapter key, tokens from position 0).
@@ -156,12 +154,8 @@ class LlamaCppScheduler:
             or lib.llama_model_is_hybrid(model.model)
             or lib.llama_model_n_swa(model.model) > 0
         )
-        self._cond = threading.Condition()
-        self._waiting: deque[Slot] = deque()
         self._rows: list[Slot] = []
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name="llamacpp-scheduler", daemon=True)
-        self._thread.start()
+        self._start("llamacpp-scheduler")
 
     # -- public --------------------------------------------------------------------------------------
 
@@ -185,19 +179,10 @@ class LlamaCppScheduler:
             slot.adapter_key, slot.adapter_file = adapter
         if request.temperature > 0:
             slot.rng = np.random.Generator(np.random.PCG64(request.seed % (2**63)))
-        with self._cond:
-            if self._closed:
-                raise RuntimeError("the scheduler is closed")
-            self._waiting.append(slot)
-            self.stats.waiting = len(self._waiting)
-            self._cond.notify()
+        self._enqueue(slot)
 
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-        self._thread.join(timeout=30)
-        if self._thread.is_alive():
+    def _closed_thread(self, stopped: bool) -> None:
+        if not stopped:
             logger.warning("the llama.cpp scheduler did not stop within 30 s; its context stays allocated")
         elif self.ctx:
             self.lib.llama_batch_free(self.batch)
@@ -206,27 +191,17 @@ class LlamaCppScheduler:
 
     # -- the scheduler thread ------------------------------------------------------------------------
 
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._closed and not self._waiting and not self._rows:
-                    self._cond.wait()
-                if self._closed:
-                    pending = list(self._waiting) + self._rows
-                    self._waiting.clear()
-                    break
-                admitted = self._admit()
-            try:
-                self._load_adapters(admitted)
-                self._step()
-            except Exception as e:  # anything unforeseen fails the running requests, not the thread
-                logger.exception("llama.cpp scheduler step failed")
-                for slot in list(self._rows):
-                    slot.fail(e)
-                    self._release(slot)
-            self.stats.running = len(self._rows)
-        for slot in pending:
-            slot.fail(RuntimeError("the model is shutting down"))
+    def _running(self) -> list[Slot]:
+        return self._rows
+
+    def _step(self, admitted: list[Slot]) -> None:
+        self._load_adapters(admitted)
+        self._decode_step()
+
+    def _fail_running(self, error: Exception, admitted: list[Slot]) -> None:
+        for slot in list(self._rows):
+            slot.fail(error)
+            self._release(slot)
 
     def _admit(self) -> list[Slot]:
         """Give waiting requests free slots (under the lock: nothing slow here). A request whose prompt
@@ -321,7 +296,7 @@ class LlamaCppScheduler:
         slot.seq_id, slot.fed = best, common
         self.reused_tokens += common
 
-    def _step(self) -> None:
+    def _decode_step(self) -> None:
         for slot in [s for s in self._rows if s.request.cancel.is_set()]:
             slot.end("cancelled")
             self._release(slot)
