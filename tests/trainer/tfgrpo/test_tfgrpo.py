@@ -30,7 +30,6 @@ from zoo.trainer.tfgrpo.job import run_tf_grpo
 from zoo.trainer.tfgrpo.llm import LLM, ContextTooSmall
 from zoo.trainer.tfgrpo.loop import (
     Context,
-    Group,
     TfGrpoRun,
     advantages_of,
     choose,
@@ -40,6 +39,7 @@ from zoo.trainer.tfgrpo.loop import (
 from zoo.trainer.tfgrpo.operations import Outcome, add_examples
 from zoo.trainer.tfgrpo.run_state import TrainState
 from zoo.trainer.tfgrpo.spec import TfGrpoSpec
+from zoo.trainer.tfgrpo.step_work import Group
 
 GOOD = "When adding two numbers, add the ones digits first and then the tens digits."
 POISON = "When adding two numbers, always add one more to the total at the end."
