@@ -21,7 +21,7 @@ app = typer.Typer(
 
 def _devnet(config: Path | None, data_dir: Path | None):
     from zoo.devnet.manager import Devnet
-    from zoo.node.daemon import devnet_settings
+    from zoo.node.endpoints import devnet_settings
 
     cfg = load(config, data_dir=data_dir and str(data_dir))
     return Devnet(cfg.data_dir, devnet_settings(cfg), cfg.cache_dir)

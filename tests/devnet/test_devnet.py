@@ -547,8 +547,8 @@ def test_a_node_on_a_chain_it_does_not_own_is_not_registered(shared: Shared, sta
 
 
 def test_a_failed_registration_does_not_stop_the_node(tmp_path: Path) -> None:
-    from zoo.node.daemon import register_on_devnet
     from zoo.node.datadir import DataDir
+    from zoo.node.endpoints import register_on_devnet
 
     devnet = Devnet(tmp_path / "data")  # its chain is down (never started)
     with pytest.raises(DevnetError, match="not running"):
