@@ -68,14 +68,18 @@ from zoo.trainer.rewards.unit_tests import extract_code
 from zoo.trainer.schedule import batches, seed_of, total_steps
 from zoo.trainer.tasks.schema import Task
 from zoo.trainer.tfgrpo import critic
+from zoo.trainer.tfgrpo.credit import (
+    INITIAL_CONFIDENCE,
+    advantages_of,
+    carry_records,
+    credit_uses,
+    with_confidence,
+)
 from zoo.trainer.tfgrpo.llm import LLM, ContextTooSmall
 from zoo.trainer.tfgrpo.operations import Outcome, Proposal, add_examples, consolidate, prune, screen_lesson
 from zoo.trainer.tfgrpo.run_state import TrainState
 from zoo.trainer.tfgrpo.spec import TfGrpoSpec
 from zoo.trainer.tfgrpo.step_work import Group, StepWork, failed_with_reference
-
-ADVANTAGE_EPS = 1e-4
-INITIAL_CONFIDENCE = 0.5
 
 Emit = Callable[[str, dict[str, Any]], Awaitable[None]]
 Checkpoint = Callable[[int, dict[str, Any], tuple[str, dict[str, Any]]], Awaitable[None]]
@@ -161,37 +165,8 @@ def code_example(group: Group) -> Proposal | None:
     return Proposal("add", task.question, "", task.domain, task.id, -1, "example", answer, "")
 
 
-def advantages_of(scores: Sequence[float]) -> list[float]:
-    """Group-relative advantages (r - mean) / (std + eps), std with Bessel's correction (as in TRL)."""
-    if len(scores) < 2:
-        return [0.0 for _ in scores]
-    mean = statistics.fmean(scores)
-    std = statistics.stdev(scores)
-    return [(s - mean) / (std + ADVANTAGE_EPS) for s in scores]
-
-
 # The confidence a newly distilled factor is tried at: log-odds 1, so it weighs η while validation decides.
 FACTOR_TRIAL_CONFIDENCE = 1.0 / (1.0 + math.exp(-1.0))
-# Pseudo-uses of an experience's starting confidence: how much evidence its first uses must outweigh.
-PRIOR_USES = 2.0
-
-
-def _logit(q: float) -> float:
-    q = min(max(q, 1e-6), 1 - 1e-6)
-    return math.log(q / (1 - q))
-
-
-def confidence_of(prior: float, advantage_sum: float, uses: float) -> float:
-    """An experience's reliability after `uses` rollouts whose advantages sum to `advantage_sum`: the
-    log-odds of `prior` (its confidence when the run first saw it), shrunk toward the mean advantage of its
-    uses, sigmoid((PRIOR_USES·logit(prior) + Σ A) / (PRIOR_USES + uses)).
-
-    Mean advantage, not helpful/harmful counts: an experience offered to every rollout of a group adds 0
-    to Σ A whatever the group's success rate, while counting A > 0 against A < 0 would make everything
-    offered to mostly failing groups look harmful. So the factor weight log(q / (1 - q)) it yields is the
-    shrunken mean advantage, and an experience that makes no difference drifts to q = 0.5 (weight 0)."""
-    z = (PRIOR_USES * _logit(prior) + advantage_sum) / (PRIOR_USES + uses)
-    return 1.0 / (1.0 + math.exp(-z))
 
 
 Size = tuple[int, int]  # (experiences, of them with expert factors): what a library costs a prompt
@@ -411,7 +386,7 @@ class TfGrpoRun:
         """One step on one batch: the stages the module docstring numbers, in order, then the checkpoint."""
         s = await self._begin(state)
         s.groups = await self._rollouts(s)
-        self._credit(s.groups, state)
+        credit_uses(s.groups, state)
         informative = self._informative(s.groups)
         s.skipped = len(s.groups) - len(informative)
         s.json_before = self._json_totals(state)
@@ -489,21 +464,6 @@ class TfGrpoRun:
             return Group(task, completions, results, advantages_of(scores), used, offered)
 
         return list(await asyncio.gather(*(rollouts(t) for t in s.batch)))
-
-    def _credit(self, groups: Sequence[Group], state: TrainState) -> None:
-        """Stage 2, experience credit: each experience a rollout used is credited with its advantage and
-        counted helpful (A > 0) or harmful (A < 0)."""
-        for g in groups:
-            for ids, a in zip(g.used, g.advantages, strict=True):
-                for i in ids:
-                    credit = state.credit.setdefault(i, [0.0, 0.0])
-                    credit[0] += a
-                    credit[1] += 1
-                    c = state.counts.setdefault(i, [0, 0])
-                    if a > 0:
-                        c[0] += 1
-                    elif a < 0:
-                        c[1] += 1
 
     def _informative(self, groups: Sequence[Group]) -> list[int]:
         """Stage 3: the indices of the groups the critic reads; the others are skipped (no LLM calls)."""
@@ -649,22 +609,10 @@ class TfGrpoRun:
         library = s.library
         if s.decision == "kept":
             library = outcome.experiences
-            for old, new in outcome.renamed.items():
-                if old in state.priors:  # a rewritten lesson keeps its record: where it started, its uses
-                    state.priors[new] = state.priors.pop(old)
-                if old in state.credit:
-                    moved = state.credit.pop(old)
-                    to = state.credit.setdefault(new, [0.0, 0.0])
-                    to[0] += moved[0]
-                    to[1] += moved[1]
-                if old in state.counts:
-                    c = state.counts.pop(old)
-                    n = state.counts.setdefault(new, [0, 0])
-                    n[0] += c[0]
-                    n[1] += c[1]
+            carry_records(outcome.renamed, state)
             state.operations += [{**op, "step": number} for op in outcome.applied]
         state.rejected += [{**r, "step": number} for r in s.rejected]
-        state.library = [self._with_confidence(e, state) for e in library]
+        state.library = [with_confidence(e, state) for e in library]
         state.validation_score = score
 
     async def _complete(self, s: StepWork, state: TrainState) -> None:
@@ -789,14 +737,6 @@ class TfGrpoRun:
             Outcome(trial, o.applied, o.rejected, o.renamed),
             Outcome(stripped, o.applied + drops, o.rejected, o.renamed),
         )
-
-    def _with_confidence(self, e: Experience, state: TrainState) -> Experience:
-        prior = state.priors.setdefault(e.id, e.confidence)  # first seen: where its confidence starts
-        total, uses = state.credit.get(e.id, (0.0, 0.0))
-        if not uses:
-            return e
-        confidence = confidence_of(prior, total, uses)
-        return e if abs(confidence - e.confidence) < 1e-6 else e.replace(confidence=confidence)
 
     def _factors(
         self, groups: Sequence[Group], state: TrainState

@@ -26,14 +26,13 @@ from zoo.registry.experience import Experience, Library
 from zoo.trainer.baselines import LOOKUP_AUTHOR
 from zoo.trainer.rewards import RewardResult
 from zoo.trainer.tasks.schema import Task, instruction_for, write_jsonl
+from zoo.trainer.tfgrpo.credit import advantages_of, confidence_of
 from zoo.trainer.tfgrpo.job import run_tf_grpo
 from zoo.trainer.tfgrpo.llm import LLM, ContextTooSmall
 from zoo.trainer.tfgrpo.loop import (
     Context,
     TfGrpoRun,
-    advantages_of,
     choose,
-    confidence_of,
     example_candidate,
 )
 from zoo.trainer.tfgrpo.operations import Outcome, add_examples
