@@ -201,9 +201,9 @@ def figure_one(
     from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from zoo.trainer.gspo.policy import LoraPolicy
     from zoo.trainer.gspo.run import GspoRun
-    from zoo.trainer.gspo.spec import DEFAULT_TARGET_MODULES
+    from zoo.trainer.lora.policy import LoraPolicy
+    from zoo.trainer.lora.spec import DEFAULT_TARGET_MODULES
     from zoo.trainer.prompting import bare_messages
     from zoo.trainer.rewards import get_reward, score_group
 
@@ -448,8 +448,9 @@ def print_one(args: argparse.Namespace, res: dict) -> None:
 
 
 def figure_four(args: argparse.Namespace, model_path: Path, spec: Any, work: Path) -> dict:
+    from zoo.trainer.gspo import worker
     from zoo.trainer.gspo.job import run_gspo
-    from zoo.trainer.gspo.launch import STEP, launch_command, launch_env, worker_messages
+    from zoo.trainer.lora.launch import STEP, launch_command, launch_env, worker_messages
 
     # 1 process, in this process.
     one: list[dict[str, Any]] = []
@@ -458,7 +459,9 @@ def figure_four(args: argparse.Namespace, model_path: Path, spec: Any, work: Pat
     # 2 processes under accelerate launch, the threads shared out.
     spec_file = work / "spec.json"
     spec_file.write_text(json.dumps(spec.to_json()))
-    command = launch_command(spec_file, model_path, work / "two", 2, "cpu", ("benchmarks.gspo",))
+    command = launch_command(
+        spec_file, model_path, work / "two", 2, "cpu", ("benchmarks.gspo",), worker=worker.__name__
+    )
     env = launch_env(2)
     per_worker = max(1, args.threads // 2)
     env["OMP_NUM_THREADS"] = str(per_worker)

@@ -18,7 +18,7 @@ tasks could do instead (issue 37):
 - lookup: every training task as a worked example in the prompt (trainer/baselines.py), scored through the
   node's prompt path (retrieval, relevance gate, the same instruction), greedy; no training at all;
 - sft: per seed, LoRA SFT on the same training tasks (`zoo-node train sft`, its defaults), scored by the
-  very greedy validation GSPO uses (trainer/gspo/rollouts.py: same prompt, same verifier), before and after.
+  very greedy validation GSPO uses (trainer/lora/rollouts.py: same prompt, same verifier), before and after.
 --no-baselines leaves them out.
 
 Per seed, one `run_gspo` (what `zoo-node train gspo` runs) on the train tasks for --epochs epochs,

@@ -2,7 +2,8 @@
 contracts <- registry <- inference <- trainer <- node, with devnet (the local chain and IPFS, a tool the
 node's CLI and daemon and the tests drive) on registry and contracts only, beside inference and trainer
 (neither imports it, it imports neither); inside node the front doors (api, cli) and the daemon that wires
-them on top of everything else, never imported by it.
+them on top of everything else, never imported by it; inside trainer the LoRA jobs (gspo, sft) on the LoRA
+core they share (lora), never on each other.
 
 And no import cycle among zoo modules, lazy (function-level) and TYPE_CHECKING imports counted: every module
 is an edge to each zoo module it imports (`import zoo.a.b` and `from zoo.a.b import c` go to zoo.a.b, or to
@@ -35,6 +36,10 @@ MAY_IMPORT = {
 }
 # Inside zoo.node: who may import the top (the front doors and the daemon's wiring).
 NODE_TOP = {"api": {"api", "cli", "daemon"}, "cli": {"cli"}, "daemon": {"cli", "daemon"}}
+# Inside zoo.trainer: the jobs' sub-packages each of them may import (besides its own modules): the LoRA
+# jobs (gspo; sft, rft and distill in sft) the LoRA core they share (lora), never each other; the core
+# neither of them, and training-free GRPO (tfgrpo) none of them.
+TRAINER_JOBS = {"lora": set(), "gspo": {"lora"}, "sft": {"lora"}, "tfgrpo": set()}
 
 
 def imports_in(source: str) -> Iterator[tuple[str, int]]:
@@ -82,6 +87,18 @@ def test_nothing_in_node_imports_its_front_doors_or_the_daemon() -> None:
             if allowed is not None and mine not in allowed:
                 wrong.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
     assert not wrong, "imports of zoo.node's top from below it:\n" + "\n".join(wrong)
+
+
+def test_the_trainer_jobs_import_the_lora_core_and_never_each_other() -> None:
+    wrong = []
+    for job, allowed in TRAINER_JOBS.items():
+        for path in modules(f"trainer/{job}"):
+            for name, line in imports_of(path):
+                bits = name.split(".")
+                other = bits[2] if bits[:2] == ["zoo", "trainer"] and len(bits) > 2 else None
+                if other in TRAINER_JOBS and other != job and other not in allowed:
+                    wrong.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
+    assert not wrong, "imports between zoo.trainer's job packages against their order:\n" + "\n".join(wrong)
 
 
 def test_lazy_imports_and_imported_names_are_seen() -> None:

@@ -66,7 +66,7 @@ CODES: Mapping[str, grpc.StatusCode] = MappingProxyType(
         "zoo.trainer.tfgrpo.llm.ContextTooSmall": _C.FAILED_PRECONDITION,
         "zoo.trainer.envs.nano.NetworkIsolationUnavailable": _C.FAILED_PRECONDITION,
         "zoo.trainer.gspo.episodes.EpisodeFormatError": _C.FAILED_PRECONDITION,  # the model's chat template
-        "zoo.trainer.gspo.zero.ZeroConfigError": _C.INVALID_ARGUMENT,
+        "zoo.trainer.lora.zero.ZeroConfigError": _C.INVALID_ARGUMENT,
         "zoo.trainer.tfgrpo.critic.JsonReplyError": _C.INTERNAL,  # the model's reply (ask_json retries it)
         # node
         "zoo.node.credits.verifier.TooManyNonces": _C.RESOURCE_EXHAUSTED,

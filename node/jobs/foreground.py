@@ -195,7 +195,7 @@ def _local_model(cfg: NodeConfig, what: str, spec: Any, deepspeed: str | None) -
 def _checked_zero_config(source: str, spec: Any) -> str:
     """`source` (a DeepSpeed config file or the shipped one's name) checked against the spec before any
     worker starts, and DeepSpeed importable; the file's absolute path (or the name)."""
-    from zoo.trainer.gspo.zero import SHIPPED, ZeroConfigError, deepspeed_module, engine_config, read_config
+    from zoo.trainer.lora.zero import SHIPPED, ZeroConfigError, deepspeed_module, engine_config, read_config
 
     try:
         config, where = read_config(source)
@@ -221,7 +221,9 @@ def _gspo_processes(
     supervised job's rollouts before them)."""
     import subprocess
 
-    from zoo.trainer.gspo.launch import COLLECT, RESULT, STEP, launch_command, launch_env, worker_messages
+    from zoo.trainer.gspo import worker as gspo_worker
+    from zoo.trainer.lora.launch import COLLECT, RESULT, STEP, launch_command, launch_env, worker_messages
+    from zoo.trainer.sft import worker as sft_worker
 
     command = launch_command(
         out_dir / SPEC_FILE,
@@ -229,8 +231,8 @@ def _gspo_processes(
         out_dir,
         processes,
         device,
+        worker={"gspo": gspo_worker, "sft": sft_worker}[job].__name__,
         deepspeed=deepspeed,
-        job=job,
         job_args=job_args,
     )
     with subprocess.Popen(command, env=launch_env(processes), stdout=subprocess.PIPE, text=True) as proc:

@@ -22,8 +22,8 @@ from typing import Any, Protocol
 import torch
 
 from zoo.registry.errors import ZooError
-from zoo.trainer.gspo.policy import LoraPolicy
-from zoo.trainer.gspo.rollouts import Rollouts, eos_ids_of, policy_generate, stack
+from zoo.trainer.lora.policy import LoraPolicy
+from zoo.trainer.lora.rollouts import Rollouts, eos_ids_of, policy_generate, stack
 from zoo.trainer.schedule import seed_of
 
 # (conversation ids so far, max new tokens, seed) -> the sampled ids of one model turn

@@ -22,10 +22,10 @@ from zoo.registry.errors import ValidationError
 from zoo.trainer.envs.nano import NanoEnv, NanoLimits, NanoTask
 from zoo.trainer.envs.nano_repos import generate_task_repos, shipped_tasks
 from zoo.trainer.gspo.episodes import EpisodeGroups
-from zoo.trainer.gspo.policy import LoraPolicy
-from zoo.trainer.gspo.processes import Processes
 from zoo.trainer.gspo.run import GspoRun, OnStep
 from zoo.trainer.gspo.spec import GspoSpec
+from zoo.trainer.lora.policy import LoraPolicy
+from zoo.trainer.lora.processes import Processes
 from zoo.trainer.report import write_report
 from zoo.trainer.tasks.schema import split
 from zoo.trainer.tasks.source import SHIPPED, load_tasks

@@ -32,13 +32,13 @@ import torch
 
 from zoo.registry.fsutil import write_atomic
 from zoo.trainer.gspo.episodes import EpisodeGroups
-from zoo.trainer.gspo.fused import triton_available
+from zoo.trainer.gspo.fused import chosen_logprobs, triton_available
 from zoo.trainer.gspo.loss import GspoLossConfig, group_advantages, gspo_loss
-from zoo.trainer.gspo.policy import LoraPolicy
-from zoo.trainer.gspo.processes import Processes
-from zoo.trainer.gspo.rollouts import Rollouts, generate, stack
 from zoo.trainer.gspo.spec import GspoSpec
-from zoo.trainer.lora_run import LoraRun, OnStep
+from zoo.trainer.lora.policy import LoraPolicy
+from zoo.trainer.lora.processes import Processes
+from zoo.trainer.lora.rollouts import Rollouts, generate, stack
+from zoo.trainer.lora.run import LoraRun, OnStep
 from zoo.trainer.rewards import score_group
 from zoo.trainer.schedule import batches, seed_of, total_steps
 from zoo.trainer.tasks.schema import Task
@@ -79,6 +79,7 @@ class GspoRun(LoraRun):
         # auto: the fused loss where its Triton kernels run (a CUDA GPU), plain torch elsewhere; "fused"
         # forces it (off a GPU its chunked-torch path: slower, but it never holds tokens x vocab logits).
         self.fused = spec.loss == "fused" or (spec.loss == "auto" and triton_available(policy.device))
+        self.kernel = chosen_logprobs if self.fused else None  # None: plain torch log-probs
 
     # -- rollouts and rewards --------------------------------------------------------------------------
 
@@ -128,7 +129,7 @@ class GspoRun(LoraRun):
             part.sequences,
             part.attention_mask,
             part.prompt_length,
-            fused=self.fused,
+            fused=self.kernel,
             autocast_bf16=self.spec.bf16,
         )
 
@@ -142,7 +143,7 @@ class GspoRun(LoraRun):
         gradients on each)."""
         ids = torch.full((1, 2), self.policy.tokenizer.pad_token_id, device=self.policy.device)
         logp = self.policy.token_logprobs(
-            ids, torch.ones_like(ids), 1, fused=self.fused, autocast_bf16=self.spec.bf16
+            ids, torch.ones_like(ids), 1, fused=self.kernel, autocast_bf16=self.spec.bf16
         )
         self.processes.backward(logp.sum() * 0.0)
 

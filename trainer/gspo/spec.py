@@ -12,34 +12,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from zoo.trainer.tasks.source import TaskSource
-
-# Attention and MLP projections of Llama-family models (SmolLM2, Qwen, Llama, Mistral).
-DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-class LoraSpec(TaskSource):
-    """The LoRA adapters a job trains (GSPO's, and the supervised kinds' in trainer/sft)."""
-
-    lora_rank: int = Field(default=8, ge=1, le=1024)
-    lora_alpha: float = Field(default=16.0, gt=0.0, le=4096.0)
-    lora_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
-    target_modules: tuple[str, ...] = Field(default=DEFAULT_TARGET_MODULES, min_length=1, max_length=64)
-
-    @field_validator("lora_alpha")
-    @classmethod
-    def _finite_alpha(cls, value: float) -> float:
-        if not math.isfinite(value):
-            raise ValueError("must be a finite number")
-        return value
-
-    @field_validator("target_modules")
-    @classmethod
-    def _module_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for name in value:
-            if not name or not name.replace("_", "").replace(".", "").isalnum():
-                raise ValueError(f"{name!r} is not a module name (letters, digits, '_' and '.')")
-        return value
+from zoo.trainer.lora.spec import LoraSpec
 
 
 class GspoSpec(LoraSpec):

@@ -1,16 +1,18 @@
 """Run a LoRA job (GSPO, or a supervised one: sft, rft, distill) over N processes with `accelerate launch`,
-and the worker each process runs.
+and what the worker each process runs shares whatever the job.
 
-    python -m zoo.trainer.gspo.launch --spec spec.json --model DIR --out OUT [--deepspeed zero2]
-        [--job sft --model-id ID [--embedder DIR] [--serving JSON]]
+    python -m zoo.trainer.gspo.worker --spec spec.json --model DIR --out OUT [--deepspeed zero2]
+    python -m zoo.trainer.sft.worker --spec spec.json --model DIR --out OUT [--deepspeed zero2]
+        --model-id ID [--embedder DIR] [--serving JSON]
 
 `launch_command` builds the `accelerate launch` line: its multi-process launcher (`--multi_gpu`, which
 despite the name is the torchrun-style one: on a machine without CUDA the workers join a gloo group on
 CPU, while `--cpu` would start a single process), one machine, a free port on 127.0.0.1; for one process
-(a ZeRO run on one GPU) its single-process launcher. `main` is the worker: it joins the process group,
-runs the job with its share of every batch (processes.py, or zero.py under DeepSpeed) and, on the main
-process, prints one JSON line per step (and, for rft and distill, per chunk of rollouts before them) and
-one for the result, which `zoo-node train gspo --processes N` turns into its progress display.
+(a ZeRO run on one GPU) its single-process launcher; the worker is the job's module (gspo/worker.py,
+sft/worker.py). `main` is what every worker does around its job: it joins the process group, runs the job
+with its share of every batch (processes.py, or zero.py under DeepSpeed) and, on the main process, prints
+one JSON line per step (and, for rft and distill, per chunk of rollouts before them) and one for the
+result, which `zoo-node train gspo --processes N` turns into its progress display.
 """
 
 from __future__ import annotations
@@ -20,10 +22,14 @@ import importlib
 import json
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from zoo.trainer.gspo.rendezvous import free_port
+from zoo.trainer.lora.rendezvous import free_port
+
+if TYPE_CHECKING:
+    from zoo.trainer.lora.processes import AcceleratedProcesses
 
 RESULT = "result"
 STEP = "step"
@@ -51,22 +57,23 @@ def launch_command(
     device: str,
     imports: tuple[str, ...] = (),
     *,
+    worker: str,
     deepspeed: str | None = None,
-    job: str = "gspo",
     job_args: tuple[str, ...] = (),
 ) -> list[str]:
-    """The `accelerate launch` command running the worker in `processes` processes; `imports` are modules
-    each worker imports first (ones that register custom rewards); `deepspeed`, a DeepSpeed config (a
-    file, or zero.SHIPPED) to train under ZeRO (zero.py)."""
+    """The `accelerate launch` command running `worker` (the job's worker module, which calls `main`) in
+    `processes` processes; `imports` are modules each worker imports first (ones that register custom
+    rewards); `deepspeed`, a DeepSpeed config (a file, or zero.SHIPPED) to train under ZeRO (zero.py);
+    `job_args`, the worker's own arguments."""
     return [
         sys.executable, "-m", "accelerate.commands.launch",
         "--num_processes", str(processes), "--num_machines", "1", *(["--multi_gpu"] if processes > 1 else []),
         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-        "-m", "zoo.trainer.gspo.launch",
+        "-m", worker,
         "--spec", str(spec_file), "--model", str(model), "--out", str(out_dir), "--device", device,
         *(f"--import={name}" for name in imports),
         *(["--deepspeed", deepspeed] if deepspeed is not None else []),
-        "--job", job, *job_args,
+        *job_args,
     ]  # fmt: skip
 
 
@@ -78,30 +85,43 @@ def launch_env(processes: int) -> dict[str, str]:
     return env
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="A GSPO worker process (started by accelerate launch).")
+Report = Callable[[dict], None]
+# What a worker runs: (its arguments, the spec's fields, the device, the processes, on_step, on_collect) ->
+# the job's result.
+Job = Callable[[argparse.Namespace, dict, str, "AcceleratedProcesses", Report, Report], dict[str, Any]]
+
+
+def main(
+    job: Job,
+    argv: list[str] | None = None,
+    *,
+    description: str,
+    arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> None:
+    """A worker process: its arguments (those of every job, and the job's own that `arguments` adds) read,
+    the `--import` modules imported, the process group joined, `job` run and its steps and result
+    reported."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--spec", type=Path, required=True)
     ap.add_argument("--model", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--import", dest="imports", action="append", default=[], help="a module to import first")
     ap.add_argument("--deepspeed", help="a DeepSpeed config (JSON file, or 'zero2'): train under ZeRO")
-    ap.add_argument("--job", choices=("gspo", "sft"), default="gspo")
-    ap.add_argument("--model-id", default="", help="sft: the base model's id (the adapter's provenance)")
-    ap.add_argument("--embedder", type=Path, help="sft (distill): the embedder retrieval uses")
-    ap.add_argument("--serving", default="{}", help="sft (distill): the serving defaults, JSON")
+    if arguments is not None:
+        arguments(ap)
     args = ap.parse_args(argv)
     for name in args.imports:
         importlib.import_module(name)
 
     import torch
 
-    from zoo.trainer.gspo.processes import AcceleratedProcesses
+    from zoo.trainer.lora.processes import AcceleratedProcesses
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     fields = json.loads(args.spec.read_text())
     if args.deepspeed is not None:
-        from zoo.trainer.gspo.zero import ZeroProcesses, read_config
+        from zoo.trainer.lora.zero import ZeroProcesses, read_config
 
         if args.device == "cpu":
             os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed would pick CUDA where there is one
@@ -116,36 +136,9 @@ def main(argv: list[str] | None = None) -> None:
     def step(point: dict) -> None:
         report(STEP, point)
 
-    if args.job == "sft":
-        result = _run_sft(args, fields, device, processes, step, lambda point: report(COLLECT, point))
-    else:
-        from zoo.trainer.gspo.job import run_gspo
-        from zoo.trainer.gspo.spec import GspoSpec
+    def collect(point: dict) -> None:
+        report(COLLECT, point)
 
-        result = run_gspo(GspoSpec.parse(fields), args.model, args.out, device=device, processes=processes,
-                          on_step=step)  # fmt: skip
+    result = job(args, fields, device, processes, step, collect)
     if processes.is_main:
         report(RESULT, result)
-
-
-def _run_sft(
-    args: argparse.Namespace, fields: dict, device: str, processes: object, step: object, collect: object
-) -> dict:
-    from zoo.inference.defaults import ServingDefaults
-    from zoo.trainer.sft.job import run_sft
-    from zoo.trainer.sft.spec import SftSpec
-
-    embedder = None
-    if args.embedder is not None:
-        from zoo.inference.embedder import SentenceTransformerEmbedder
-
-        embedder = SentenceTransformerEmbedder(args.embedder)
-    return run_sft(
-        SftSpec.parse(fields), args.model, args.out, model_id=args.model_id, device=device,
-        processes=processes, on_step=step, embedder=embedder,  # type: ignore[arg-type]
-        serving=ServingDefaults(**json.loads(args.serving)), on_collect=collect,  # type: ignore[arg-type]
-    )  # fmt: skip
-
-
-if __name__ == "__main__":
-    main()

@@ -1,21 +1,25 @@
-"""The policy a GSPO run trains: a frozen base model with LoRA adapters (peft), and per-token log-probs.
+"""The policy a LoRA run trains (GSPO's, the supervised kinds'): a frozen base model with LoRA adapters
+(peft), and per-token log-probs.
 
 The reference policy is the same model with its adapters disabled (`reference()`), so no second copy of
 the weights is held. Log-probs are taken from the decoder's last hidden states and the LM head at the
-completion positions only: the torch path projects just those positions, the fused path
-(zoo.trainer.gspo.fused) never builds their (tokens x vocabulary) logits at all.
+completion positions only: the torch path projects just those positions, a fused kernel (GSPO's,
+gspo/fused.py, passed in as `fused`) never builds their (tokens x vocabulary) logits at all.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+# A fused log-prob kernel: (hidden states (N, H), LM head weight (V, H), targets (N,)) -> log-probs (N,).
+ChosenLogprobs = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def position_ids_of(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -106,10 +110,11 @@ class LoraPolicy:
         attention_mask: torch.Tensor,
         prompt_length: int,
         *,
-        fused: bool = False,
+        fused: ChosenLogprobs | None = None,
         autocast_bf16: bool = False,
     ) -> torch.Tensor:
-        """log π(completion token | everything before it), (B, T) in fp32, T = sequences' length - prompt."""
+        """log π(completion token | everything before it), (B, T) in fp32, T = sequences' length - prompt;
+        through the `fused` kernel when given, else the plain torch path."""
         targets = sequences[:, prompt_length:]
         bf16 = torch.autocast(self.device.type, dtype=torch.bfloat16)
         with bf16 if autocast_bf16 else contextlib.nullcontext():
@@ -118,10 +123,8 @@ class LoraPolicy:
             # The LM head as autocast would run it: bf16 inputs. Both paths below then sum the (exact)
             # products in fp32, so their log-probs agree and the ratio's small differences stay visible.
             hidden, weight = hidden.bfloat16(), weight.bfloat16()
-        if fused:
-            from zoo.trainer.gspo.fused import chosen_logprobs
-
-            flat = chosen_logprobs(hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1))
+        if fused is not None:
+            flat = fused(hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1))
             return flat.view(targets.shape)
         logits = hidden.float() @ weight.float().T
         return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)

@@ -1,4 +1,5 @@
-"""The processes a GSPO run spans: one, or N under Hugging Face accelerate (DDP-style data parallelism).
+"""The processes a LoRA run (GSPO's, a supervised kind's) spans: one, or N under Hugging Face accelerate
+(DDP-style data parallelism).
 
 Each process takes every N-th prompt of a step's batch, samples and scores its prompts' groups, and
 accumulates its share of the batch-mean loss (its sequences / the batch's sequences); gradients of the

@@ -1,5 +1,6 @@
-"""GSPO rollouts: G sampled completions per prompt, every prompt of a batch in one `generate`, and the masks
-the loss needs.
+"""A LoRA policy's rollouts (GSPO's groups; rft's and distill's samples, and the greedy validation answers
+of every LoRA run): G sampled completions per prompt, every prompt of a batch in one `generate`, and the
+masks the loss needs.
 
 Every row samples from a random stream of its own, seeded by (its prompt's seed, its index in the group):
 its next token is the argmax of its logits plus Gumbel noise drawn from its own generator, which is exactly
@@ -21,7 +22,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
-from zoo.trainer.gspo.policy import LoraPolicy
+from zoo.trainer.lora.policy import LoraPolicy
 from zoo.trainer.prompting import bare_messages
 from zoo.trainer.schedule import seed_of
 from zoo.trainer.tasks.schema import Task

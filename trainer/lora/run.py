@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from zoo.trainer.gspo.policy import LoraPolicy
-from zoo.trainer.gspo.processes import Processes
+from zoo.trainer.lora.policy import LoraPolicy
+from zoo.trainer.lora.processes import Processes
 from zoo.trainer.rewards import RewardCache
 from zoo.trainer.tasks.schema import Task
 

@@ -1,5 +1,5 @@
-"""DeepSpeed ZeRO for multi-process GSPO runs: the shipped ZeRO-2 config, its checks, and the processes whose
-optimiser steps go through a DeepSpeed engine.
+"""DeepSpeed ZeRO for multi-process LoRA runs (GSPO's, the supervised kinds'): the shipped ZeRO-2 config, its
+checks, and the processes whose optimiser steps go through a DeepSpeed engine.
 
 Under plain data parallelism (processes.py) every process holds the whole optimiser state and sums whole
 gradients. Under ZeRO stage 2 the engine partitions both over the processes (stage 1: the optimiser state
@@ -8,7 +8,7 @@ and gathers the rest. For LoRA adapters of a 135M model that saves little; it is
 larger adapters or models wants, and what the thesis trained with.
 
 The config a user passes (or the shipped `zero2.json`) says how ZeRO partitions and communicates; what
-the GSPO spec already decides (gradient clipping, micro-batch size) is filled in from the spec, and what
+the job's spec already decides (gradient clipping, micro-batch size) is filled in from the spec, and what
 the run owns (the optimiser, the learning rate, precision through autocast, one update per
 `optimise` pass) is refused when the config tries to set it, rather than silently overridden. Stage 3
 (parameters partitioned too) is refused: the GSPO loss calls into the decoder directly, not through the
@@ -16,9 +16,10 @@ engine's forward, which stage 3 needs to gather parameters.
 
 The engine runs with `managed_gradient_accumulation: false`: every backward accumulates, and `step()` is
 the update. At stage 2 each backward reduces gradients across processes, so every process must run the
-same number of backwards per update; `GspoRun` pads a process with fewer micro-batches with zero-weight
-ones. DeepSpeed averages gradients over processes, where the loss here is already each process's share of
-the global batch mean, so the loss is scaled by the number of processes before the engine's backward.
+same number of backwards per update; `GspoRun` and `SftRun` pad a process with fewer micro-batches with
+zero-weight ones. DeepSpeed averages gradients over processes, where the loss here is already each
+process's share of the global batch mean, so the loss is scaled by the number of processes before the
+engine's backward.
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ from typing import Any
 import torch
 
 from zoo.registry.errors import ZooError
-from zoo.trainer.gspo.processes import AcceleratedProcesses
-from zoo.trainer.gspo.rendezvous import free_port
+from zoo.trainer.lora.processes import AcceleratedProcesses
+from zoo.trainer.lora.rendezvous import free_port
 
-SHIPPED = "zero2"  # the name of the shipped config (trainer/gspo/zero2.json)
+SHIPPED = "zero2"  # the name of the shipped config (trainer/lora/zero2.json)
 ENGINE_DIR = "zero"  # inside a checkpoint directory: the engine's partitioned optimiser state
 ENGINE_TAG = "state"
 
@@ -61,7 +62,7 @@ class ZeroConfigError(ZooError, ValueError):
 def read_config(source: str | Path) -> tuple[dict[str, Any], str]:
     """(config, where it came from) for `source`: the shipped config's name or a JSON file's path."""
     if str(source) == SHIPPED:
-        text, where = resources.files("zoo.trainer.gspo").joinpath("zero2.json").read_text(), SHIPPED
+        text, where = resources.files("zoo.trainer.lora").joinpath("zero2.json").read_text(), SHIPPED
     else:
         path = Path(source).expanduser()
         if not path.is_file():

@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from zoo.trainer.gspo.policy import LoraPolicy
-from zoo.trainer.gspo.rollouts import generate
+from zoo.trainer.lora.policy import LoraPolicy
+from zoo.trainer.lora.rollouts import generate
 from zoo.trainer.prompting import Messages, bare_messages
 from zoo.trainer.rewards import BaseReward, score_group
 from zoo.trainer.schedule import seed_of

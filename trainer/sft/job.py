@@ -31,8 +31,8 @@ from zoo.registry.errors import ValidationError
 from zoo.registry.experience import Library
 from zoo.registry.fsutil import write_atomic
 from zoo.registry.merkle import library_root
-from zoo.trainer.gspo.policy import LoraPolicy
-from zoo.trainer.gspo.processes import Processes
+from zoo.trainer.lora.policy import LoraPolicy
+from zoo.trainer.lora.processes import Processes
 from zoo.trainer.prompting import PromptPath
 from zoo.trainer.report import write_report
 from zoo.trainer.rewards import RewardCache

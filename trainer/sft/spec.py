@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from zoo.trainer.gspo.spec import LoraSpec
+from zoo.trainer.lora.spec import LoraSpec
 
 
 class SftSpec(LoraSpec):

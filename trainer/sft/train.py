@@ -26,10 +26,10 @@ from typing import Any
 import torch
 
 from zoo.registry.errors import ValidationError
-from zoo.trainer.gspo.policy import LoraPolicy
-from zoo.trainer.gspo.processes import Processes
-from zoo.trainer.gspo.rollouts import generate
-from zoo.trainer.lora_run import LoraRun, OnStep
+from zoo.trainer.lora.policy import LoraPolicy
+from zoo.trainer.lora.processes import Processes
+from zoo.trainer.lora.rollouts import generate
+from zoo.trainer.lora.run import LoraRun, OnStep
 from zoo.trainer.rewards import score_group
 from zoo.trainer.schedule import batches, seed_of, total_steps
 from zoo.trainer.sft.pairs import Pair

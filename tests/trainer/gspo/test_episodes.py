@@ -17,9 +17,9 @@ from zoo.trainer.envs import nano_repos
 from zoo.trainer.envs.nano import NanoEnv, NanoLimits
 from zoo.trainer.gspo.episodes import run_episode
 from zoo.trainer.gspo.job import nano_tasks, run_gspo
-from zoo.trainer.gspo.policy import LoraPolicy
-from zoo.trainer.gspo.rollouts import stack
 from zoo.trainer.gspo.spec import GspoSpec
+from zoo.trainer.lora.policy import LoraPolicy
+from zoo.trainer.lora.rollouts import stack
 
 LOOK = '<tool_call>{"name": "shell", "arguments": {"cmd": "grep -n split textstats/counting.py"}}</tool_call>'
 FIX = (

@@ -14,11 +14,12 @@ import tests.trainer.gspo_rewards  # noqa: F401  (registers test_parity)
 from zoo.inference.bundled_models import prepare_bundled_chat_model
 from zoo.node.config import default_cache_dir
 from zoo.registry.errors import ValidationError
+from zoo.trainer.gspo.fused import chosen_logprobs
 from zoo.trainer.gspo.job import run_gspo
-from zoo.trainer.gspo.policy import LoraPolicy
-from zoo.trainer.gspo.rollouts import RowStreams, completion_mask_of, generate
 from zoo.trainer.gspo.run import CHECKPOINTS, GspoRun
 from zoo.trainer.gspo.spec import GspoSpec
+from zoo.trainer.lora.policy import LoraPolicy
+from zoo.trainer.lora.rollouts import generate
 from zoo.trainer.tasks.schema import Task, write_jsonl
 
 
@@ -89,52 +90,6 @@ def assert_same_training(
     return apart / update
 
 
-def test_completion_mask_ends_at_the_first_eos() -> None:
-    ids = torch.tensor([[5, 6, 2, 7, 2], [5, 6, 7, 8, 9], [2, 0, 0, 0, 0]])
-    assert completion_mask_of(ids, [2]).tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]]
-
-
-@pytest.mark.numerics
-def test_row_streams_sample_from_the_softmax_one_stream_per_row() -> None:
-    """argmax(logits + the row's Gumbel noise) is a draw from softmax(logits); a row's draws follow its
-    seed alone, whatever rows share the batch."""
-    probs = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
-    logits = probs.log()  # the last token is impossible (-inf)
-    rows = 4000
-    picked = RowStreams(range(rows), "cpu")(None, logits.expand(rows, -1).clone()).argmax(-1)  # type: ignore[arg-type]
-    freq = torch.bincount(picked, minlength=5).float() / rows
-    assert torch.allclose(freq, probs, atol=0.03), freq  # 3 sd of a frequency of 0.5 over 4000 draws is 0.024
-    assert freq[4] == 0
-    alone = RowStreams([7], "cpu")
-    in_batch = RowStreams([3, 7, 9], "cpu")
-    for _ in range(3):  # step after step, row 7's noise is the same alone and beside other rows
-        scores = torch.randn(3, 11)
-        assert torch.equal(alone(None, scores[1:2].clone()), in_batch(None, scores.clone())[1:2])  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="2 rows to sample, 1 random streams"):
-        RowStreams([1], "cpu")(None, torch.zeros(2, 5))  # type: ignore[arg-type]
-
-
-@pytest.mark.numerics
-def test_a_prompt_samples_the_same_completions_alone_or_in_a_batch(model_path: Path, tmp_path: Path) -> None:
-    """One `generate` for a whole batch: each task's group is what the task gets sampled on its own (the
-    property that makes N processes sample what one does)."""
-    spec = small_spec(tmp_path)
-    policy = LoraPolicy.load(model_path, spec)
-    short = Task(id="a", question="Hi.", answer="x")
-    long = Task(id="b", question="Name three animals that live in the sea, and say why.", answer="x")
-    options = {"group_size": 3, "max_new_tokens": 12, "temperature": 1.0, "top_p": 0.95}
-    both = generate(policy, [short, long], seeds=[11, 12], **options)
-    alone = generate(policy, [long], seeds=[12], **options)
-    assert both.completions[3:] == alone.completions
-    assert len(set(both.completions[3:])) > 1, "one stream for the group's rows would repeat one completion"
-    again = generate(policy, [short], seeds=[11], **options)
-    assert both.completions[:3] == again.completions
-    other = generate(policy, [short], seeds=[99], **options)
-    assert other.completions != again.completions
-    with pytest.raises(ValueError, match="2 tasks, 1 seeds"):
-        generate(policy, [short, long], seeds=[1], **options)
-
-
 @pytest.mark.numerics
 def test_generation_rows_bound_a_call_without_changing_the_samples(model_path: Path, tmp_path: Path) -> None:
     """generation_rows cuts a step's sampling into calls of whole groups; the rows' streams make the samples
@@ -195,12 +150,12 @@ def test_a_step_raises_the_logprob_of_better_completions(model_path: Path, tmp_p
     with torch.no_grad():
         for bf16 in (False, True):
             want = exact(bf16)
-            for fused in (False, True):
+            for fused in (None, chosen_logprobs):
                 got = policy.token_logprobs(*args, fused=fused, autocast_bf16=bf16).double()
                 apart = float((got - want)[mask].abs().max())
                 assert apart < 3e-4, (bf16, fused, apart)
         plain = policy.token_logprobs(*args)
-        fused16 = policy.token_logprobs(*args, fused=True, autocast_bf16=True)
+        fused16 = policy.token_logprobs(*args, fused=chosen_logprobs, autocast_bf16=True)
     assert 0 < float((fused16 - plain)[mask].abs().max()) < 0.5  # bf16, not fp32, and not far from it
     run = GspoRun(spec, policy, [task], [], tmp_path / "out")
     metrics = run.optimise(rollouts, advantages, len(rollouts.completions))
@@ -282,14 +237,21 @@ def test_two_processes_train_the_adapters_of_one(model_path: Path, tmp_path: Pat
     adapters equal to a one-process run's within float tolerance (gradients are summed in another order)."""
     import subprocess
 
-    from zoo.trainer.gspo.launch import launch_command, launch_env
+    from zoo.trainer.gspo import worker
+    from zoo.trainer.lora.launch import launch_command, launch_env
 
     spec = small_spec(tmp_path, batch_size=2, group_size=2)
     one = run_gspo(spec, model_path, tmp_path / "one")
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps(spec.to_json()))
     command = launch_command(
-        spec_file, model_path, tmp_path / "two", 2, "cpu", ("tests.trainer.gspo_rewards",)
+        spec_file,
+        model_path,
+        tmp_path / "two",
+        2,
+        "cpu",
+        ("tests.trainer.gspo_rewards",),
+        worker=worker.__name__,
     )
     done = subprocess.run(command, env=launch_env(2), capture_output=True, text=True, timeout=840)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""GSPO under DeepSpeed ZeRO-2 (trainer/gspo/zero.py): two CPU processes (gloo) with the shipped config train
+"""GSPO under DeepSpeed ZeRO-2 (trainer/lora/zero.py): two CPU processes (gloo) with the shipped config train
 the adapters of a one-process run, resume from a checkpoint's partitioned optimiser state, and configs the
 run cannot honour are refused before anything starts."""
 
@@ -20,9 +20,10 @@ from tests.trainer.gspo.test_run import (  # noqa: F401  (model_path: the fixtur
     small_spec,
     tasks_file,
 )
+from zoo.trainer.gspo import worker
 from zoo.trainer.gspo.job import run_gspo
-from zoo.trainer.gspo.launch import launch_command, launch_env
-from zoo.trainer.gspo.zero import SHIPPED, ZeroConfigError, engine_config, read_config
+from zoo.trainer.lora.launch import launch_command, launch_env
+from zoo.trainer.lora.zero import SHIPPED, ZeroConfigError, engine_config, read_config
 
 pytest.importorskip("deepspeed", reason="DeepSpeed is a dev dependency: ./zoo installs it")
 
@@ -31,7 +32,14 @@ pytestmark = pytest.mark.numerics
 
 def run_two(spec_file: Path, model: Path, out: Path) -> list[dict]:
     command = launch_command(
-        spec_file, model, out, 2, "cpu", ("tests.trainer.gspo_rewards",), deepspeed=SHIPPED
+        spec_file,
+        model,
+        out,
+        2,
+        "cpu",
+        ("tests.trainer.gspo_rewards",),
+        worker=worker.__name__,
+        deepspeed=SHIPPED,
     )
     done = subprocess.run(command, env=launch_env(2), capture_output=True, text=True, timeout=840)
     assert done.returncode == 0, done.stderr[-3000:]

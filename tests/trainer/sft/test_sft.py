@@ -23,8 +23,8 @@ from zoo.registry.errors import ValidationError
 from zoo.registry.experience import Experience
 from zoo.registry.merkle import library_root
 from zoo.trainer.baselines import lookup_library
-from zoo.trainer.gspo.policy import LoraPolicy
-from zoo.trainer.gspo.processes import Processes
+from zoo.trainer.lora.policy import LoraPolicy
+from zoo.trainer.lora.processes import Processes
 from zoo.trainer.rewards import get_reward, score_group
 from zoo.trainer.sft import collect
 from zoo.trainer.sft.job import make_pairs, run_sft
@@ -204,15 +204,16 @@ def test_a_library_with_nothing_to_distil_is_refused(model_path: Path, tmp_path:
 @pytest.mark.timeout(900)
 @pytest.mark.numerics
 def test_two_processes_train_the_adapter_of_one(model_path: Path, tmp_path: Path) -> None:
-    from zoo.trainer.gspo.launch import launch_command, launch_env
+    from zoo.trainer.lora.launch import launch_command, launch_env
+    from zoo.trainer.sft import worker
 
     write_jsonl(tmp_path / "train.jsonl", habitats(4))
     spec = SftSpec.parse({"dataset": str(tmp_path / "train.jsonl"), "validation_fraction": 0, "epochs": 2,
                           "batch_size": 4, "micro_batch_size": 1, "learning_rate": 1e-3})  # fmt: skip
     one = run_sft(spec, model_path, tmp_path / "one", model_id=MODEL)
     (tmp_path / "spec.json").write_text(json.dumps(spec.to_json()))
-    command = launch_command(tmp_path / "spec.json", model_path, tmp_path / "two", 2, "cpu", job="sft",
-                             job_args=("--model-id", MODEL))  # fmt: skip
+    command = launch_command(tmp_path / "spec.json", model_path, tmp_path / "two", 2, "cpu",
+                             worker=worker.__name__, job_args=("--model-id", MODEL))  # fmt: skip
     done = subprocess.run(command, env=launch_env(2), capture_output=True, text=True, timeout=840)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
@@ -239,8 +240,9 @@ def test_zero2_over_two_processes_trains_the_adapter_of_one(model_path: Path, tm
     zero-weight padding backward each step (ZeRO-2 reduces on every backward); the adapter is a single
     process's."""
     pytest.importorskip("deepspeed", reason="DeepSpeed is a dev dependency: ./zoo installs it")
-    from zoo.trainer.gspo.launch import launch_command, launch_env
-    from zoo.trainer.gspo.zero import SHIPPED
+    from zoo.trainer.lora.launch import launch_command, launch_env
+    from zoo.trainer.lora.zero import SHIPPED
+    from zoo.trainer.sft import worker
 
     write_jsonl(tmp_path / "train.jsonl", habitats(3))
     spec = SftSpec.parse({"dataset": str(tmp_path / "train.jsonl"), "validation_fraction": 0, "epochs": 2,
@@ -248,7 +250,8 @@ def test_zero2_over_two_processes_trains_the_adapter_of_one(model_path: Path, tm
     one = run_sft(spec, model_path, tmp_path / "one", model_id=MODEL)
     (tmp_path / "spec.json").write_text(json.dumps(spec.to_json()))
     command = launch_command(tmp_path / "spec.json", model_path, tmp_path / "two", 2, "cpu",
-                             deepspeed=SHIPPED, job="sft", job_args=("--model-id", MODEL))  # fmt: skip
+                             worker=worker.__name__, deepspeed=SHIPPED,
+                             job_args=("--model-id", MODEL))  # fmt: skip
     done = subprocess.run(command, env=launch_env(2), capture_output=True, text=True, timeout=840)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
