@@ -46,7 +46,7 @@ import math
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -55,16 +55,12 @@ from zoo.inference.factors import processor_builder
 from zoo.inference.prompt import PromptTooLong, parse_citations
 from zoo.inference.retrieval import Hit, RetrievalIndex
 from zoo.registry.experience import (
-    MAX_ANSWER_CHARS,
-    MAX_QUESTION_CHARS,
     Experience,
     ExpertFactors,
     Library,
-    normalise_answer,
 )
 from zoo.trainer.prompting import PromptPath
-from zoo.trainer.rewards import SHORT_ANSWER_VERIFIERS, RewardCache, ascore_group
-from zoo.trainer.rewards.unit_tests import extract_code
+from zoo.trainer.rewards import RewardCache, ascore_group
 from zoo.trainer.schedule import batches, seed_of, total_steps
 from zoo.trainer.tasks.schema import Task
 from zoo.trainer.tfgrpo import critic
@@ -80,6 +76,7 @@ from zoo.trainer.tfgrpo.operations import Outcome, Proposal, add_examples, conso
 from zoo.trainer.tfgrpo.run_state import TrainState
 from zoo.trainer.tfgrpo.spec import TfGrpoSpec
 from zoo.trainer.tfgrpo.step_work import Group, StepWork, failed_with_reference
+from zoo.trainer.tfgrpo.worked_examples import proposed_examples
 
 Emit = Callable[[str, dict[str, Any]], Awaitable[None]]
 Checkpoint = Callable[[int, dict[str, Any], tuple[str, dict[str, Any]]], Awaitable[None]]
@@ -95,74 +92,6 @@ class Context:
     author: str  # "job:<id>": provenance of the lessons it writes
     created_at: datetime  # provenance timestamp of the lessons it writes (fixed per run: resumable)
     critic: LLM | None = None  # who summarises, compares and merges (None: the policy model itself)
-
-
-# Verifiers that check a program: a rollout that passes every test is a worked example of its code block.
-CODE_VERIFIERS = ("unit_tests",)
-
-
-def example_candidate(group: Group, spec: TfGrpoSpec) -> Proposal | None:
-    """The worked example a group teaches (an "add" of kind "example"), or None.
-
-    A group with a clear winner (its best reward above its worst) teaches its best rollout's answer: the
-    task's reference answer when the winner scored full marks (the verifier accepted "100 feet" as 100, but
-    the example must show the answer as it should be written), else the final answer the rollout wrote. A
-    group that failed wholly on a task with a reference teaches the reference. The task's own reasoning,
-    when it carries some, goes with the answer. Label-free runs never see a reference. Short-answer tasks
-    make examples so, programs checked by unit tests through `code_example`, patches none; validation
-    decides, as for every candidate, whether the example stays.
-    """
-    task = group.task
-    verifier = "majority_vote" if spec.label_free else (spec.reward or task.verifier)
-    if verifier in CODE_VERIFIERS:
-        return code_example(group)
-    if verifier not in SHORT_ANSWER_VERIFIERS:
-        return None
-    reference = None if spec.label_free else task.answer
-    scores = [r.score for r in group.results]
-    answer: str | None = None
-    if max(scores) > min(scores):
-        best = max(range(len(scores)), key=lambda i: (scores[i], -i))
-        extracted = group.results[best].details.get("extracted")
-        if reference is not None and scores[best] >= 1.0:
-            answer = reference
-        elif isinstance(extracted, str):
-            answer = extracted
-    elif failed_with_reference(group, spec):
-        answer = reference
-    if answer is None:
-        return None
-    answer = " ".join(answer.split())
-    if not 0 < len(answer) <= MAX_ANSWER_CHARS or len(task.question) > MAX_QUESTION_CHARS:
-        return None
-    reasoning = task.reasoning.strip() if reference is not None and task.reasoning else ""
-    return Proposal("add", task.question, "", task.domain, task.id, -1, "example", answer, reasoning)
-
-
-def code_example(group: Group) -> Proposal | None:
-    """The worked example a group of programs teaches: the shortest code block among its rollouts that
-    passed every test, when some rollout failed (a clear winner; a group that all passed teaches nothing
-    new). No reference answer exists or is read: the verifier is the only teacher, as in rejection-sampling
-    fine-tuning, but the solution goes into the library instead of the weights. A program too long for an
-    example is still proposed, so the library's own check refuses it with its reason in the run's report
-    instead of it vanishing uncounted."""
-    scores = [r.score for r in group.results]
-    if min(scores) >= 1.0 or max(scores) < 1.0 or len(group.task.question) > MAX_QUESTION_CHARS:
-        return None
-    answers = set()
-    for completion, score in zip(group.completions, scores, strict=True):
-        code = extract_code(completion).strip()
-        if score < 1.0 or not code:
-            continue
-        try:
-            answers.add(normalise_answer(f"```python\n{code}\n```"))
-        except ValueError:  # a character an experience cannot hold
-            continue
-    if not answers:
-        return None
-    answer = min(answers, key=lambda a: (len(a), a))  # the shortest; ties by text, so runs repeat
-    task = group.task
-    return Proposal("add", task.question, "", task.domain, task.id, -1, "example", answer, "")
 
 
 # The confidence a newly distilled factor is tried at: log-odds 1, so it weighs η while validation decides.
@@ -391,7 +320,7 @@ class TfGrpoRun:
         s.skipped = len(s.groups) - len(informative)
         s.json_before = self._json_totals(state)
         s.proposed, s.screened = await self._critique(s, informative, state)
-        s.proposed += self._examples(s.groups)
+        s.proposed += proposed_examples(s.groups, self.spec)
         s.lessons = await self._consolidate(s, state)
         s.candidates, rejected = self._candidates(s.library, s.lessons, s.example_ops, state)
         s.rejected = s.screened + rejected
@@ -542,18 +471,6 @@ class TfGrpoRun:
 
         proposed = [p for ps in await asyncio.gather(*(propose(i) for i in informative)) for p in ps]
         return proposed, screened
-
-    def _examples(self, groups: Sequence[Group]) -> list[Proposal]:
-        """Stage 4, beside the critic: the worked example each short-answer group proposes (unless
-        `experience_kinds` is "lessons")."""
-        if self.spec.experience_kinds == "lessons":
-            return []
-        out = []
-        for gi, g in enumerate(groups):
-            candidate = example_candidate(g, self.spec)
-            if candidate is not None:
-                out.append(replace(candidate, group=gi))
-        return out
 
     async def _consolidate(self, s: StepWork, state: TrainState) -> Outcome:
         """Stage 4, critic stage 3: the step's lessons consolidated into its library (the critic merges
