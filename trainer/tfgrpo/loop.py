@@ -67,13 +67,12 @@ from zoo.trainer.tfgrpo import critic
 from zoo.trainer.tfgrpo.credit import (
     INITIAL_CONFIDENCE,
     advantages_of,
-    carry_records,
     credit_uses,
-    with_confidence,
 )
 from zoo.trainer.tfgrpo.llm import LLM, ContextTooSmall
-from zoo.trainer.tfgrpo.operations import Outcome, Proposal, add_examples, consolidate, prune, screen_lesson
+from zoo.trainer.tfgrpo.operations import Outcome, Proposal, consolidate, screen_lesson
 from zoo.trainer.tfgrpo.run_state import TrainState
+from zoo.trainer.tfgrpo.selection import candidate_libraries, choose, keep_chosen, size_of
 from zoo.trainer.tfgrpo.spec import TfGrpoSpec
 from zoo.trainer.tfgrpo.step_work import Group, StepWork, failed_with_reference
 from zoo.trainer.tfgrpo.worked_examples import proposed_examples
@@ -92,53 +91,6 @@ class Context:
     author: str  # "job:<id>": provenance of the lessons it writes
     created_at: datetime  # provenance timestamp of the lessons it writes (fixed per run: resumable)
     critic: LLM | None = None  # who summarises, compares and merges (None: the policy model itself)
-
-
-# The confidence a newly distilled factor is tried at: log-odds 1, so it weighs η while validation decides.
-FACTOR_TRIAL_CONFIDENCE = 1.0 / (1.0 + math.exp(-1.0))
-
-
-Size = tuple[int, int]  # (experiences, of them with expert factors): what a library costs a prompt
-
-
-def size_of(experiences: Sequence[Experience]) -> Size:
-    return len(experiences), sum(e.factors is not None for e in experiences)
-
-
-def choose(
-    scores: Mapping[str, float | None],
-    current: float | None,
-    tolerance: float,
-    sizes: Mapping[str, Size] | None = None,
-    current_size: Size = (0, 0),
-) -> str | None:
-    """The candidate a step keeps, from the validation scores of its candidates (in preference order), or
-    None (the step is reverted). A candidate that grows the library (more experiences or more factors than
-    `current_size`) must score strictly above `current`: nothing enters that did not earn a better score.
-    One that does not grow it (a prune, a rewrite) may score down to `current - tolerance`. Of those, the
-    best score wins; a tie goes to the smaller library, then to the earlier candidate. Without validation
-    (scores None) the first one is kept."""
-    sizes = sizes or {}
-    best: str | None = None
-    for name, score in scores.items():
-        if score is None or current is None:
-            if best is None:
-                best = name
-            continue
-        size = sizes.get(name, current_size)
-        grows = size[0] > current_size[0] or size[1] > current_size[1]
-        if score < current - tolerance or (grows and score <= current):
-            continue
-        if best is None or (score, _smaller(sizes.get(name))) > (
-            scores[best] or 0.0,
-            _smaller(sizes.get(best)),
-        ):
-            best = name
-    return best
-
-
-def _smaller(size: Size | None) -> tuple[int, int]:
-    return (0, 0) if size is None else (-size[0], -size[1])
 
 
 class TfGrpoRun:
@@ -182,6 +134,11 @@ class TfGrpoRun:
             processor_builder(self.llm.backend, self.serving.factor_eta, self.serving.factor_cap)
             if spec.distill_factors
             else None
+        )
+        # A factor trial needs factors that act (a backend that applies them, eta > 0) and a validation
+        # that scores: otherwise new factors start at the neutral confidence, where they weigh nothing.
+        self.factor_trials = bool(
+            self._factor_builder is not None and self.serving.factor_eta > 0 and self._scored_validation()
         )
 
     # -- rewards and prompts ------------------------------------------------------------------------
@@ -322,7 +279,15 @@ class TfGrpoRun:
         s.proposed, s.screened = await self._critique(s, informative, state)
         s.proposed += proposed_examples(s.groups, self.spec)
         s.lessons = await self._consolidate(s, state)
-        s.candidates, rejected = self._candidates(s.library, s.lessons, s.example_ops, state)
+        s.candidates, rejected = candidate_libraries(
+            s.library,
+            s.lessons,
+            s.example_ops,
+            state.credit,
+            self.spec,
+            make_example=self.make_example,
+            factor_trials=self.factor_trials,
+        )
         s.rejected = s.screened + rejected
         s.scores_of = await self._validate(s.candidates, s.number)
         s.chosen = choose(
@@ -332,7 +297,7 @@ class TfGrpoRun:
             {name: size_of(o.experiences) for name, o in s.candidates.items()},
             size_of(s.library),
         )
-        self._keep(s, state)
+        keep_chosen(s, state)
         await self._complete(s, state)
 
     async def _begin(self, state: TrainState) -> StepWork:
@@ -510,28 +475,6 @@ class TfGrpoRun:
         )
         return dict(zip(candidates, evaluated, strict=True))
 
-    def _keep(self, s: StepWork, state: TrainState) -> None:
-        """Stage 5: the chosen candidate becomes the library (none chosen: it stays as it was); the state
-        records the operations applied, reverted and rejected, and each experience's confidence."""
-        number = s.number
-        score = state.validation_score if s.chosen is None else s.scores_of[s.chosen]
-        outcome = Outcome(s.library) if s.chosen is None else s.candidates[s.chosen]
-        kept_ops = {(op["op"], op["id"]) for op in outcome.applied}
-        reverted: dict[tuple[str, str], dict[str, Any]] = {}
-        for o in s.candidates.values():
-            for op in o.applied:
-                if op["op"] not in ("drop", "drop_factors") and (op["op"], op["id"]) not in kept_ops:
-                    reverted.setdefault((op["op"], op["id"]), {**op, "step": number})
-        state.reverted += list(reverted.values())
-        library = s.library
-        if s.decision == "kept":
-            library = outcome.experiences
-            carry_records(outcome.renamed, state)
-            state.operations += [{**op, "step": number} for op in outcome.applied]
-        state.rejected += [{**r, "step": number} for r in s.rejected]
-        state.library = [with_confidence(e, state) for e in library]
-        state.validation_score = score
-
     async def _complete(self, s: StepWork, state: TrainState) -> None:
         """After stage 5: the step's learning-curve point, and the checkpoint of the state it leaves."""
         wall = time.perf_counter() - s.started
@@ -570,90 +513,6 @@ class TfGrpoRun:
         state.curve.append(point)
         state.step = s.number
         await self.checkpoint(s.number, state.to_json(self.base_model), ("step_completed", point))
-
-    def _candidates(
-        self,
-        library: Sequence[Experience],
-        lessons: Outcome,
-        example_ops: Sequence[Proposal],
-        state: TrainState,
-    ) -> tuple[dict[str, Outcome], list[dict[str, Any]]]:
-        """Stage 4, critic stage 3's prune: the libraries a step may keep, by name, in the order a tie of
-        equal sizes is broken: "both" (the step's lessons and worked examples), "examples", "lessons",
-        "prune" (only dropping harmful experiences); each with its new expert factors on trial and, right
-        after it, a "-no-factors" variant without them (when validation can tell them apart). Each is
-        pruned; an unchanged library or one equal to an earlier candidate is left out. Also returns the
-        rejected operations."""
-        spec = self.spec
-        unchanged = Outcome(sorted(library, key=lambda e: e.id))
-        bases: dict[str, Outcome] = {}
-        rejected = list(lessons.rejected)
-        if example_ops:
-            deleted = {op["id"] for op in lessons.applied if op["op"] == "delete"}
-            both = add_examples(lessons, example_ops, self.make_example, deleted=deleted)
-            rejected = both.rejected
-            if lessons.applied:
-                bases["both"] = both
-            bases["examples"] = add_examples(unchanged, example_ops, self.make_example)
-        if lessons.applied:
-            bases["lessons"] = lessons
-        bases["prune"] = unchanged
-        # A factor trial needs factors that act (a backend that applies them, eta > 0) and a validation
-        # that scores: otherwise new factors start at the neutral confidence, where they weigh nothing.
-        trials = bool(
-            self._factor_builder is not None and self.serving.factor_eta > 0 and self._scored_validation()
-        )
-        by_id = {e.id: e for e in library}
-        raw: list[tuple[str, Outcome]] = []
-        for name, base in bases.items():
-            trial, stripped = self._factor_trial(base, by_id) if trials else (base, None)
-            raw.append((name, trial))
-            if stripped is not None:
-                raw.append((f"{name}-no-factors", stripped))
-        out: dict[str, Outcome] = {}
-        seen = [unchanged.experiences]
-        for name, o in raw:
-            added = {op["id"] for op in o.applied if op["op"] in ("add", "merge") and "old_id" not in op}
-            kept, drops = prune(
-                o.experiences,
-                state.credit,
-                renamed=o.renamed,
-                cap=spec.max_library_size,
-                min_uses=spec.drop_after_uses,
-                protected=added,
-            )
-            if kept in seen:
-                continue
-            seen.append(kept)
-            out[name] = Outcome(kept, o.applied + drops, o.rejected, o.renamed)
-        return out, rejected
-
-    def _factor_trial(self, o: Outcome, before: Mapping[str, Experience]) -> tuple[Outcome, Outcome | None]:
-        """(o with its new factors on trial, o without them), or (o, None) when it brings no new factors.
-
-        A new factor starts at FACTOR_TRIAL_CONFIDENCE, so validation decodes with it at weight η (at the
-        neutral 0.5 it would weigh nothing and validation could not tell whether it hurts); the variant
-        without it lets validation drop a harmful factor set and keep the lesson it came with."""
-        previous = {new: before[old] for old, new in o.renamed.items() if old in before}
-        trial: list[Experience] = []
-        stripped: list[Experience] = []
-        drops: list[dict[str, Any]] = []
-        for e in o.experiences:
-            old = before.get(e.id) or previous.get(e.id)
-            if e.factors is None or (old is not None and old.factors == e.factors):
-                trial.append(e)
-                stripped.append(e)
-                continue
-            trial.append(e.replace(confidence=FACTOR_TRIAL_CONFIDENCE))
-            stripped.append(e.replace(factors=old.factors if old is not None else None))
-            drops.append({"op": "drop_factors", "id": e.id, "text": e.text,
-                          "reason": "validation scored the step higher without them"})  # fmt: skip
-        if not drops:
-            return o, None
-        return (
-            Outcome(trial, o.applied, o.rejected, o.renamed),
-            Outcome(stripped, o.applied + drops, o.rejected, o.renamed),
-        )
 
     def _factors(
         self, groups: Sequence[Group], state: TrainState

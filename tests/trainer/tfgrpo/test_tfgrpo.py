@@ -29,13 +29,10 @@ from zoo.trainer.tasks.schema import Task, instruction_for, write_jsonl
 from zoo.trainer.tfgrpo.credit import advantages_of, confidence_of
 from zoo.trainer.tfgrpo.job import run_tf_grpo
 from zoo.trainer.tfgrpo.llm import LLM, ContextTooSmall
-from zoo.trainer.tfgrpo.loop import (
-    Context,
-    TfGrpoRun,
-    choose,
-)
+from zoo.trainer.tfgrpo.loop import Context, TfGrpoRun
 from zoo.trainer.tfgrpo.operations import Outcome, add_examples
 from zoo.trainer.tfgrpo.run_state import TrainState
+from zoo.trainer.tfgrpo.selection import choose
 from zoo.trainer.tfgrpo.spec import TfGrpoSpec
 from zoo.trainer.tfgrpo.step_work import Group
 from zoo.trainer.tfgrpo.worked_examples import example_candidate
@@ -472,7 +469,7 @@ def test_distilled_factors_are_tried_and_then_decode_later_rollouts(
     tmp_path: Path, embedder, tokenizer
 ) -> None:
     from zoo.inference.factors import tokenizer_tag
-    from zoo.trainer.tfgrpo.loop import FACTOR_TRIAL_CONFIDENCE
+    from zoo.trainer.tfgrpo.selection import FACTOR_TRIAL_CONFIDENCE
 
     sampled = one_wrong_in(3)
 
