@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from zoo.inference.adapters import AdapterDirectory
@@ -28,6 +29,7 @@ from zoo.node.components.inference import answer_metering, engine_provider
 from zoo.node.components.served_model import model_id, resolve_model_path
 from zoo.node.components.supervisor import Supervisor
 from zoo.node.components.wiring import (
+    Parts,
     advertised_grpc,
     build_components,
     capabilities,
@@ -38,6 +40,7 @@ from zoo.node.components.wiring import (
     spend_check,
 )
 from zoo.node.config import NodeConfig, parse_listen
+from zoo.node.credits.book import CreditBook
 from zoo.node.credits.identity import Identify
 from zoo.node.credits.meter import UsageMeter
 from zoo.node.credits.verifier import RequestVerifier
@@ -66,187 +69,254 @@ class StartupError(ZooError):
 
 async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: float) -> int:
     """Run the node until SIGINT/SIGTERM; returns the process exit code."""
-    # The handlers go in before anything can see the node: a signal that arrives while it starts (a
-    # client that read node.json, say) is a stop request, honoured with the same drain as any other.
-    # Installed later, such a signal met asyncio.run's own handler, which cancelled this task mid-start
-    # and left the servers undrained (or the process stuck on a thread it never stopped).
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    admin_token = (
-        cfg.server.admin_token.get_secret_value() if cfg.server.admin_token else data_dir.admin_token()
-    )
-    from zoo.inference.bundled_models import ModelUnavailable
-
-    try:
-        model_path = await asyncio.to_thread(resolve_model_path, cfg)
-    except ModelUnavailable as e:
-        raise StartupError(str(e)) from None
-
-    metrics = NodeMetrics(__version__)
-    metrics_url = ""
-    if cfg.metrics.enabled:
-        host, port = parse_listen(cfg.metrics.listen)
-        try:
-            bound = metrics.serve(host.strip("[]"), port)
-        except OSError as e:
-            raise StartupError(f"cannot serve metrics on {cfg.metrics.listen}: {e}") from None
-        metrics_url = f"http://{host}:{bound}/metrics"
-
-    meter = UsageMeter(data_dir.path / "usage.sqlite", wiring.epoch_s or cfg.credits.epoch_s)
-    parts = build_components(cfg, data_dir, model_path, wiring, metrics, meter)
-    supervisor = Supervisor(parts.all())
-    supervisor.on_change(metrics.component_changed)
-    health = HealthBridge(supervisor)
-    host, _ = parse_listen(cfg.server.listen)
-    bound_port = 0
-    credits = credit_book(cfg, wiring, meter)
-    node_address = data_dir.node_address()
-    identify = Identify(
-        RequestVerifier(
-            node_address,
-            max_skew_s=cfg.credits.max_clock_skew_s,
-            max_remembered=cfg.credits.max_remembered_nonces,
-        ),
-        metrics,
-        cfg.credits.allow_anonymous,
-        spend_check(wiring, node_address, parts.chain, meter) if credits is not None else None,
-    )
-    inf = cfg.inference
-    reserved = min(cfg.credits.reserved_slots, inf.max_batch_size - 1) if credits is not None else 0
-    admission = Admission(
-        inf.max_batch_size, inf.max_queued, inf.max_wait_s, metrics.queue_wait.observe, reserved=reserved
-    )
-    model = parts.model
-    servicer = NodeServicer(
-        supervisor,
-        str(cfg.data_dir),
-        lambda: f"{host}:{bound_port}",
-        model_id(cfg, model_path),
-        usage=meter,
-        node_address=node_address,
-        allows_anonymous=cfg.credits.allow_anonymous,
-        ledger_address=str(wiring.ledger_address) if credits is not None else "",
-        credit_epoch_s=meter.epoch_s if credits is not None else 0,
-        serving=lambda: serving_stats(admission, lambda: model.backend),
-        min_similarity=inf.min_similarity,
-    )
-    metrics.watch_serving(servicer.serving)
-    engine = engine_provider(
-        cfg, model, parts.library, parts.retrieval, answer_metering(meter, credits, metrics)
-    )
-    # Placement, readiness and priority: one set of rules for gRPC and the HTTP API.
-    rules = ServingRules(
-        engine,
-        model_id(cfg, model_path),
-        adapters=AdapterDirectory(cfg.adapters_dir).names,
-        router=router(cfg, parts.p2p),
-        credits=credits,
-    )
-    library = parts.library
-    servicers: list[Any] = [
-        (node_pb2_grpc.add_NodeServiceServicer_to_server, servicer),
-        (
-            library_pb2_grpc.add_LibraryServiceServicer_to_server,
-            LibraryServicer(library, onchain_roots(wiring)),
-        ),
-        (
-            inference_pb2_grpc.add_InferenceServiceServicer_to_server,
-            InferenceServicer(
-                rules,
-                cfg.inference,
-                admission,
-                peer_id=lambda: parts.p2p.peer_id if parts.p2p is not None else "",
-            ),
-        ),
-    ]
-    servicers.append((jobs_pb2_grpc.add_JobServiceServicer_to_server, JobServicer(parts.jobs)))
-    try:
-        server, bound_port = build_server(cfg, metrics, admin_token, health, servicers, identify)
-    except BindError as e:
-        metrics.shutdown()
-        raise StartupError(str(e)) from None
-
-    deps = ApiDeps(
-        rules,
-        admission,
-        cfg.inference,
-        metrics,
-        model_id(cfg, model_path),
-        embedder(parts.retrieval),
-        embedder_model_id(cfg.embedder.path),
-        api_key=cfg.server.api_key.get_secret_value() if cfg.server.api_key else None,
-        identify=identify,
-    )
-    http = await _start_http(cfg, metrics, deps)
-    http_url = http.address if http is not None else ""
-    if http is not None:
-        servicer.http_address = lambda: http_url + "/v1"
-
-    p2p = parts.p2p
-    if p2p is not None:
-        p2p.capabilities = capabilities(
-            cfg,
-            model_id(cfg, model_path),
-            library,
-            admission,
-            lambda: advertised_grpc(cfg, host, bound_port),
-            http_url,
-        )
-        servicer.p2p = p2p
-
-    supervisor.on_change(lambda _s: loop.create_task(health.update()))
-    await health.update()
-    await server.start()
-    supervisor.start()
-    address = f"{host}:{bound_port}"
-    tls = bool(cfg.server.tls_cert)
-    data_dir.write_node_info(
-        {
-            "pid": os.getpid(),
-            "listen": address,
-            "tls": tls,
-            "metrics": metrics_url,
-            "http": http_url,
-            "version": __version__,
-        }
-    )
-    log.info(
-        "zoo-node listening",
-        grpc=address,
-        tls=tls,
-        metrics=metrics_url or "off",
-        http=http_url or "off",
-        data_dir=str(cfg.data_dir),
-        startup_s=round(time.monotonic() - started, 2),
-    )
-    _print_banner(address, metrics_url, http_url, cfg, tls)
-
-    await stop.wait()
-
-    log.info("shutting down", grace_period_s=cfg.server.grace_period_s)
-    await health.shutdown()
-    # New RPCs and HTTP requests are refused at once; in-flight ones get the grace period to finish.
-    grace = cfg.server.grace_period_s
-    await asyncio.gather(server.stop(grace), *([http.stop(grace)] if http is not None else []))
-    if rules.router is not None:
-        await rules.router.close()
-    await supervisor.stop()
-    meter.close()
-    metrics.shutdown()
+    node = NodeRun(cfg, data_dir, wiring)  # its signal handlers go in first
+    await node.resolve_model()
+    node.serve_metrics()
+    node.build_components()
+    node.build_servicers()
+    await node.serve_http()
+    node.join_p2p()
+    await node.listen(started)
+    await node.wait()
+    await node.drain()
     return EXIT_OK
 
 
-async def _start_http(cfg: NodeConfig, metrics: NodeMetrics, deps: ApiDeps) -> HttpServer | None:
-    """Serve the OpenAI-compatible HTTP API (None when http.enabled is false)."""
-    if not cfg.http.enabled:
-        return None
-    try:
-        return await start_http_api(cfg.http, deps, cfg.server.grace_period_s)
-    except OSError as e:
-        metrics.shutdown()
-        raise StartupError(f"cannot serve the HTTP API on {cfg.http.listen}: {e}") from None
+class NodeRun:
+    """One run of the node, its steps in the order serve takes them: each sets up what the next ones use."""
+
+    model_path: Path
+    metrics: NodeMetrics
+    metrics_url: str
+    meter: UsageMeter
+    parts: Parts
+    supervisor: Supervisor
+    health: HealthBridge
+    host: str
+    admission: Admission
+    servicer: NodeServicer
+    rules: ServingRules
+    server: Any  # the gRPC server
+    http: HttpServer | None
+    http_url: str
+
+    def __init__(self, cfg: NodeConfig, data_dir: DataDir, wiring: Wiring) -> None:
+        # The handlers go in before anything can see the node: a signal that arrives while it starts (a
+        # client that read node.json, say) is a stop request, honoured with the same drain as any other.
+        # Installed later, such a signal met asyncio.run's own handler, which cancelled this task mid-start
+        # and left the servers undrained (or the process stuck on a thread it never stopped).
+        self.cfg, self.data_dir, self.wiring = cfg, data_dir, wiring
+        self.loop = asyncio.get_running_loop()
+        self.stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self.loop.add_signal_handler(sig, self.stop.set)
+        self.admin_token = (
+            cfg.server.admin_token.get_secret_value() if cfg.server.admin_token else data_dir.admin_token()
+        )
+        self.bound_port = 0
+
+    async def resolve_model(self) -> None:
+        from zoo.inference.bundled_models import ModelUnavailable
+
+        try:
+            self.model_path = await asyncio.to_thread(resolve_model_path, self.cfg)
+        except ModelUnavailable as e:
+            raise StartupError(str(e)) from None
+
+    def serve_metrics(self) -> None:
+        cfg = self.cfg
+        self.metrics = NodeMetrics(__version__)
+        self.metrics_url = ""
+        if cfg.metrics.enabled:
+            host, port = parse_listen(cfg.metrics.listen)
+            try:
+                bound = self.metrics.serve(host.strip("[]"), port)
+            except OSError as e:
+                raise StartupError(f"cannot serve metrics on {cfg.metrics.listen}: {e}") from None
+            self.metrics_url = f"http://{host}:{bound}/metrics"
+
+    def build_components(self) -> None:
+        cfg, metrics = self.cfg, self.metrics
+        self.meter = UsageMeter(
+            self.data_dir.path / "usage.sqlite", self.wiring.epoch_s or cfg.credits.epoch_s
+        )
+        self.parts = build_components(cfg, self.data_dir, self.model_path, self.wiring, metrics, self.meter)
+        self.model_id = model_id(cfg, self.model_path)
+        self.supervisor = Supervisor(self.parts.all())
+        self.supervisor.on_change(metrics.component_changed)
+        self.health = HealthBridge(self.supervisor)
+
+    def build_servicers(self) -> None:
+        """The gRPC servicers, the serving rules the HTTP API shares with them, and the gRPC server (bound,
+        not yet started)."""
+        cfg, wiring, parts, meter, metrics = self.cfg, self.wiring, self.parts, self.meter, self.metrics
+        self.host, _ = parse_listen(cfg.server.listen)
+        credits = credit_book(cfg, wiring, meter)
+        node_address = self.data_dir.node_address()
+        admission = self._admit(credits, node_address)
+        model = parts.model
+        self.servicer = NodeServicer(
+            self.supervisor,
+            str(cfg.data_dir),
+            lambda: f"{self.host}:{self.bound_port}",
+            self.model_id,
+            usage=meter,
+            node_address=node_address,
+            allows_anonymous=cfg.credits.allow_anonymous,
+            ledger_address=str(wiring.ledger_address) if credits is not None else "",
+            credit_epoch_s=meter.epoch_s if credits is not None else 0,
+            serving=lambda: serving_stats(admission, lambda: model.backend),
+            min_similarity=cfg.inference.min_similarity,
+        )
+        metrics.watch_serving(self.servicer.serving)
+        engine = engine_provider(
+            cfg, model, parts.library, parts.retrieval, answer_metering(meter, credits, metrics)
+        )
+        # Placement, readiness and priority: one set of rules for gRPC and the HTTP API.
+        self.rules = ServingRules(
+            engine,
+            self.model_id,
+            adapters=AdapterDirectory(cfg.adapters_dir).names,
+            router=router(cfg, parts.p2p),
+            credits=credits,
+        )
+        servicers: list[Any] = [
+            (node_pb2_grpc.add_NodeServiceServicer_to_server, self.servicer),
+            (
+                library_pb2_grpc.add_LibraryServiceServicer_to_server,
+                LibraryServicer(parts.library, onchain_roots(wiring)),
+            ),
+            (
+                inference_pb2_grpc.add_InferenceServiceServicer_to_server,
+                InferenceServicer(
+                    self.rules,
+                    cfg.inference,
+                    admission,
+                    peer_id=lambda: parts.p2p.peer_id if parts.p2p is not None else "",
+                ),
+            ),
+        ]
+        servicers.append((jobs_pb2_grpc.add_JobServiceServicer_to_server, JobServicer(parts.jobs)))
+        try:
+            self.server, self.bound_port = build_server(
+                cfg, metrics, self.admin_token, self.health, servicers, self.identify
+            )
+        except BindError as e:
+            metrics.shutdown()
+            raise StartupError(str(e)) from None
+
+    def _admit(self, credits: CreditBook | None, node_address: str) -> Admission:
+        """Who a request is (signed, with credits, or anonymous) and when it may run (admission)."""
+        cfg = self.cfg
+        self.identify = Identify(
+            RequestVerifier(
+                node_address,
+                max_skew_s=cfg.credits.max_clock_skew_s,
+                max_remembered=cfg.credits.max_remembered_nonces,
+            ),
+            self.metrics,
+            cfg.credits.allow_anonymous,
+            spend_check(self.wiring, node_address, self.parts.chain, self.meter)
+            if credits is not None
+            else None,
+        )
+        inf = cfg.inference
+        reserved = min(cfg.credits.reserved_slots, inf.max_batch_size - 1) if credits is not None else 0
+        self.admission = Admission(
+            inf.max_batch_size,
+            inf.max_queued,
+            inf.max_wait_s,
+            self.metrics.queue_wait.observe,
+            reserved=reserved,
+        )
+        return self.admission
+
+    async def serve_http(self) -> None:
+        """The OpenAI-compatible HTTP API, serving at once (none when http.enabled is false)."""
+        cfg = self.cfg
+        deps = ApiDeps(
+            self.rules,
+            self.admission,
+            cfg.inference,
+            self.metrics,
+            self.model_id,
+            embedder(self.parts.retrieval),
+            embedder_model_id(cfg.embedder.path),
+            api_key=cfg.server.api_key.get_secret_value() if cfg.server.api_key else None,
+            identify=self.identify,
+        )
+        self.http = None
+        if cfg.http.enabled:
+            try:
+                self.http = await start_http_api(cfg.http, deps, cfg.server.grace_period_s)
+            except OSError as e:
+                self.metrics.shutdown()
+                raise StartupError(f"cannot serve the HTTP API on {cfg.http.listen}: {e}") from None
+        self.http_url = http_url = self.http.address if self.http is not None else ""
+        if self.http is not None:
+            self.servicer.http_address = lambda: http_url + "/v1"
+
+    def join_p2p(self) -> None:
+        """What the p2p component advertises to peers (it joins the network once the supervisor starts it)."""
+        p2p, cfg = self.parts.p2p, self.cfg
+        if p2p is None:
+            return
+        p2p.capabilities = capabilities(
+            cfg,
+            self.model_id,
+            self.parts.library,
+            self.admission,
+            lambda: advertised_grpc(cfg, self.host, self.bound_port),
+            self.http_url,
+        )
+        self.servicer.p2p = p2p
+
+    async def listen(self, started: float) -> None:
+        """Start the gRPC server and the components; say where the node listens (node.json, log, banner)."""
+        cfg, health, supervisor = self.cfg, self.health, self.supervisor
+        supervisor.on_change(lambda _s: self.loop.create_task(health.update()))
+        await health.update()
+        await self.server.start()
+        supervisor.start()
+        address = f"{self.host}:{self.bound_port}"
+        tls = bool(cfg.server.tls_cert)
+        self.data_dir.write_node_info(
+            {
+                "pid": os.getpid(),
+                "listen": address,
+                "tls": tls,
+                "metrics": self.metrics_url,
+                "http": self.http_url,
+                "version": __version__,
+            }
+        )
+        log.info(
+            "zoo-node listening",
+            grpc=address,
+            tls=tls,
+            metrics=self.metrics_url or "off",
+            http=self.http_url or "off",
+            data_dir=str(cfg.data_dir),
+            startup_s=round(time.monotonic() - started, 2),
+        )
+        _print_banner(address, self.metrics_url, self.http_url, cfg, tls)
+
+    async def wait(self) -> None:
+        """Until SIGINT or SIGTERM."""
+        await self.stop.wait()
+
+    async def drain(self) -> None:
+        log.info("shutting down", grace_period_s=self.cfg.server.grace_period_s)
+        await self.health.shutdown()
+        # New RPCs and HTTP requests are refused at once; in-flight ones get the grace period to finish.
+        grace = self.cfg.server.grace_period_s
+        http = self.http
+        await asyncio.gather(self.server.stop(grace), *([http.stop(grace)] if http is not None else []))
+        if self.rules.router is not None:
+            await self.rules.router.close()
+        await self.supervisor.stop()
+        self.meter.close()
+        self.metrics.shutdown()
 
 
 def _print_banner(address: str, metrics_url: str, http_url: str, cfg: NodeConfig, tls: bool) -> None:
