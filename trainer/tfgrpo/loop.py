@@ -56,25 +56,24 @@ from zoo.inference.prompt import PromptTooLong, parse_citations
 from zoo.inference.retrieval import Hit, RetrievalIndex
 from zoo.registry.experience import (
     Experience,
-    ExpertFactors,
     Library,
 )
 from zoo.trainer.prompting import PromptPath
 from zoo.trainer.rewards import RewardCache, ascore_group
 from zoo.trainer.schedule import batches, seed_of, total_steps
 from zoo.trainer.tasks.schema import Task
-from zoo.trainer.tfgrpo import critic
 from zoo.trainer.tfgrpo.credit import (
     INITIAL_CONFIDENCE,
     advantages_of,
     credit_uses,
 )
+from zoo.trainer.tfgrpo.lessons import consolidate_lessons, critique, informative_groups, json_totals
 from zoo.trainer.tfgrpo.llm import LLM, ContextTooSmall
-from zoo.trainer.tfgrpo.operations import Outcome, Proposal, consolidate, screen_lesson
+from zoo.trainer.tfgrpo.operations import Outcome, Proposal
 from zoo.trainer.tfgrpo.run_state import TrainState
 from zoo.trainer.tfgrpo.selection import candidate_libraries, choose, keep_chosen, size_of
 from zoo.trainer.tfgrpo.spec import TfGrpoSpec
-from zoo.trainer.tfgrpo.step_work import Group, StepWork, failed_with_reference
+from zoo.trainer.tfgrpo.step_work import Group, StepWork
 from zoo.trainer.tfgrpo.worked_examples import proposed_examples
 
 Emit = Callable[[str, dict[str, Any]], Awaitable[None]]
@@ -270,21 +269,30 @@ class TfGrpoRun:
 
     async def step(self, state: TrainState) -> None:
         """One step on one batch: the stages the module docstring numbers, in order, then the checkpoint."""
+        spec = self.spec
         s = await self._begin(state)
         s.groups = await self._rollouts(s)
         credit_uses(s.groups, state)
-        informative = self._informative(s.groups)
+        informative = informative_groups(s.groups, spec)
         s.skipped = len(s.groups) - len(informative)
-        s.json_before = self._json_totals(state)
-        s.proposed, s.screened = await self._critique(s, informative, state)
-        s.proposed += proposed_examples(s.groups, self.spec)
-        s.lessons = await self._consolidate(s, state)
+        s.json_before = json_totals(state)
+        s.proposed, s.screened = await critique(s, informative, state, spec, self.critic)
+        s.proposed += proposed_examples(s.groups, spec)
+        s.lessons = await consolidate_lessons(
+            s,
+            state,
+            spec,
+            self.critic,
+            policy=self.llm,
+            embed=self.ctx.embedder.embed,
+            make=self.make_experience,
+        )
         s.candidates, rejected = candidate_libraries(
             s.library,
             s.lessons,
             s.example_ops,
             state.credit,
-            self.spec,
+            spec,
             make_example=self.make_example,
             factor_trials=self.factor_trials,
         )
@@ -293,7 +301,7 @@ class TfGrpoRun:
         s.chosen = choose(
             s.scores_of,
             state.validation_score,
-            self.spec.revert_tolerance,
+            spec.revert_tolerance,
             {name: size_of(o.experiences) for name, o in s.candidates.items()},
             size_of(s.library),
         )
@@ -359,113 +367,6 @@ class TfGrpoRun:
 
         return list(await asyncio.gather(*(rollouts(t) for t in s.batch)))
 
-    def _informative(self, groups: Sequence[Group]) -> list[int]:
-        """Stage 3: the indices of the groups the critic reads; the others are skipped (no LLM calls)."""
-        spec = self.spec
-        # G = 1 is the paper's "no group computation" ablation: the lone rollout is critiqued against the
-        # reference. From G = 2 on, a group whose rewards are all equal has nothing to compare, except a
-        # group that failed wholly on a task with a reference: its rollouts are compared with the reference.
-        return [
-            i
-            for i, g in enumerate(groups)
-            if spec.experience_kinds != "examples"
-            and (
-                spec.group_size == 1
-                or len({r.score for r in g.results}) > 1
-                or failed_with_reference(g, spec)
-            )
-        ]
-
-    def _json_totals(self, state: TrainState) -> tuple[int, int]:
-        """The critic's JSON retries and failures so far, its compare and consolidate calls together."""
-        compare_stats = state.json_stats.setdefault("compare", critic.JsonStats())
-        merge_stats = state.json_stats.setdefault("consolidate", critic.JsonStats())
-        return compare_stats.retries + merge_stats.retries, compare_stats.failures + merge_stats.failures
-
-    async def _critique(
-        self, s: StepWork, informative: Sequence[int], state: TrainState
-    ) -> tuple[list[Proposal], list[dict[str, Any]]]:
-        """Stage 4, critic stages 1 and 2: summarise every rollout of the informative groups, then compare
-        each group; returns the lessons it proposes and those screen_lesson turned down."""
-        spec = self.spec
-        groups = s.groups
-        compare_stats = state.json_stats["compare"]
-
-        async def propose(gi: int) -> list[Proposal]:
-            g = groups[gi]
-            reference = None if spec.label_free else g.task.answer
-            summaries = await asyncio.gather(
-                *(
-                    critic.summarise(
-                        self.critic,
-                        g.task.question,
-                        c,
-                        r.score,
-                        r.reason,
-                        reference,
-                        g.offered,
-                        max_tokens=spec.critic_max_tokens,
-                        seed=seed_of("summarise", spec.seed, s.number, g.task.id, j),
-                    )
-                    for j, (c, r) in enumerate(zip(g.completions, g.results, strict=True))
-                )
-            )
-            graded = [(r.score, summary) for r, summary in zip(g.results, summaries, strict=True)]
-            ops = await critic.compare(
-                self.critic,
-                g.task.question,
-                reference,
-                graded,
-                s.library if s.index is None else g.offered,
-                max_ops=spec.max_ops_per_group,
-                stats=compare_stats,
-                max_retries=spec.max_json_retries,
-                max_tokens=spec.critic_max_tokens,
-                seed=seed_of("compare", spec.seed, s.number, g.task.id),
-            )
-            out = []
-            for o in ops or []:
-                flaw = screen_lesson(o.text, g.task.question) if o.op != "delete" else None
-                if flaw is None:
-                    out.append(Proposal(o.op, o.text, o.id, g.task.domain, g.task.id, gi))
-                else:
-                    screened.append({"op": o.op, "text": o.text[:300], "source": g.task.id, "reason": flaw})
-            return out
-
-        screened: list[dict[str, Any]] = []
-
-        proposed = [p for ps in await asyncio.gather(*(propose(i) for i in informative)) for p in ps]
-        return proposed, screened
-
-    async def _consolidate(self, s: StepWork, state: TrainState) -> Outcome:
-        """Stage 4, critic stage 3: the step's lessons consolidated into its library (the critic merges
-        near duplicates), with their distilled factors when the run makes them."""
-        spec = self.spec
-        merge_stats = state.json_stats["consolidate"]
-        merges = [0]
-
-        async def merge(texts: Sequence[str]) -> str | None:
-            merges[0] += 1
-            return await critic.merge(
-                self.critic,
-                texts,
-                stats=merge_stats,
-                max_retries=spec.max_json_retries,
-                max_tokens=spec.critic_max_tokens,
-                seed=seed_of("merge", spec.seed, s.number, merges[0]),
-            )
-
-        lesson_ops = s.lesson_ops
-        return await consolidate(
-            s.library,
-            lesson_ops,
-            embed=self.ctx.embedder.embed,
-            merge=merge,
-            make=self.make_experience,
-            threshold=spec.merge_threshold,
-            factors_for=self._factors(s.groups, state) if spec.distill_factors and lesson_ops else None,
-        )
-
     async def _validate(self, candidates: Mapping[str, Outcome], number: int) -> dict[str, float | None]:
         """Stage 5: each candidate's validation score, by name (None without a scored validation split)."""
         if not candidates:
@@ -480,7 +381,7 @@ class TfGrpoRun:
         wall = time.perf_counter() - s.started
         state.wall_s += wall
         scores = [r.score for g in s.groups for r in g.results]
-        json_retries, json_failures = self._json_totals(state)
+        json_retries, json_failures = json_totals(state)
         lesson_ops = s.lesson_ops
         point = {
             "epoch": s.epoch + 1,
@@ -513,22 +414,3 @@ class TfGrpoRun:
         state.curve.append(point)
         state.step = s.number
         await self.checkpoint(s.number, state.to_json(self.base_model), ("step_completed", point))
-
-    def _factors(
-        self, groups: Sequence[Group], state: TrainState
-    ) -> Callable[[Proposal], ExpertFactors | None] | None:
-        tokenizer = self.llm.tokenizer
-        if tokenizer is None:
-            note = f"distill_factors: the {self.llm.model_id} backend has no local tokenizer; no factors made"
-            if note not in state.notes:
-                state.notes.append(note)
-            return None
-        from zoo.trainer.tfgrpo.distill import distill_factors
-
-        def factors(p: Proposal) -> ExpertFactors | None:
-            if not 0 <= p.group < len(groups):
-                return None
-            g = groups[p.group]
-            return distill_factors(g.completions, g.advantages, tokenizer, top_k=self.spec.factor_top_k)
-
-        return factors
