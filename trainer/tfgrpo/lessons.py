@@ -37,13 +37,6 @@ def informative_groups(groups: Sequence[Group], spec: TfGrpoSpec) -> list[int]:
     ]
 
 
-def json_totals(state: TrainState) -> tuple[int, int]:
-    """The critic's JSON retries and failures so far, its compare and consolidate calls together."""
-    compare_stats = state.json_stats.setdefault("compare", critic.JsonStats())
-    merge_stats = state.json_stats.setdefault("consolidate", critic.JsonStats())
-    return compare_stats.retries + merge_stats.retries, compare_stats.failures + merge_stats.failures
-
-
 async def critique(
     s: StepWork, informative: Sequence[int], state: TrainState, spec: TfGrpoSpec, model: LLM
 ) -> tuple[list[Proposal], list[dict[str, Any]]]:

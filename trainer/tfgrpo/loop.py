@@ -67,10 +67,10 @@ from zoo.trainer.tfgrpo.credit import (
     advantages_of,
     credit_uses,
 )
-from zoo.trainer.tfgrpo.lessons import consolidate_lessons, critique, informative_groups, json_totals
+from zoo.trainer.tfgrpo.lessons import consolidate_lessons, critique, informative_groups
 from zoo.trainer.tfgrpo.llm import LLM, ContextTooSmall
 from zoo.trainer.tfgrpo.operations import Outcome, Proposal
-from zoo.trainer.tfgrpo.run_state import TrainState
+from zoo.trainer.tfgrpo.run_state import TrainState, curve_point, json_totals
 from zoo.trainer.tfgrpo.selection import candidate_libraries, choose, keep_chosen, size_of
 from zoo.trainer.tfgrpo.spec import TfGrpoSpec
 from zoo.trainer.tfgrpo.step_work import Group, StepWork
@@ -380,37 +380,8 @@ class TfGrpoRun:
         """After stage 5: the step's learning-curve point, and the checkpoint of the state it leaves."""
         wall = time.perf_counter() - s.started
         state.wall_s += wall
-        scores = [r.score for g in s.groups for r in g.results]
-        json_retries, json_failures = json_totals(state)
-        lesson_ops = s.lesson_ops
-        point = {
-            "epoch": s.epoch + 1,
-            "step": s.number,
-            "steps_total": self.steps_total,
-            "rollouts": len(scores),
-            "reward_mean": statistics.fmean(scores) if scores else 0.0,
-            "reward_std": statistics.pstdev(scores) if len(scores) > 1 else 0.0,
-            "groups": len(s.groups),
-            "groups_skipped": s.skipped,
-            "operations_proposed": len(s.proposed),
-            "operations_applied": len(s.candidates[s.chosen].applied) if s.decision == "kept" else 0,
-            "operations_rejected": len(s.rejected),
-            # What the critic proposed (examples are not its), and what made a valid change.
-            "critic_operations": len(lesson_ops) + len(s.screened),
-            "critic_operations_usable": len(lesson_ops) - len(s.lessons.rejected),
-            "validation_score": state.validation_score,
-            "candidate_validation_score": max(
-                (v for v in s.scores_of.values() if v is not None), default=None
-            ),
-            "candidates": s.scores_of,
-            "decision": s.decision,
-            "chosen": s.chosen,
-            "library_size": len(state.library),
-            "json_retries": json_retries - s.json_before[0],
-            "json_failures": json_failures - s.json_before[1],
-            "llm_calls": self.llm.ledger.calls - s.calls_before,
-            "wall_s": round(wall, 3),
-        }
+        calls = self.llm.ledger.calls - s.calls_before
+        point = curve_point(s, state, steps_total=self.steps_total, llm_calls=calls, wall=wall)
         state.curve.append(point)
         state.step = s.number
         await self.checkpoint(s.number, state.to_json(self.base_model), ("step_completed", point))

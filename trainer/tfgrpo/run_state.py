@@ -1,13 +1,15 @@
-"""The state of a TF-GRPO run between its steps, and the job report made from it.
+"""The state of a TF-GRPO run between its steps, and what the run reports from it.
 
 `TrainState` is everything a run needs to continue after its last completed step: the library, the
 validation scores, each experience's credit and record, the learning curve, the operations applied, rejected
 and reverted, the critic's JSON statistics and the cost ledger. Its JSON is the checkpoint a resumed run
-starts from; `report` turns it into the job report.
+starts from. Each completed step adds its `curve_point` to the learning curve; `report` turns the state into
+the job report.
 """
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +18,7 @@ from zoo.registry.experience import Experience, Library
 from zoo.trainer.tfgrpo import critic
 from zoo.trainer.tfgrpo.llm import Ledger
 from zoo.trainer.tfgrpo.spec import TfGrpoSpec
+from zoo.trainer.tfgrpo.step_work import StepWork
 
 STATE_VERSION = 2  # 2: confidence moves from a recorded prior by mean advantage (not by counts)
 
@@ -89,6 +92,49 @@ class TrainState:
             wall_s=float(data.get("wall_s") or 0.0),
             notes=list(data.get("notes") or []),
         )
+
+
+def json_totals(state: TrainState) -> tuple[int, int]:
+    """The critic's JSON retries and failures so far, its compare and consolidate calls together."""
+    compare_stats = state.json_stats.setdefault("compare", critic.JsonStats())
+    merge_stats = state.json_stats.setdefault("consolidate", critic.JsonStats())
+    return compare_stats.retries + merge_stats.retries, compare_stats.failures + merge_stats.failures
+
+
+def curve_point(
+    s: StepWork, state: TrainState, *, steps_total: int, llm_calls: int, wall: float
+) -> dict[str, Any]:
+    """The learning-curve point of a completed step (`llm_calls` it made, `wall` seconds it took), from
+    what it accumulated and the state it leaves."""
+    scores = [r.score for g in s.groups for r in g.results]
+    json_retries, json_failures = json_totals(state)
+    lesson_ops = s.lesson_ops
+    return {
+        "epoch": s.epoch + 1,
+        "step": s.number,
+        "steps_total": steps_total,
+        "rollouts": len(scores),
+        "reward_mean": statistics.fmean(scores) if scores else 0.0,
+        "reward_std": statistics.pstdev(scores) if len(scores) > 1 else 0.0,
+        "groups": len(s.groups),
+        "groups_skipped": s.skipped,
+        "operations_proposed": len(s.proposed),
+        "operations_applied": len(s.candidates[s.chosen].applied) if s.decision == "kept" else 0,
+        "operations_rejected": len(s.rejected),
+        # What the critic proposed (examples are not its), and what made a valid change.
+        "critic_operations": len(lesson_ops) + len(s.screened),
+        "critic_operations_usable": len(lesson_ops) - len(s.lessons.rejected),
+        "validation_score": state.validation_score,
+        "candidate_validation_score": max((v for v in s.scores_of.values() if v is not None), default=None),
+        "candidates": s.scores_of,
+        "decision": s.decision,
+        "chosen": s.chosen,
+        "library_size": len(state.library),
+        "json_retries": json_retries - s.json_before[0],
+        "json_failures": json_failures - s.json_before[1],
+        "llm_calls": llm_calls,
+        "wall_s": round(wall, 3),
+    }
 
 
 def report(spec: TfGrpoSpec, state: TrainState, extra: dict[str, Any] | None = None) -> dict[str, Any]:
