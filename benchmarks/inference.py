@@ -358,7 +358,7 @@ def structured(backend: Any, samples: int) -> None:
     free_ok, free_s, free_tokens = asyncio.run(run(None))
     con_ok, con_s, con_tokens = asyncio.run(run(ResponseFormat("json_schema", schema)))
     st.JsonConstraint.mask_logits, st.JsonConstraint.accept, st.JsonConstraint.mask_array = original
-    stats = backend.batcher.stats
+    stats = backend.scheduler.stats
     step_ms = stats.decode_seconds / max(stats.steps, 1) * 1000
     grammar_ms = spent[0] / max(spent[1], 1) * 1000
     print(f"\n4) structured output: TF-GRPO compare replies for {len(convos)} shipped tasks, greedy, batched")

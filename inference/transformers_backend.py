@@ -8,18 +8,13 @@ with its own seeded generator, so seeded output does not depend on what else is 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import threading
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from zoo.inference.backend_protocol import Chunk, GenerationRequest, ResponseFormat, prompt_token_ids
-from zoo.inference.decoding import relay
+from zoo.inference.local_backend import LocalBackend
 from zoo.inference.model_loading import MODEL_LOADING
-from zoo.inference.structured import GrammarCache, JsonConstraint, hf_tokenizer_info
-from zoo.inference.tools import native_tool_syntax
+from zoo.inference.structured import hf_tokenizer_info
 from zoo.inference.transformers_scheduler import ContinuousBatcher
 
 
@@ -46,16 +41,7 @@ def resolve_dtype(dtype: str, device: str) -> str:
     return "bfloat16" if device == "cpu" and _cpu_computes_bf16() else "float32"
 
 
-class TransformersBackend:
-    supports_logits_processors = True
-    # Grammar-constrained JSON output (response_format) is enforced while decoding.
-    constrains_json = True
-    # Named LoRA adapters (inference.adapters) decode beside the base model in one batch.
-    supports_adapters = True
-    supports_logprobs = True
-    supports_echo = True
-    supports_tools = True  # calls constrained by the grammar of inference.tools
-
+class TransformersBackend(LocalBackend):
     def __init__(
         self,
         model: Any,
@@ -65,16 +51,17 @@ class TransformersBackend:
         max_batch_size: int = 16,
         max_adapters: int = 8,
     ) -> None:
+        super().__init__()
         self.model = model
         self.tokenizer = tokenizer
         self.model_id = model_id
         self.device = device
         self.context_length = int(getattr(model.config, "max_position_embeddings", 2048))
-        self._grammars: GrammarCache | None = None
-        self._grammars_lock = threading.Lock()
+        self.vocab_size = int(model.config.vocab_size)
         self._info: Any = None
+        self._info_lock = threading.Lock()
         self._decoded: list[bytes] | None = None
-        self.batcher = ContinuousBatcher(
+        self.scheduler = ContinuousBatcher(
             model,
             tokenizer,
             device=device,
@@ -84,24 +71,20 @@ class TransformersBackend:
             token_bytes=self.token_bytes,
         )
 
-    def _tokenizer_info(self) -> Any:
-        """The vocabulary as xgrammar's TokenizerInfo (built once: grammars and token bytes use it)."""
-        with self._grammars_lock:
+    def _grammar_vocabulary(self) -> Any:
+        """Built once: grammars and token bytes use it."""
+        with self._info_lock:
             if self._info is None:
-                self._info = hf_tokenizer_info(self.tokenizer, int(self.model.config.vocab_size))
+                self._info = hf_tokenizer_info(self.tokenizer, self.vocab_size)
             return self._info
 
     def token_bytes(self, token: int) -> bytes:
         """A token's bytes (xgrammar decodes byte-level and byte-fallback vocabularies alike); a special
         token as its name."""
         if self._decoded is None:
-            self._decoded = list(self._tokenizer_info().decoded_vocab)
+            self._decoded = list(self._grammar_vocabulary().decoded_vocab)
         data = self._decoded[token] if token < len(self._decoded) else b""
         return data or str(self.tokenizer.convert_ids_to_tokens(token)).encode()
-
-    @property
-    def max_batch_size(self) -> int:
-        return self.batcher.max_batch_size
 
     @classmethod
     def load(
@@ -139,50 +122,17 @@ class TransformersBackend:
             )
             return cls(model, tokenizer, model_id, device, max_batch_size, max_adapters)
 
-    def _encode(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> Any:
-        return self.tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    def _chat_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        encoded = self.tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, return_dict=True
         )
+        return list(encoded["input_ids"])
 
-    @property
-    def renders_tools(self) -> bool:
-        """Whether the model's chat template renders tools itself, in the syntax inference.tools reads."""
-        return native_tool_syntax(str(getattr(self.tokenizer, "chat_template", "") or ""))
-
-    def count_prompt_tokens(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
-    ) -> int:
-        return int(self._encode(messages, tools)["input_ids"].shape[1])
-
-    def count_text_tokens(self, text: str) -> int:
-        return len(self._tokenize(text))
+    def _chat_template(self) -> str:
+        return str(getattr(self.tokenizer, "chat_template", "") or "")
 
     def _tokenize(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def _prompt_ids(self, request: GenerationRequest) -> list[int]:
-        if isinstance(request.prompt, list):
-            return prompt_token_ids(request.prompt, int(self.model.config.vocab_size))
-        if request.prompt is not None:
-            return self._tokenize(request.prompt)
-        return list(self._encode(request.messages, request.tools)["input_ids"][0].tolist())
-
-    def constraint(self, fmt: ResponseFormat) -> JsonConstraint:
-        """A grammar constraint for one request (ValidationError naming the schema's problem)."""
-        info = self._tokenizer_info()
-        with self._grammars_lock:
-            if self._grammars is None:
-                self._grammars = GrammarCache(info, int(self.model.config.vocab_size))
-        return self._grammars.constraint(fmt)
-
-    async def stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
-        prompt_ids = await asyncio.to_thread(self._prompt_ids, request)
-        fmt = request.response_format
-        constraint = await asyncio.to_thread(self.constraint, fmt) if fmt is not None else None
-        submit = functools.partial(self.batcher.submit, request, prompt_ids, constraint=constraint)
-        async with contextlib.aclosing(relay(request, submit)) as chunks:  # closed with this stream
-            async for chunk in chunks:
-                yield chunk
-
     async def close(self) -> None:
-        await asyncio.to_thread(self.batcher.close)
+        await asyncio.to_thread(self.scheduler.close)

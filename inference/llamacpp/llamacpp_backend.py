@@ -10,31 +10,20 @@ PEFT adapter to GGUF).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import threading
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from zoo.inference.adapters import AdapterLoadError
-from zoo.inference.backend_protocol import Chunk, GenerationRequest, ResponseFormat, prompt_token_ids
-from zoo.inference.decoding import relay
+from zoo.inference.backend_protocol import GenerationRequest
 from zoo.inference.llamacpp.gguf import GgufModel
 from zoo.inference.llamacpp.scheduler import LlamaCppScheduler
-from zoo.inference.tools import native_tool_syntax
+from zoo.inference.local_backend import LocalBackend
 
 DEFAULT_CONTEXT = 2048  # tokens of KV cache per concurrent request unless model.context_length says
 
 
-class LlamaCppBackend:
-    supports_logits_processors = True
-    constrains_json = True
-    supports_adapters = True
-    supports_logprobs = True
-    supports_echo = True
-    supports_tools = True  # calls constrained by the grammar of inference.tools
-
+class LlamaCppBackend(LocalBackend):
     def __init__(
         self,
         gguf: GgufModel,
@@ -46,11 +35,13 @@ class LlamaCppBackend:
         adapters: Any = None,
         kv_cache_type: str = "f16",
     ) -> None:
+        super().__init__()
         self.gguf = gguf
         self.tokenizer = gguf  # what expert factors read: the vocabulary (inference.factors)
         self.model_id = model_id
         self.device = "cpu"
         self.context_length = min(context_length, gguf.context_train)
+        self.vocab_size = gguf.n_vocab
         self.scheduler = LlamaCppScheduler(
             gguf,
             max_batch_size=max_batch_size,
@@ -59,13 +50,6 @@ class LlamaCppBackend:
             adapters=adapters,
             kv_cache_type=kv_cache_type,
         )
-        self.batcher = self.scheduler  # status and metrics read the scheduler's stats under this name
-        self._grammars: Any = None
-        self._grammars_lock = threading.Lock()
-
-    @property
-    def max_batch_size(self) -> int:
-        return self.scheduler.max_batch_size
 
     @classmethod
     def load(
@@ -102,51 +86,25 @@ class LlamaCppBackend:
             kv_cache_type=kv_cache_type,
         )
 
-    @property
-    def renders_tools(self) -> bool:
-        """Whether the GGUF's chat template renders tools itself, in the syntax inference.tools reads."""
-        return native_tool_syntax(self.gguf.chat_template)
+    def _chat_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        return self.gguf.encode_chat(messages, tools)
 
-    def count_prompt_tokens(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
-    ) -> int:
-        return len(self.gguf.encode_chat(messages, tools))
+    def _chat_template(self) -> str:
+        return self.gguf.chat_template
 
-    def count_text_tokens(self, text: str) -> int:
-        return len(self.gguf.tokenize(text))
+    def _tokenize(self, text: str) -> list[int]:
+        return self.gguf.tokenize(text)
 
-    def _prompt_ids(self, request: GenerationRequest) -> list[int]:
-        if isinstance(request.prompt, list):
-            return prompt_token_ids(request.prompt, self.gguf.n_vocab)
-        if request.prompt is not None:
-            return self.gguf.tokenize(request.prompt)
-        return self.gguf.encode_chat(request.messages, request.tools)
+    def _grammar_vocabulary(self) -> Any:
+        return self.gguf.xgrammar_info()
 
-    def constraint(self, fmt: ResponseFormat) -> Any:
-        """A grammar constraint for one request (ValidationError naming the schema's problem)."""
-        from zoo.inference.structured import GrammarCache
-
-        with self._grammars_lock:
-            if self._grammars is None:
-                self._grammars = GrammarCache(self.gguf.xgrammar_info(), self.gguf.n_vocab)
-        return self._grammars.constraint(fmt)
-
-    async def stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
-        prompt_ids = await asyncio.to_thread(self._prompt_ids, request)
-        adapter = None
-        if request.adapter is not None:
-            if self.scheduler.adapters is None:
-                raise AdapterLoadError("this llama.cpp backend was started without adapters")
-            # Converted here, off the scheduler's thread (a first conversion takes seconds).
-            adapter = await asyncio.to_thread(self.scheduler.adapters.converted, request.adapter)
-        fmt = request.response_format
-        constraint = await asyncio.to_thread(self.constraint, fmt) if fmt is not None else None
-        submit = functools.partial(
-            self.scheduler.submit, request, prompt_ids, constraint=constraint, adapter=adapter
-        )
-        async with contextlib.aclosing(relay(request, submit)) as chunks:  # closed with this stream
-            async for chunk in chunks:
-                yield chunk
+    async def _submit_options(self, request: GenerationRequest) -> dict[str, Any]:
+        if request.adapter is None:
+            return {}
+        if self.scheduler.adapters is None:
+            raise AdapterLoadError("this llama.cpp backend was started without adapters")
+        # Converted here, off the scheduler's thread (a first conversion takes seconds).
+        return {"adapter": await asyncio.to_thread(self.scheduler.adapters.converted, request.adapter)}
 
     async def close(self) -> None:
         await asyncio.to_thread(self.scheduler.close)

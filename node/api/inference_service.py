@@ -37,10 +37,11 @@ from zoo.v1 import inference_pb2, inference_pb2_grpc, node_pb2
 
 
 def serving_stats(admission: Admission, backend: Callable[[], Any]) -> node_pb2.ServingStats:
-    """The generation load now: admission's slots and queue, and the batcher's steps when there is one."""
+    """The generation load now: admission's slots and queue, and the local scheduler's steps when there is
+    one (not for a remote backend)."""
     a = admission.stats()
-    batcher = getattr(backend(), "batcher", None)
-    b = batcher.stats if batcher is not None else None
+    scheduler = getattr(backend(), "scheduler", None)
+    b = scheduler.stats if scheduler is not None else None
     return node_pb2.ServingStats(
         running=a.running,
         max_batch_size=a.slots,

@@ -128,9 +128,9 @@ def test_replaced_weights_reload_and_the_limit_unloads_idle_adapters(
     assert before == answer(backend, adapters.resolve("tuned"))
     assert after == answer(backend, adapters.resolve("other"))
     # max_adapters=2: never more than two loaded, however many were used.
-    assert len(backend.batcher.adapters) <= 2
+    assert len(backend.scheduler.adapters) <= 2
     # two, at most one retired still in use, and the placeholder PEFT wraps the model with
-    assert len(backend.batcher.adapters.peft.peft_config) <= 4
+    assert len(backend.scheduler.adapters.peft.peft_config) <= 4
 
 
 def test_an_adapter_that_does_not_fit_fails_alone(
@@ -165,6 +165,6 @@ def test_a_broken_first_adapter_leaves_the_model_as_it_was(
     with pytest.raises(AdapterLoadError):
         answer(fresh, AdapterDirectory(tmp_path).resolve("broken"))
     assert answer(fresh) == base
-    assert set(fresh.batcher.adapters.peft.peft_config) == {PLACEHOLDER}  # nothing of it stayed
+    assert set(fresh.scheduler.adapters.peft.peft_config) == {PLACEHOLDER}  # nothing of it stayed
     assert answer(fresh, adapters.resolve("tuned")) != base  # and a good adapter still loads after it
     asyncio.run(fresh.close())

@@ -35,9 +35,9 @@ PROMPTS = [
 def wait_idle(backend: TransformersBackend, timeout_s: float = 5.0) -> None:
     """The batcher updates its counts after the step that finished a request: give it that step."""
     deadline = time.monotonic() + timeout_s
-    while backend.batcher.stats.running and time.monotonic() < deadline:
+    while backend.scheduler.stats.running and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert backend.batcher.stats.running == 0
+    assert backend.scheduler.stats.running == 0
 
 
 def msgs(prompt: str) -> list[dict[str, str]]:
@@ -84,7 +84,7 @@ async def _staggered(backend: TransformersBackend, requests: list[GenerationRequ
 
 def test_greedy_output_is_identical_alone_and_inside_a_batch(backend: TransformersBackend) -> None:
     alone = [asyncio.run(generate(backend, GenerationRequest(msgs(p), max_tokens=32))) for p in PROMPTS]
-    steps_before = backend.batcher.stats.steps
+    steps_before = backend.scheduler.stats.steps
     together = asyncio.run(
         _staggered(backend, [GenerationRequest(msgs(p), max_tokens=32) for p in PROMPTS], 0.05)
     )
@@ -95,7 +95,7 @@ def test_greedy_output_is_identical_alone_and_inside_a_batch(backend: Transforme
             a.finish_reason,
         )
     # They really shared steps: far fewer decode steps than tokens generated.
-    steps = backend.batcher.stats.steps - steps_before
+    steps = backend.scheduler.stats.steps - steps_before
     assert steps < 0.5 * sum(r.completion_tokens for r in together)
 
 
@@ -164,7 +164,7 @@ def test_a_consumer_that_goes_away_frees_its_row(backend: TransformersBackend) -
             break
         await stream.aclose()  # what a client disconnect does to the handler
         for _ in range(100):
-            if backend.batcher.stats.running == 0:
+            if backend.scheduler.stats.running == 0:
                 return
             await asyncio.sleep(0.05)
         raise AssertionError("the abandoned request still holds a row")
@@ -201,7 +201,7 @@ def test_a_priority_request_decodes_alone_and_the_others_resume_exactly(backend:
     alone = [asyncio.run(generate(backend, GenerationRequest(r.messages, max_tokens=r.max_tokens)))
              for r in [*others, urgent]]  # fmt: skip
     seen: list[tuple[int, int]] = []  # (rows decoding, rows parked) while the priority request runs
-    batcher = backend.batcher
+    batcher = backend.scheduler
 
     async def run() -> list:
         tasks = [asyncio.create_task(generate(backend, r)) for r in others]
@@ -230,7 +230,7 @@ def test_more_requests_than_rows_wait_and_all_finish(backend: TransformersBacken
     requests = [GenerationRequest(msgs(f"Say the number {i}."), max_tokens=6) for i in range(20)]
     results = asyncio.run(_staggered(backend, requests, 0.0))
     assert all(r.completion_tokens > 0 for r in results)
-    assert backend.batcher.stats.last_batch <= 8
+    assert backend.scheduler.stats.last_batch <= 8
     wait_idle(backend)
 
 
@@ -312,14 +312,14 @@ def test_the_choices_of_one_request_prefill_its_prompt_once(backend: Transformer
 
     wait_idle(backend)
     prefills: list[int] = []
-    forward = backend.batcher.adapters.forward
+    forward = backend.scheduler.adapters.forward
 
     def counting(keys, **kwargs):
         if kwargs["input_ids"].shape[1] > 1:
             prefills.append(kwargs["input_ids"].shape[1])
         return forward(keys, **kwargs)
 
-    backend.batcher.adapters.forward = counting
+    backend.scheduler.adapters.forward = counting
 
     async def ask(seeds: list[int]) -> list:
         group = ChoiceGroup(len(seeds))
@@ -332,10 +332,10 @@ def test_the_choices_of_one_request_prefill_its_prompt_once(backend: Transformer
     try:
         results = asyncio.run(ask([0, 1, 2, 3]))
     finally:
-        backend.batcher.adapters.forward = forward
+        backend.scheduler.adapters.forward = forward
     assert len(prefills) == 1  # however the four joined the batch
     assert len({r.text for r in results}) > 1
-    assert not backend.batcher._prefilled  # nothing kept once every choice has joined
+    assert not backend.scheduler._prefilled  # nothing kept once every choice has joined
     alone = [
         asyncio.run(
             generate(backend, GenerationRequest(msgs(PROMPTS[1]), max_tokens=10, temperature=1.0, seed=s))
