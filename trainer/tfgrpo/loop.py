@@ -37,6 +37,12 @@ same calls an uninterrupted run would have made.
 Label-free mode scores rollouts by agreement with the group's majority answer (paper Table 5); the
 validation split is then scored against its reference answers where it has them (held out: the learner
 never sees them), and validation is off when it has none.
+
+This module runs the rollouts and the validation and takes each step through its stages in order; the
+stages are their own modules: credit.py (2: advantages, credit, confidence), lessons.py (3 and 4: the
+critic's lessons), worked_examples.py (4: examples), selection.py (4's prune and 5: the candidates, the
+choice, what keeping one records), over what a step works on (step_work.py); run_state.py holds the state,
+its checkpoint, the learning curve and the report.
 """
 
 from __future__ import annotations
@@ -54,19 +60,12 @@ from zoo.inference.embedder import Embedder
 from zoo.inference.factors import processor_builder
 from zoo.inference.prompt import PromptTooLong, parse_citations
 from zoo.inference.retrieval import Hit, RetrievalIndex
-from zoo.registry.experience import (
-    Experience,
-    Library,
-)
+from zoo.registry.experience import Experience, Library
 from zoo.trainer.prompting import PromptPath
 from zoo.trainer.rewards import RewardCache, ascore_group
 from zoo.trainer.schedule import batches, seed_of, total_steps
 from zoo.trainer.tasks.schema import Task
-from zoo.trainer.tfgrpo.credit import (
-    INITIAL_CONFIDENCE,
-    advantages_of,
-    credit_uses,
-)
+from zoo.trainer.tfgrpo.credit import INITIAL_CONFIDENCE, advantages_of, credit_uses
 from zoo.trainer.tfgrpo.lessons import consolidate_lessons, critique, informative_groups
 from zoo.trainer.tfgrpo.llm import LLM, ContextTooSmall
 from zoo.trainer.tfgrpo.operations import Outcome, Proposal
@@ -93,6 +92,8 @@ class Context:
 
 
 class TfGrpoRun:
+    """One run: its prompts, rollouts and validation, and the steps that take them through the stages."""
+
     def __init__(
         self,
         spec: TfGrpoSpec,
