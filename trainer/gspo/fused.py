@@ -278,53 +278,46 @@ def _num_splits(row_blocks: int, chunks: int, device: torch.device) -> int:
     return max(1, min(chunks, -(-programs // row_blocks)))
 
 
-def _launch(n: int, h: int, v: int, chunk: int, upcast: bool, device: torch.device) -> dict[str, int]:
-    """Tile sizes and grid of both kernels (``TILES``; chunk 0: the tiles' block_v). tl.dot needs every
-    tile dimension >= 16."""
+def _launch(
+    hidden: torch.Tensor, weight: torch.Tensor, chunk: int
+) -> tuple[tuple[int, int], tuple[int, int, int], dict[str, Any]]:
+    """Both kernels' grid (row blocks, splits), sizes (N, V, H) and keyword arguments: the dot's settings
+    and the tile sizes (``TILES``; chunk 0: the tiles' block_v). tl.dot needs every tile dimension >= 16."""
+    n, h = hidden.shape
+    v = weight.shape[0]
+    precision, upcast = _dot_settings(hidden, weight)
     tiles = TILES["fp32" if upcast else "native"]
     block_v = chunk or tiles.block_v
     block_n = min(tiles.block_n, max(16, triton.next_power_of_2(n)))
     block_h = min(tiles.block_h, max(16, triton.next_power_of_2(h)))
     chunks = triton.cdiv(v, block_v)
     row_blocks = triton.cdiv(n, block_n)
-    per_split = triton.cdiv(chunks, _num_splits(row_blocks, chunks, device))
+    per_split = triton.cdiv(chunks, _num_splits(row_blocks, chunks, hidden.device))
     splits = triton.cdiv(chunks, per_split)  # recomputed so that no split is empty
-    return {
-        "row_blocks": row_blocks,
-        "splits": splits,
-        "SPLIT_V": per_split * block_v,
-        "BLOCK_N": block_n,
-        "BLOCK_V": block_v,
-        "BLOCK_H": block_h,
-        "num_warps": tiles.num_warps,
-        "num_stages": tiles.num_stages,
-    }
+    return (
+        (row_blocks, splits),
+        (n, v, h),
+        {
+            "DOT_PRECISION": precision,
+            "UPCAST": upcast,
+            "SPLIT_V": per_split * block_v,
+            "BLOCK_N": block_n,
+            "BLOCK_V": block_v,
+            "BLOCK_H": block_h,
+            "num_warps": tiles.num_warps,
+            "num_stages": tiles.num_stages,
+        },
+    )
 
 
 def _triton_forward(
     hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(log p(target), logsumexp) per row, fp32, by ``_forward_kernel`` and a host-side merge of splits."""
-    n, h = hidden.shape
-    v = weight.shape[0]
-    precision, upcast = _dot_settings(hidden, weight)
-    cfg = _launch(n, h, v, chunk, upcast, hidden.device)
-    row_blocks, splits = cfg.pop("row_blocks"), cfg.pop("splits")
-    part_max, part_sum, part_target = (hidden.new_empty((splits, n), dtype=torch.float32) for _ in range(3))
-    _forward_kernel[(row_blocks, splits)](
-        hidden,
-        weight,
-        targets,
-        part_max,
-        part_sum,
-        part_target,
-        n,
-        v,
-        h,
-        DOT_PRECISION=precision,
-        UPCAST=upcast,
-        **cfg,
-    )
+    grid, sizes, settings = _launch(hidden, weight, chunk)
+    parts = (hidden.new_empty((grid[1], sizes[0]), dtype=torch.float32) for _ in range(3))
+    part_max, part_sum, part_target = parts
+    _forward_kernel[grid](hidden, weight, targets, part_max, part_sum, part_target, *sizes, **settings)
     # Merging partial logsumexps: lse = M + log Σⱼ sⱼ·exp(mⱼ - M), M = maxⱼ mⱼ (each sⱼ is relative to mⱼ).
     top = part_max.amax(dim=0)
     lse = top + torch.log((part_sum * torch.exp(part_max - top)).sum(dim=0))
@@ -342,15 +335,11 @@ def _triton_backward(
     need_weight: bool,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """fp32 gradients w.r.t. hidden and weight (None where not needed) by ``_backward_kernel``."""
-    n, h = hidden.shape
-    v = weight.shape[0]
-    precision, upcast = _dot_settings(hidden, weight)
-    cfg = _launch(n, h, v, chunk, upcast, hidden.device)
-    row_blocks, splits = cfg.pop("row_blocks"), cfg.pop("splits")
-    grad_h = torch.zeros((n, h), dtype=torch.float32, device=hidden.device) if need_hidden else None
-    grad_w = torch.zeros((v, h), dtype=torch.float32, device=hidden.device) if need_weight else None
+    grid, sizes, settings = _launch(hidden, weight, chunk)
+    grad_h = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device) if need_hidden else None
+    grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=hidden.device) if need_weight else None
     dummy = lse  # a pointer the kernel never touches when the matching GRAD_* flag is off
-    _backward_kernel[(row_blocks, splits)](
+    _backward_kernel[grid](
         hidden,
         weight,
         targets,
@@ -358,14 +347,10 @@ def _triton_backward(
         grad,
         grad_h if grad_h is not None else dummy,
         grad_w if grad_w is not None else dummy,
-        n,
-        v,
-        h,
-        DOT_PRECISION=precision,
-        UPCAST=upcast,
+        *sizes,
         GRAD_HIDDEN=need_hidden,
         GRAD_WEIGHT=need_weight,
-        **cfg,
+        **settings,
     )
     return grad_h, grad_w
 
