@@ -5,29 +5,18 @@ python -m zoo.trainer.gspo.worker --spec spec.json --model DIR --out OUT [--deep
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from zoo.trainer.lora.launch import main
-
-if TYPE_CHECKING:
-    from zoo.trainer.lora.processes import AcceleratedProcesses
+from zoo.trainer.lora.launch import Worker, main
 
 
-def run(
-    args: argparse.Namespace,
-    fields: dict[str, Any],
-    device: str,
-    processes: AcceleratedProcesses,
-    step: Callable[[dict], None],
-    collect: Callable[[dict], None],
-) -> dict[str, Any]:
+def run(worker: Worker) -> dict[str, Any]:
     from zoo.trainer.gspo.job import run_gspo
     from zoo.trainer.gspo.spec import GspoSpec
 
-    return run_gspo(GspoSpec.parse(fields), args.model, args.out, device=device, processes=processes,
-                    on_step=step)  # fmt: skip
+    args = worker.args
+    return run_gspo(GspoSpec.parse(worker.fields), args.model, args.out, device=worker.device,
+                    processes=worker.processes, on_step=worker.on_step)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -85,10 +86,20 @@ def launch_env(processes: int) -> dict[str, str]:
     return env
 
 
-Report = Callable[[dict], None]
-# What a worker runs: (its arguments, the spec's fields, the device, the processes, on_step, on_collect) ->
-# the job's result.
-Job = Callable[[argparse.Namespace, dict, str, "AcceleratedProcesses", Report, Report], dict[str, Any]]
+@dataclass
+class Worker:
+    """What a worker's job gets: its arguments, the spec's fields, its device and processes, and where it
+    reports each step (and a supervised job's rollouts so far)."""
+
+    args: argparse.Namespace
+    fields: dict[str, Any]
+    device: str
+    processes: AcceleratedProcesses
+    on_step: Callable[[dict], None]
+    on_collect: Callable[[dict], None]
+
+
+Job = Callable[[Worker], dict[str, Any]]  # a worker's job: its result
 
 
 def main(
@@ -139,6 +150,6 @@ def main(
     def collect(point: dict) -> None:
         report(COLLECT, point)
 
-    result = job(args, fields, device, processes, step, collect)
+    result = job(Worker(args, fields, device, processes, step, collect))
     if processes.is_main:
         report(RESULT, result)

@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from zoo.trainer.lora.launch import main
-
-if TYPE_CHECKING:
-    from zoo.trainer.lora.processes import AcceleratedProcesses
+from zoo.trainer.lora.launch import Worker, main
 
 
 def arguments(ap: argparse.ArgumentParser) -> None:
@@ -25,33 +21,23 @@ def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--serving", default="{}", help="distill: the serving defaults, JSON")
 
 
-def run(
-    args: argparse.Namespace,
-    fields: dict[str, Any],
-    device: str,
-    processes: AcceleratedProcesses,
-    step: Callable[[dict], None],
-    collect: Callable[[dict], None],
-) -> dict[str, Any]:
+def run(worker: Worker) -> dict[str, Any]:
     from zoo.inference.defaults import ServingDefaults
     from zoo.trainer.sft.job import run_sft
     from zoo.trainer.sft.spec import SftSpec
 
+    args = worker.args
     embedder = None
     if args.embedder is not None:
         from zoo.inference.embedder import SentenceTransformerEmbedder
 
         embedder = SentenceTransformerEmbedder(args.embedder)
     return run_sft(
-        SftSpec.parse(fields), args.model, args.out, model_id=args.model_id, device=device,
-        processes=processes, on_step=step, embedder=embedder,
-        serving=ServingDefaults(**json.loads(args.serving)), on_collect=collect,
+        SftSpec.parse(worker.fields), args.model, args.out, model_id=args.model_id, device=worker.device,
+        processes=worker.processes, on_step=worker.on_step, embedder=embedder,
+        serving=ServingDefaults(**json.loads(args.serving)), on_collect=worker.on_collect,
     )  # fmt: skip
 
 
 if __name__ == "__main__":
-    main(
-        run,
-        description="A supervised LoRA worker process (started by accelerate launch).",
-        arguments=arguments,
-    )
+    main(run, arguments=arguments, description="A supervised LoRA worker (started by accelerate launch).")
