@@ -29,13 +29,13 @@ Every figure has a baseline measured in the same run on the same bytes, and the 
   sync peak RSS        the process's peak resident memory during the all-new sync (the peak is reset just
                        before it, /proc/self/clear_refs), against the canonical bytes
 
-IPFS is the js-ipfs daemon (zoo.devnet.ipfs.IpfsDaemon) of a devnet brought up in a temporary directory,
-which also provides the chain for the sync figure: each size is published, proposed, voted on by three dev
-accounts, and executed, and the clock starts when the execute receipt is back (the LibraryUpdated event
-is in a mined block). Sync is measured for sizes whose estimate (from the previous size) stays under
---sync-limit seconds. Figures are medians over repeats (5 for 1k, 3 for 10k, 1 for 100k); the repeats
-of publish and sync use that many distinct libraries, each approved as the next version of the one before.
-The syncer's IPFS daemon already holds the content (one local daemon), so sync excludes network transfer.
+IPFS is the js-ipfs daemon (zoo.devnet.ipfs_daemon.IpfsDaemon) of a devnet brought up in a temporary
+directory, which also provides the chain for the sync figure: each size is published, proposed, voted on by
+three dev accounts, and executed, and the clock starts when the execute receipt is back (the LibraryUpdated
+event is in a mined block). Sync is measured for sizes whose estimate (from the previous size) stays under
+--sync-limit seconds. Figures are medians over repeats (5 for 1k, 3 for 10k, 1 for 100k); the repeats of
+publish and sync use that many distinct libraries, each approved as the next version of the one before. The
+syncer's IPFS daemon already holds the content (one local daemon), so sync excludes network transfer.
 
 Run: .venv/bin/python benchmarks/library.py [--sizes 1000,10000,100000] [--proofs 1000] [--sync-limit 60]
                                            [--changed 0.01] [--serving-changed 10]
@@ -68,8 +68,9 @@ from zoo.inference.embedding_cache import EmbeddingCache
 from zoo.inference.retrieval import cache_model_key
 from zoo.inference.retriever import Retriever
 from zoo.registry.canonical import decode_library, encode_library
-from zoo.registry.experience import Experience, Library
+from zoo.registry.experience import Experience
 from zoo.registry.ipfs import IpfsClient
+from zoo.registry.library import Library
 from zoo.registry.library_store import LibraryStore
 from zoo.registry.merkle import (
     MerkleTree,

@@ -101,7 +101,7 @@ class Devnet:
 
     def running(self) -> DevnetInfo | None:
         """The devnet if it is fully up: every recorded process alive and both endpoints answering."""
-        from zoo.devnet.ipfs import api_answers
+        from zoo.devnet.ipfs_daemon import api_answers
 
         info = self.info()
         if info is None or not info.ready or not all(p.alive() for p in info.processes):
@@ -235,7 +235,7 @@ class Devnet:
         from web3 import Web3
 
         from zoo.devnet.anvil import AnvilError, AnvilProcess
-        from zoo.devnet.ipfs import IpfsDaemon
+        from zoo.devnet.ipfs_daemon import IpfsDaemon
         from zoo.registry.keys import dev_account
 
         started = time.time()

@@ -1,7 +1,7 @@
 """Which generation backend a name means: the table of backends (name -> the import path of its class), and
 `backend_class`, which imports only the one asked for, so that a llama.cpp node never imports torch or
 transformers, nor an OpenAI-backed one llama.cpp. How a node's configuration becomes a backend's
-arguments is the node's (zoo.node.components.backends)."""
+arguments is the node's (zoo.node.components.backend_loading)."""
 
 from __future__ import annotations
 

@@ -21,9 +21,9 @@ from zoo.node.api.grpc_server import BindError, HealthBridge, build_server
 from zoo.node.api.http.routes import ApiDeps, embedder_model_id
 from zoo.node.api.http.server import HttpServer, start_http_api
 from zoo.node.api.inference_service import InferenceServicer, serving_stats
-from zoo.node.api.jobs import JobServicer
-from zoo.node.api.library import LibraryServicer
-from zoo.node.api.node import NodeServicer
+from zoo.node.api.job_service import JobServicer
+from zoo.node.api.library_service import LibraryServicer
+from zoo.node.api.node_service import NodeServicer
 from zoo.node.api.serving import ServingRules
 from zoo.node.components.inference import answer_metering, engine_provider
 from zoo.node.components.served_model import model_id, resolve_model_path

@@ -11,7 +11,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from zoo.node.api.interceptor import NodeInterceptor
-from zoo.node.api.node import PLANNED, unimplemented_handler
+from zoo.node.api.node_service import PLANNED, unimplemented_handler
 from zoo.node.components.supervisor import Supervisor
 from zoo.node.config import NodeConfig
 from zoo.node.credits.identity import Identify

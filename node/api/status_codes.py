@@ -60,11 +60,11 @@ CODES: Mapping[str, grpc.StatusCode] = MappingProxyType(
         # devnet: this node's own tools
         "zoo.devnet.anvil.AnvilError": _C.INTERNAL,
         "zoo.devnet.chain_state.ChainStateError": _C.INTERNAL,
-        "zoo.devnet.ipfs.IpfsDaemonError": _C.INTERNAL,
+        "zoo.devnet.ipfs_daemon.IpfsDaemonError": _C.INTERNAL,
         "zoo.devnet.manager.DevnetError": _C.INTERNAL,
         # trainer
         "zoo.trainer.tfgrpo.llm.ContextTooSmall": _C.FAILED_PRECONDITION,
-        "zoo.trainer.envs.nano.NetworkIsolationUnavailable": _C.FAILED_PRECONDITION,
+        "zoo.trainer.envs.isolated_commands.NetworkIsolationUnavailable": _C.FAILED_PRECONDITION,
         "zoo.trainer.gspo.episodes.EpisodeFormatError": _C.FAILED_PRECONDITION,  # the model's chat template
         "zoo.trainer.lora.zero.ZeroConfigError": _C.INVALID_ARGUMENT,
         "zoo.trainer.tfgrpo.critic.JsonReplyError": _C.INTERNAL,  # the model's reply (ask_json retries it)

@@ -168,7 +168,7 @@ def backend_concurrency(backend: Any) -> int:
 
 def _backend(cfg: Any, base_url: str | None, model: str | None, adapters: bool) -> Any:
     from zoo.inference.bundled_models import ModelUnavailable
-    from zoo.node.components.backends import load_backend
+    from zoo.node.components.backend_loading import load_backend
     from zoo.node.components.served_model import model_id, resolve_model_path
 
     if base_url is not None or model is not None:

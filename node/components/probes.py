@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from zoo.node.components.backends import load_backend
+from zoo.node.components.backend_loading import load_backend
 from zoo.node.lifecycle import Component, State, in_background_thread
 from zoo.node.logs import get_logger
 

@@ -47,7 +47,7 @@ async def run_foreground(
 ) -> int:
     """Run TF-GRPO; returns the exit code (0 when it completed)."""
     from zoo.inference.bundled_models import ModelUnavailable
-    from zoo.node.components.backends import load_backend
+    from zoo.node.components.backend_loading import load_backend
     from zoo.node.components.served_model import model_id, resolve_model_path
     from zoo.node.jobs.runner import parse_spec
     from zoo.registry.library_store import LibraryStore

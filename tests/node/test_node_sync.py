@@ -23,7 +23,7 @@ from web3 import Web3
 from tests.conftest import NodeProcess, base_config, launch, write_config
 from tests.registry.test_sync import Chain
 from zoo.devnet.info import DevnetInfo
-from zoo.devnet.ipfs import IpfsDaemon
+from zoo.devnet.ipfs_daemon import IpfsDaemon
 from zoo.devnet.manager import Devnet
 from zoo.node.client import NodeClient
 from zoo.registry.canonical import encode_library

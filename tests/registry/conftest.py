@@ -6,9 +6,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from zoo.devnet.ipfs import IpfsDaemon
-from zoo.registry.experience import Experience, Library
+from zoo.devnet.ipfs_daemon import IpfsDaemon
+from zoo.registry.experience import Experience
 from zoo.registry.ipfs import IpfsClient
+from zoo.registry.library import Library
 
 AUTHOR = "0x" + "ab" * 20
 BASE_MODEL = "smollm2-135m-instruct"

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from zoo.devnet.ipfs import IpfsDaemon, IpfsDaemonError
+from zoo.devnet.ipfs_daemon import IpfsDaemon, IpfsDaemonError
 from zoo.registry.canonical import decode_library, encode_library
 from zoo.registry.errors import (
     ContentTooLarge,
@@ -26,8 +26,8 @@ from zoo.registry.errors import (
     IpfsUnavailable,
     ValidationError,
 )
-from zoo.registry.experience import Library
 from zoo.registry.ipfs import RAW_CID_MAX, IpfsClient, local_cid, normalise_cid, parse_cid
+from zoo.registry.library import Library
 from zoo.registry.merkle import library_root
 
 
@@ -253,7 +253,7 @@ def test_daemon_lifecycle(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
         import json, sys, time
-        from zoo.devnet.ipfs import IpfsDaemon
+        from zoo.devnet.ipfs_daemon import IpfsDaemon
         d = IpfsDaemon({str(repo)!r}, api_port={port}, die_with_parent=True).start()
         print(json.dumps({{"pid": d.pid, "url": d.api_url}}), flush=True)
         time.sleep(600)
