@@ -31,10 +31,6 @@ class GspoSpec(LoraSpec):
         description="most completions sampled in one generate call, whole groups (0: a process's whole "
         "share of a step at once); bounds the KV cache, never changes the samples",
     )
-    instruction: str | None = Field(
-        default=None, min_length=1, max_length=4000, description="system turn for tasks without their own"
-    )
-    reward: str | None = Field(default=None, description="override every task's verifier")
 
     eps_low: float = Field(default=3e-4, ge=0.0, lt=1.0, description="clip below at 1 - eps_low")
     eps_high: float = Field(default=4e-4, ge=0.0, le=10.0, description="clip above at 1 + eps_high")
@@ -44,9 +40,6 @@ class GspoSpec(LoraSpec):
         default=8, ge=1, le=4096, description="sequences per forward/backward; gradients accumulate"
     )
     learning_rate: float = Field(default=1e-5, gt=0.0, le=1.0)
-    weight_decay: float = Field(default=0.0, ge=0.0, le=1.0)
-    max_grad_norm: float = Field(default=1.0, gt=0.0, le=1e6)
-    bf16: bool = Field(default=False, description="bf16 autocast for forward passes (GPU); fp32 otherwise")
     loss: Literal["auto", "torch", "fused"] = Field(
         default="auto", description="log-probs fused with the LM head (Triton; auto: on a GPU) or plain torch"
     )
@@ -74,7 +67,6 @@ class GspoSpec(LoraSpec):
     validate_every: int = Field(
         default=0, ge=0, le=100_000, description="steps between validation scores (0: before and after only)"
     )
-    description: str = Field(default="", max_length=1000)
 
     @field_validator("temperature", "top_p", "eps_low", "eps_high", "beta", "learning_rate")
     @classmethod

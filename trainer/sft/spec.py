@@ -31,16 +31,9 @@ class SftSpec(LoraSpec):
         default=8, ge=1, le=4096, description="pairs per forward/backward; gradients accumulate"
     )
     learning_rate: float = Field(default=2e-4, gt=0.0, le=1.0)
-    weight_decay: float = Field(default=0.0, ge=0.0, le=1.0)
-    max_grad_norm: float = Field(default=1.0, gt=0.0, le=1e6)
     max_length: int = Field(
         default=1024, ge=16, le=131_072, description="tokens of prompt and completion; longer pairs fail"
     )
-    bf16: bool = Field(default=False, description="bf16 autocast for forward passes (GPU); fp32 otherwise")
-    instruction: str | None = Field(
-        default=None, min_length=1, max_length=4000, description="system turn for tasks without their own"
-    )
-    reward: str | None = Field(default=None, description="override every task's verifier")
     validation_max_tokens: int = Field(default=128, ge=1, le=32_768, description="greedy validation answers")
 
     # rft and distill: sampled completions, kept when the verifier passes them.
@@ -62,7 +55,6 @@ class SftSpec(LoraSpec):
     k: int | None = Field(
         default=None, ge=0, le=64, description="distill: experiences per prompt (serving's)"
     )
-    description: str = Field(default="", max_length=1000)
 
     @field_validator("learning_rate", "temperature")
     @classmethod

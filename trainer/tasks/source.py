@@ -1,6 +1,7 @@
 """Where a training job's tasks come from: `TaskSource`, the base of every job spec (the dataset, the
-validation set or split, limits, the seed, and `parse`, which names the first bad field), and `load_tasks`,
-which turns it into the train and validation task lists.
+validation set or split, limits, the seed, the verifier override and the description every kind of job
+has, and `parse`, which names the first bad field), and `load_tasks`, which turns it into the train and
+validation task lists.
 
 A spec is plain JSON-like data so it can travel in a gRPC Struct, sit in the job database and be shown
 back to the operator.
@@ -22,7 +23,8 @@ SHIPPED = "shipped"
 
 
 class TaskSource(BaseModel):
-    """Where a training job's tasks come from, and its seed; the base of every job spec."""
+    """Where a training job's tasks come from, its seed, its verifier override and its description; the
+    base of every job spec."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -35,6 +37,8 @@ class TaskSource(BaseModel):
     train_limit: int | None = Field(default=None, ge=1, le=100_000)
     validation_limit: int | None = Field(default=None, ge=0, le=100_000)
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    reward: str | None = Field(default=None, description="override every task's verifier")
+    description: str = Field(default="", max_length=1000)
 
     @field_validator("dataset", "validation")
     @classmethod

@@ -1,6 +1,6 @@
 """The TF-GRPO job spec: every knob of a training-free run, validated at the boundary (gRPC, CLI,
-checkpoint). What every kind of job shares (its tasks, its seed, `parse`) is zoo.trainer.tasks.source's
-TaskSource."""
+checkpoint). What every kind of job shares (its tasks, its seed, the verifier override, the description,
+`parse`) is zoo.trainer.tasks.source's TaskSource."""
 
 from __future__ import annotations
 
@@ -65,7 +65,6 @@ class TfGrpoSpec(TaskSource):
     drop_after_uses: int = Field(
         default=4, ge=1, le=100_000, description="uses after which a mostly harmful experience is dropped"
     )
-    reward: str | None = Field(default=None, description="override every task's verifier")
     label_free: bool = Field(default=False, description="reward = agreement with the group majority")
     validate_steps: bool = Field(default=True, description="score each step on validation, revert drops")
     revert_tolerance: float = Field(default=0.0, ge=0.0, le=1.0)
@@ -103,7 +102,6 @@ class TfGrpoSpec(TaskSource):
         "library the run starts from, so that it keeps only what beats lookup on validation (no effect "
         "under label_free or on tasks without a reference answer)",
     )
-    description: str = Field(default="", max_length=1000)
 
     def with_serving_defaults(self, defaults: ServingDefaults) -> TfGrpoSpec:
         """This spec with its unset prompt and factor settings taken from the node's serving, so the stored
