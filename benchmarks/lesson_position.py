@@ -20,7 +20,8 @@ from typing import Any
 from tfgrpo import held_out_score, load_backend  # benchmarks/tfgrpo.py
 
 from zoo.inference.embedder import SentenceTransformerEmbedder
-from zoo.registry.experience import Experience, Library
+from zoo.registry.experience import Experience
+from zoo.registry.library import Library
 from zoo.trainer.tasks import families
 from zoo.trainer.tasks.loading import load_jsonl
 from zoo.trainer.tasks.schema import Task

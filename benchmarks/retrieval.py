@@ -28,7 +28,8 @@ import numpy as np
 from zoo.inference.embedder import SentenceTransformerEmbedder
 from zoo.inference.embedding_cache import EmbeddingCache
 from zoo.inference.retrieval import DEFAULT_ANN_THRESHOLD, Hit, RetrievalIndex
-from zoo.registry.experience import Experience, Library
+from zoo.registry.experience import Experience
+from zoo.registry.library import Library
 
 DIM = 384
 K = 5

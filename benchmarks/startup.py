@@ -40,7 +40,8 @@ from zoo.devnet.process import dies_with_this_process
 from zoo.inference.embedder import SentenceTransformerEmbedder
 from zoo.inference.embedding_cache import EmbeddingCache
 from zoo.inference.retrieval import DEFAULT_ANN_THRESHOLD, cache_model_key
-from zoo.registry.experience import Experience, Library
+from zoo.registry.experience import Experience
+from zoo.registry.library import Library
 from zoo.registry.library_store import LibraryStore
 
 BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"

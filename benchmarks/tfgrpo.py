@@ -69,7 +69,7 @@ from zoo.inference.adapters import AdapterDirectory
 from zoo.inference.embedder import SentenceTransformerEmbedder
 from zoo.registry.canonical import decode_library
 from zoo.registry.errors import ValidationError
-from zoo.registry.experience import Library
+from zoo.registry.library import Library
 from zoo.trainer.baselines import lookup_library, majority_labelled
 from zoo.trainer.evaluate import Scorer
 from zoo.trainer.gspo.job import run_gspo

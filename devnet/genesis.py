@@ -3,7 +3,8 @@ every machine builds byte-identical content and the same Merkle root."""
 
 from __future__ import annotations
 
-from zoo.registry.experience import Experience, Library
+from zoo.registry.experience import Experience
+from zoo.registry.library import Library
 
 GENESIS_TIME = "2026-01-01T00:00:00Z"
 GENESIS_AUTHOR = "job:devnet-genesis"

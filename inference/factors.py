@@ -40,7 +40,8 @@ import torch
 from transformers import LogitsProcessor
 
 from zoo.inference.defaults import DEFAULT_FACTOR_CAP, DEFAULT_FACTOR_ETA
-from zoo.registry.experience import MAX_NAME_CHARS, MAX_TOKEN_ID, ExpertFactors
+from zoo.registry.expert_factors import MAX_TOKEN_ID, ExpertFactors
+from zoo.registry.validation import MAX_NAME_CHARS
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from zoo.inference.defaults import DEFAULT_LESSON_POSITION, LESSON_POSITIONS, LessonPosition
 from zoo.registry.errors import ValidationError
-from zoo.registry.experience import is_code_answer
+from zoo.registry.worked_example import is_code_answer
 
 INSTRUCTION = (
     "Below are experiences: lessons verified by this network. Apply the ones that fit the question and "

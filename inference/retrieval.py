@@ -63,7 +63,8 @@ import numpy as np
 from zoo.inference.embedder import Embedder, normalise_rows
 from zoo.inference.embedding_cache import EmbeddingCache
 from zoo.inference.ivf import IvfIndex
-from zoo.registry.experience import DOMAIN_RE, Experience, Library
+from zoo.registry.experience import DOMAIN_RE, Experience
+from zoo.registry.library import Library
 
 DEFAULT_ANN_THRESHOLD = 20_000
 DEFAULT_NPROBE = 32

@@ -18,9 +18,10 @@ Rules (the encoding is a JSON text):
   document is the same in both, so its Merkle leaf, and the root of every format-1 library, never change;
   an example's document adds "kind": "example", "answer" and "reasoning" (null when it has none).
 
-The experience classes (experience.py) are msgspec Structs laid out as these documents, so msgspec writes
-the canonical bytes directly and decodes them with its typed decoder, in C, at about the speed of a plain
-json.loads (tests hold its output to the json module's, byte for byte, and to golden files).
+The schema classes (experience.py, expert_factors.py, library.py) are msgspec Structs laid out as these
+documents, so msgspec writes the canonical bytes directly and decodes them with its typed decoder, in C, at
+about the speed of a plain json.loads (tests hold its output to the json module's, byte for byte, and to
+golden files).
 
 decode_library() accepts exactly these bytes: anything that does not re-encode byte for byte (other
 key order, whitespace, escapes, non-NFC text, unsorted experiences) is refused, so one library has one
@@ -42,18 +43,10 @@ from typing import Any
 import msgspec
 
 from zoo.registry.errors import ValidationError
-from zoo.registry.experience import (
-    CONFIDENCE_SCALE,
-    SCHEMA_V1,
-    SCHEMA_V2,
-    SCHEMA_V3,
-    Experience,
-    Library,
-    Problem,
-    format_confidence,
-    problem_at,
-)
+from zoo.registry.experience import CONFIDENCE_SCALE, Experience, format_confidence
 from zoo.registry.gc_pause import gc_paused
+from zoo.registry.library import SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, Library
+from zoo.registry.validation import Problem, problem_at
 
 SCHEMA = SCHEMA_V3  # the newest; a library is written in the oldest format that can hold it
 DEFAULT_MAX_LIBRARY_BYTES = 64 * 1024 * 1024

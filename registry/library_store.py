@@ -25,8 +25,9 @@ from pathlib import Path
 
 from zoo.registry.canonical import decode_library, encode_library
 from zoo.registry.errors import IntegrityError, NotFound, ValidationError
-from zoo.registry.experience import Experience, Library
+from zoo.registry.experience import Experience
 from zoo.registry.fsutil import write_atomic
+from zoo.registry.library import Library
 from zoo.registry.merkle import HASH_SIZE, MerkleTree, decode_library_leaves, library_tree
 
 _VERSION_FILE = re.compile(r"v(\d+)-0x([0-9a-f]{64})\.json")

@@ -21,8 +21,9 @@ import msgspec
 
 from zoo.registry.canonical import DEFAULT_MAX_LIBRARY_BYTES, decode_library_parts, encode_experience
 from zoo.registry.errors import ValidationError
-from zoo.registry.experience import Experience, Library
+from zoo.registry.experience import Experience
 from zoo.registry.gc_pause import gc_paused
+from zoo.registry.library import Library
 
 HASH_SIZE = 32
 EMPTY_ROOT = hashlib.sha256(b"").digest()

@@ -15,7 +15,8 @@ from typing import Protocol
 from zoo.registry.canonical import decode_library
 from zoo.registry.cids import cid_problem
 from zoo.registry.errors import ContentTooLarge, IntegrityError, IpfsError, ValidationError
-from zoo.registry.experience import Experience, Library
+from zoo.registry.experience import Experience
+from zoo.registry.library import Library
 from zoo.registry.merkle import library_root
 
 __all__ = ["ContentFetcher", "LibraryDiff", "Review", "review_proposal"]

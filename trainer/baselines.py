@@ -20,8 +20,9 @@ from typing import Any
 
 from zoo.registry.canonical import encode_library
 from zoo.registry.errors import ValidationError
-from zoo.registry.experience import Experience, Library
+from zoo.registry.experience import Experience
 from zoo.registry.fsutil import write_atomic
+from zoo.registry.library import Library
 from zoo.trainer.prompting import bare_messages
 from zoo.trainer.rewards import SHORT_ANSWER_VERIFIERS, get_reward
 from zoo.trainer.schedule import seed_of

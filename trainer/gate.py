@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from zoo.inference.retrieval import RetrievalIndex
-from zoo.registry.experience import Library
+from zoo.registry.library import Library
 from zoo.trainer.tasks.schema import Task
 
 DEFAULT_MARGIN = 0.1

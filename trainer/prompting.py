@@ -17,7 +17,8 @@ import numpy as np
 from zoo.inference.defaults import ServingDefaults
 from zoo.inference.prompt import assemble
 from zoo.inference.retrieval import Hit, RetrievalIndex
-from zoo.registry.experience import Experience, Library
+from zoo.registry.experience import Experience
+from zoo.registry.library import Library
 from zoo.trainer.tasks.schema import Task, instruction_for
 
 Messages = list[dict[str, str]]

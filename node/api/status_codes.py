@@ -38,7 +38,7 @@ CODES: Mapping[str, grpc.StatusCode] = MappingProxyType(
         # contracts: no ZooErrors (the layer below registry)
         # registry
         "zoo.registry.errors.ValidationError": _C.INVALID_ARGUMENT,
-        "zoo.registry.experience.Problem": _C.INVALID_ARGUMENT,
+        "zoo.registry.validation.Problem": _C.INVALID_ARGUMENT,
         "zoo.registry.errors.NotFound": _C.NOT_FOUND,
         "zoo.registry.errors.IntegrityError": _C.DATA_LOSS,
         "zoo.registry.usage_report.ReportError": _C.DATA_LOSS,

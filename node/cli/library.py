@@ -48,7 +48,7 @@ def _domain_errors() -> tuple[type[Exception], ...]:
 
 def _draft(store: Any) -> Any:
     """The draft, started from the current version when there is none yet."""
-    from zoo.registry.experience import Library
+    from zoo.registry.library import Library
 
     draft = store.draft()
     cur = store.current()
@@ -95,7 +95,7 @@ def _load_version(config: Path | None, data_dir: Path | None, which: str | None)
 
 
 def _replace_experiences(lib: Any, experiences: Any) -> Any:
-    from zoo.registry.experience import Library
+    from zoo.registry.library import Library
 
     return Library.create(
         version=lib.version,
@@ -522,7 +522,7 @@ def calibrate(
     from zoo.inference.embedder import SentenceTransformerEmbedder
     from zoo.node.cli.eval import EvalError, read_library
     from zoo.registry.errors import ZooError
-    from zoo.registry.experience import Library
+    from zoo.registry.library import Library
     from zoo.trainer.gate import calibrate as calibrate_gate
     from zoo.trainer.tasks.loading import load_jsonl
 

@@ -20,9 +20,10 @@ from zoo.devnet.info import DevnetInfo, warp
 from zoo.devnet.manager import Devnet
 from zoo.registry.canonical import decode_library, encode_library
 from zoo.registry.chain import ProposalState, RegistryClient, TokenClient
-from zoo.registry.experience import Experience, Library
+from zoo.registry.experience import Experience
 from zoo.registry.ipfs import IpfsClient
 from zoo.registry.keys import dev_account
+from zoo.registry.library import Library
 from zoo.registry.merkle import library_root
 from zoo.trainer.tasks.schema import Task, write_jsonl
 

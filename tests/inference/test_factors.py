@@ -36,7 +36,8 @@ from zoo.inference.factors import (
     vllm_request_processor,
 )
 from zoo.registry.canonical import decode_experience, encode_experience
-from zoo.registry.experience import Experience, ExpertFactors
+from zoo.registry.experience import Experience
+from zoo.registry.expert_factors import ExpertFactors
 
 REPO = Path(__file__).resolve().parents[2]
 TAG = "smollm2:49152:0123456789abcdef"

@@ -27,7 +27,8 @@ from zoo.inference.retrieval import (
 )
 from zoo.inference.retriever import Retriever
 from zoo.registry.canonical import encode_library
-from zoo.registry.experience import Experience, Library
+from zoo.registry.experience import Experience
+from zoo.registry.library import Library
 from zoo.registry.library_store import StoredVersion, root_hex
 from zoo.registry.merkle import library_root
 

@@ -7,8 +7,9 @@ from pathlib import Path
 from zoo.devnet.dev_dao import DevDao
 from zoo.devnet.manager import Devnet
 from zoo.registry.canonical import encode_library
-from zoo.registry.experience import Experience, Library
+from zoo.registry.experience import Experience
 from zoo.registry.ipfs import IpfsClient
+from zoo.registry.library import Library
 from zoo.registry.merkle import library_root
 
 

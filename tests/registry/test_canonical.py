@@ -24,7 +24,9 @@ from zoo.registry.canonical import (
     library_document,
 )
 from zoo.registry.errors import ValidationError
-from zoo.registry.experience import MAX_SCALE, Experience, Library
+from zoo.registry.experience import Experience
+from zoo.registry.expert_factors import MAX_SCALE
+from zoo.registry.library import Library
 from zoo.registry.merkle import decode_library_leaves, library_root, library_tree
 
 Make = Callable[..., Experience]

@@ -18,8 +18,10 @@ from zoo.registry.canonical import (
     encode_library,
 )
 from zoo.registry.errors import ValidationError
-from zoo.registry.experience import Experience, Library, example_id
+from zoo.registry.experience import Experience
+from zoo.registry.library import Library
 from zoo.registry.merkle import library_leaves, library_root, prove_experience, verify_inclusion
+from zoo.registry.worked_example import example_id
 
 Make = Callable[..., Experience]
 

@@ -10,16 +10,10 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from zoo.registry.errors import NotFound, ValidationError, ZooError
-from zoo.registry.experience import (
-    MAX_WORDS,
-    Experience,
-    ExpertFactors,
-    Library,
-    Problem,
-    clean_string,
-    experience_id,
-    pack_signs,
-)
+from zoo.registry.experience import MAX_WORDS, Experience, experience_id
+from zoo.registry.expert_factors import ExpertFactors, pack_signs
+from zoo.registry.library import Library
+from zoo.registry.validation import Problem, clean_string
 
 Make = Callable[..., Experience]
 

@@ -11,8 +11,8 @@ import pytest
 
 from zoo.registry.canonical import decode_library, encode_library
 from zoo.registry.errors import ValidationError
-from zoo.registry.experience import Library
 from zoo.registry.gc_pause import gc_paused
+from zoo.registry.library import Library
 from zoo.registry.merkle import library_root
 
 

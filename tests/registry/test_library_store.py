@@ -20,8 +20,9 @@ import pytest
 
 from zoo.registry.canonical import encode_library
 from zoo.registry.errors import IntegrityError, NotFound
-from zoo.registry.experience import Experience, Library
+from zoo.registry.experience import Experience
 from zoo.registry.ipfs import local_cid
+from zoo.registry.library import Library
 from zoo.registry.library_store import CACHED_VERSIONS, LibraryStore, root_hex
 from zoo.registry.merkle import library_root, library_tree
 

@@ -14,7 +14,8 @@ from pymerkle import verify_inclusion as pymerkle_verify
 
 from zoo.registry.canonical import encode_experience, encode_library
 from zoo.registry.errors import NotFound, ValidationError
-from zoo.registry.experience import Experience, Library
+from zoo.registry.experience import Experience
+from zoo.registry.library import Library
 from zoo.registry.merkle import (
     EMPTY_ROOT,
     InclusionProof,

@@ -27,8 +27,9 @@ from zoo.node.components.library import ChainEvents
 from zoo.registry.canonical import encode_library
 from zoo.registry.chain import RegistryClient, TxResult
 from zoo.registry.errors import IpfsUnavailable
-from zoo.registry.experience import Experience, Library
+from zoo.registry.experience import Experience
 from zoo.registry.ipfs import IpfsClient
+from zoo.registry.library import Library
 from zoo.registry.library_store import LibraryStore, root_hex
 from zoo.registry.merkle import library_root
 from zoo.registry.sync import LibraryFollower, LibrarySyncer, Refused

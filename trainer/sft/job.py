@@ -28,8 +28,8 @@ from zoo.inference.adapters import PROVENANCE_FILE
 from zoo.inference.defaults import ServingDefaults
 from zoo.registry.canonical import decode_library
 from zoo.registry.errors import ValidationError
-from zoo.registry.experience import Library
 from zoo.registry.fsutil import write_atomic
+from zoo.registry.library import Library
 from zoo.registry.merkle import library_root
 from zoo.trainer.lora.policy import LoraPolicy
 from zoo.trainer.lora.processes import Processes

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Literal
 
 from zoo.inference.prompt import worked_answer
-from zoo.registry.experience import Experience, is_code_answer
+from zoo.registry.experience import Experience
 from zoo.registry.fsutil import write_atomic
+from zoo.registry.worked_example import is_code_answer
 from zoo.trainer.prompting import Messages, bare_messages
 from zoo.trainer.tasks.schema import VERIFIER_INSTRUCTIONS, Task
 

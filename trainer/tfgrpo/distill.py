@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from zoo.inference.factors import compress, tokenizer_tag
-from zoo.registry.experience import ExpertFactors
+from zoo.registry.expert_factors import ExpertFactors
 
 
 def _count_tokens(texts: Sequence[str], tokenizer: Any, special: frozenset[int]) -> Counter[int]:

@@ -22,8 +22,9 @@ from typing import Any
 from zoo.inference.defaults import ServingDefaults
 from zoo.inference.embedder import Embedder
 from zoo.registry.canonical import encode_library
-from zoo.registry.experience import Experience, Library
+from zoo.registry.experience import Experience
 from zoo.registry.fsutil import write_atomic
+from zoo.registry.library import Library
 from zoo.registry.merkle import library_root
 from zoo.trainer.baselines import lookup_experiences
 from zoo.trainer.report import write_report

@@ -13,7 +13,8 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from zoo.registry.experience import Experience, ExpertFactors
+from zoo.registry.experience import Experience
+from zoo.registry.expert_factors import ExpertFactors
 from zoo.trainer.schedule import seed_of
 from zoo.trainer.tfgrpo import critic
 from zoo.trainer.tfgrpo.distill import distill_factors

@@ -60,7 +60,8 @@ from zoo.inference.embedder import Embedder
 from zoo.inference.factors import processor_builder
 from zoo.inference.prompt import PromptTooLong, parse_citations
 from zoo.inference.retrieval import Hit, RetrievalIndex
-from zoo.registry.experience import Experience, Library
+from zoo.registry.experience import Experience
+from zoo.registry.library import Library
 from zoo.trainer.prompting import PromptPath
 from zoo.trainer.rewards import RewardCache, ascore_group
 from zoo.trainer.schedule import batches, seed_of, total_steps

@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 
 from zoo.registry.errors import ValidationError
-from zoo.registry.experience import Experience, ExpertFactors
+from zoo.registry.experience import Experience
+from zoo.registry.expert_factors import ExpertFactors
 
 EmbedFn = Callable[[Sequence[str]], np.ndarray]  # unit-length rows
 MergeFn = Callable[[Sequence[str]], Awaitable[str | None]]

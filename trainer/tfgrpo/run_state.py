@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zoo.registry.canonical import decode_library, encode_library
-from zoo.registry.experience import Experience, Library
+from zoo.registry.experience import Experience
+from zoo.registry.library import Library
 from zoo.trainer.tfgrpo import critic
 from zoo.trainer.tfgrpo.llm import Ledger
 from zoo.trainer.tfgrpo.spec import TfGrpoSpec

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from zoo.registry.experience import MAX_ANSWER_CHARS, MAX_QUESTION_CHARS, normalise_answer
+from zoo.registry.worked_example import MAX_ANSWER_CHARS, MAX_QUESTION_CHARS, normalise_answer
 from zoo.trainer.rewards import SHORT_ANSWER_VERIFIERS
 from zoo.trainer.rewards.unit_tests import extract_code
 from zoo.trainer.tfgrpo.operations import Proposal

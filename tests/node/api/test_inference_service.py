@@ -354,7 +354,8 @@ def test_a_payload_that_is_not_protobuf_is_invalid_argument(node: NodeProcess) -
 def test_worked_examples_are_served_with_their_kind(node: NodeProcess) -> None:
     """A version holding a worked example (format 2) goes through governance; Retrieve and Infer rank it
     with the lessons and say it is an example, with its answer."""
-    from zoo.registry.experience import Experience, Library
+    from zoo.registry.experience import Experience
+    from zoo.registry.library import Library
     from zoo.registry.library_store import LibraryStore
 
     current = LibraryStore(node.data_dir).current()

@@ -22,7 +22,8 @@ from tests.trainer.scripted import Call, ScriptedBackend, arithmetic_policy, box
 from zoo.inference.embedder import SentenceTransformerEmbedder
 from zoo.inference.prompt import worked_answer
 from zoo.registry.canonical import decode_library
-from zoo.registry.experience import Experience, Library
+from zoo.registry.experience import Experience
+from zoo.registry.library import Library
 from zoo.trainer.baselines import LOOKUP_AUTHOR
 from zoo.trainer.rewards import RewardResult
 from zoo.trainer.tasks.schema import Task, instruction_for, write_jsonl
