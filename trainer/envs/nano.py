@@ -8,36 +8,21 @@ The answer is not text the model wrote but `diff()`: `git diff` of the clone aga
 new files included. `reward()` scores that diff with the existing patch_similarity reward (thesis
 eq. 3.1, zoo.trainer.rewards) against the task's ground-truth patch. Every transcript message records who
 produced it (`origin`: "model" or "environment"), so a trainer can mask the loss to the model's tokens.
+The task, the limits and the transcript's records are in nano_episode.py.
 
-Tools
-- shell(cmd): `bash -c cmd` with the clone as working directory, a per-call timeout after which the
-  whole process group is killed with SIGKILL (anything the command left running in the background is
-  killed after every call too), stdout and stderr together cut to the first and last halves of
-  `output_chars` characters with a `[... output truncated: N characters omitted ...]` marker, and the
-  exit code reported. The environment is built from scratch (PATH with this interpreter's directory
-  first, HOME and TMPDIR in the episode's directory outside the clone, a UTF-8 locale, no .pyc files),
-  so no variable of the trainer (keys, tokens, proxies) reaches the command.
-- apply_patch(path, old_content, new_content): a literal search and replace. The path (relative to the
-  clone, or absolute) is resolved with every symlink, parents included, and must land inside the clone
-  and outside `.git`. `old_content` must occur exactly once (overlapping occurrences count); 0 or several
-  occurrences is an error naming the count. An empty `old_content` creates a missing file (parent
-  directories too) or fills an empty one; on a non-empty file it is an error. Every problem comes back
-  as a tool result starting with "Error:"; nothing the model does raises.
+Tools (nano_tools.py): shell(cmd), bash in the clone, and apply_patch(path, old_content, new_content), a
+literal search and replace inside the clone. Every problem comes back as a tool result starting with
+"Error:"; nothing the model does raises.
 
-No network. Commands run in a network namespace of their own that has only a loopback interface, which
-is down, so every connection fails ("Network is unreachable"), DNS included. The first launcher that
-works here is used, probed once per process: `unshare --net` (root, or CAP_SYS_ADMIN), else
-`unshare --user --map-root-user --net` (an unprivileged user namespace; the command then sees itself as
-root of that namespace but keeps the real user's rights on files). When neither works, `NanoEnv` refuses
-to start (`NetworkIsolationUnavailable`) unless built with `require_network_isolation=False`; then
-commands run with the network of the host, which is logged and visible as `network_isolated = False`.
-The git commands the environment itself runs in the clone after reset (`git add`, `git diff`) go
-through the same launcher, so hooks, filters or config the model planted run no more freely than its
-own shell calls.
-
+No network (isolated_commands.py): every shell call runs in a network namespace of its own in which
+every connection fails. When no launcher for one works here, `NanoEnv` refuses to start
+(`NetworkIsolationUnavailable`) unless built with `require_network_isolation=False`; then commands run
+with the network of the host, which is logged and visible as `network_isolated = False`. The git
+commands the environment itself runs in the clone after reset (`git add`, `git diff`) go through the
+same launcher, so hooks, filters or config the model planted run no more freely than its own shell calls.
 This is network isolation, not a sandbox: commands run with the trainer's user rights and can read and
-write outside the clone (the path rule binds apply_patch only), and a process that starts its own
-session escapes the group kill. Untrusted policies belong in a container or VM as well.
+write outside the clone (the path rule binds apply_patch only). Untrusted policies belong in a container
+or VM as well.
 
 Limits (`NanoLimits`): at most `max_tool_calls` calls (malformed ones count), a token budget over every
 message of the transcript (system, issue, model turns and tool results, measured by a pluggable counter;
@@ -50,345 +35,49 @@ the step returns done with `end_reason` naming the limit.
 
 from __future__ import annotations
 
-import codecs
 import contextlib
-import functools
 import logging
 import os
 import shutil
-import signal
 import stat
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-from zoo.registry.errors import ZooError
+from zoo.trainer.envs.isolated_commands import (
+    CommandResult,
+    NetworkIsolationUnavailable,
+    minimal_path,
+    network_isolation_prefix,
+    run_command,
+)
+from zoo.trainer.envs.nano_episode import (
+    EndReason,
+    Episode,
+    Message,
+    NanoLimits,
+    NanoTask,
+    StepResult,
+    TokenCounter,
+    approximate_token_count,
+)
+from zoo.trainer.envs.nano_tools import SHELL_TOOL, TOOLS, apply_patch
 from zoo.trainer.envs.tool_calls import (
     ToolCall,
     ToolCallError,
-    ToolParameter,
-    ToolSpec,
     parse_tool_calls,
     tool_results_message,
     tools_prompt,
 )
 from zoo.trainer.rewards import RewardResult, get_reward
-from zoo.trainer.rewards.patch import parse_patch
-from zoo.trainer.tasks.schema import ID_RE, Task
 
 log = logging.getLogger(__name__)
 
-TokenCounter = Callable[[str], int]
-Origin = Literal["model", "environment"]
-EndReason = Literal["finished", "tool_call_limit", "token_budget", "wall_clock"]
-
 GIT_TIMEOUT_S = 60.0
-_NETWORK_LAUNCHERS: tuple[tuple[str, ...], ...] = (
-    ("unshare", "--net"),
-    ("unshare", "--user", "--map-root-user", "--net"),
-)
-
-SHELL_TOOL = ToolSpec(
-    name="shell",
-    description="Run a bash command in the repository (no network). Returns the exit code and output.",
-    parameters=(ToolParameter("cmd", "string", "the bash command line"),),
-)
-APPLY_PATCH_TOOL = ToolSpec(
-    name="apply_patch",
-    description=(
-        "Edit a file: replace old_content, which must occur exactly once in the file, with new_content. "
-        "An empty old_content creates a new file."
-    ),
-    parameters=(
-        ToolParameter("path", "string", "file path relative to the repository root"),
-        ToolParameter("old_content", "string", "exact text to replace (unique in the file)"),
-        ToolParameter("new_content", "string", "the replacement text"),
-    ),
-)
-TOOLS: tuple[ToolSpec, ...] = (SHELL_TOOL, APPLY_PATCH_TOOL)
-
-
-def approximate_token_count(text: str) -> int:
-    """About four characters a token; pass `lambda s: len(tokenizer.encode(s))` for exact budgets."""
-    return (len(text) + 3) // 4
-
-
-class NetworkIsolationUnavailable(ZooError, RuntimeError):
-    """No way to run commands without network was found on this machine."""
-
-
-# ------------------------------------------------------------------------------------------------ data
-
-
-class NanoTask(BaseModel):
-    """One task: an issue against a repository at a buggy commit, and the patch that fixes it."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    id: str = Field(pattern=f"^{ID_RE.pattern}$")
-    issue: str = Field(min_length=1, max_length=20_000)
-    repo: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")  # a folder name under the repos dir
-    buggy_ref: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")  # commit id, tag or branch
-    patch: str = Field(min_length=1, max_length=100_000)  # ground truth, a unified diff
-    test_command: str = Field(min_length=1)  # fails at buggy_ref, passes with the patch
-
-    @field_validator("patch")
-    @classmethod
-    def _patch_names_files(cls, value: str) -> str:
-        kind, files = parse_patch(value)
-        if kind != "diff" or not files:
-            raise ValueError("must be a unified diff that changes at least one file")
-        return value
-
-    def reward_task(self) -> Task:
-        """The task as the reward sees it: the issue as question, the ground-truth patch as answer."""
-        return Task(
-            id=self.id,
-            question=self.issue,
-            answer=self.patch,
-            domain="code.python",
-            verifier="patch_similarity",
-        )
-
-
-class NanoLimits(BaseModel):
-    """Per-episode limits; see the module docstring for what happens at and near each."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    max_tool_calls: int = Field(30, ge=1)
-    token_budget: int = Field(16_000, ge=1)
-    wall_clock_s: float = Field(600.0, gt=0)
-    shell_timeout_s: float = Field(30.0, gt=0)
-    output_chars: int = Field(2_000, ge=100)
-    warn_at: float = Field(0.8, gt=0, le=1)
-
-
-@dataclass(frozen=True)
-class Message:
-    """A transcript message and who produced it (only "model" messages carry trainable tokens)."""
-
-    role: str
-    content: str
-    origin: Origin
-
-    def chat(self) -> dict[str, str]:
-        """The message as a chat template takes it."""
-        return {"role": self.role, "content": self.content}
-
-
-@dataclass
-class StepResult:
-    messages: list[Message]  # what the environment answered (empty when the model finished)
-    warnings: list[str]
-    done: bool
-    end_reason: EndReason | None = None
-
-
-@dataclass
-class Episode:
-    """The state of one episode; `transcript` is the whole conversation in order."""
-
-    task: NanoTask
-    workdir: Path  # throwaway; holds the clone, HOME and TMPDIR
-    clone: Path
-    base_commit: str
-    started: float  # time.monotonic() at reset
-    transcript: list[Message] = field(default_factory=list)
-    tool_calls_used: int = 0
-    tokens_used: int = 0
-    warned: set[str] = field(default_factory=set)
-    done: bool = False
-    end_reason: EndReason | None = None
-
-    def chat(self) -> list[dict[str, str]]:
-        return [m.chat() for m in self.transcript]
-
-
-# ------------------------------------------------------------------------------------- running commands
-
-
-@functools.cache
-def network_isolation_prefix() -> tuple[str, ...] | None:
-    """The first launcher prefix that runs a command in a new network namespace here, or None."""
-    if shutil.which("unshare") is None:
-        return None
-    for prefix in _NETWORK_LAUNCHERS:
-        try:
-            probe = subprocess.run(
-                [*prefix, "true"], capture_output=True, timeout=10, check=False, env={"PATH": _base_path()}
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if probe.returncode == 0:
-            return prefix
-    return None
-
-
-def _base_path() -> str:
-    return os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"])
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    exit_code: int | None  # None when the command was killed at its timeout
-    output: str  # stdout and stderr interleaved, possibly truncated
-    timed_out: bool
-    omitted_chars: int = 0
-
-
-class _OutputCapture:
-    """Keeps the first and last halves of `limit` characters of a stream and counts what falls between."""
-
-    def __init__(self, limit: int | None) -> None:
-        self._head_limit = limit // 2 if limit is not None else None
-        self._tail_limit = limit - limit // 2 if limit is not None else 0
-        self._head: list[str] = []
-        self._head_chars = 0
-        self._tail = ""
-        self._total = 0
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def feed(self, data: bytes, final: bool = False) -> None:
-        text = self._decoder.decode(data, final)
-        self._total += len(text)
-        if self._head_limit is None or self._head_chars < self._head_limit:
-            take = text if self._head_limit is None else text[: self._head_limit - self._head_chars]
-            self._head.append(take)
-            self._head_chars += len(take)
-            text = text[len(take) :]
-        if text:
-            self._tail = (self._tail + text)[-self._tail_limit :]
-
-    def result(self) -> tuple[str, int]:
-        omitted = self._total - self._head_chars - len(self._tail)
-        head = "".join(self._head)
-        if omitted <= 0:
-            return head + self._tail, 0
-        return f"{head}\n[... output truncated: {omitted} characters omitted ...]\n{self._tail}", omitted
-
-
-def run_command(
-    argv: Sequence[str], cwd: Path, env: dict[str, str], timeout_s: float, output_chars: int | None
-) -> CommandResult:
-    """Run argv in its own session; SIGKILL its whole process group at the timeout and afterwards."""
-    capture = _OutputCapture(output_chars)
-    proc = subprocess.Popen(
-        list(argv),
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    assert proc.stdout is not None
-    stream = proc.stdout
-
-    def pump() -> None:
-        while chunk := stream.read1(65536):
-            capture.feed(chunk)
-
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
-    timed_out = False
-    try:
-        proc.wait(timeout=max(timeout_s, 0.01))
-    except subprocess.TimeoutExpired:
-        timed_out = True
-    finally:
-        for kill in (lambda: os.killpg(proc.pid, signal.SIGKILL), proc.kill):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                kill()
-        proc.wait()
-    # A process that left the group (setsid) may hold the pipe open: give up on it rather than hang.
-    reader.join(timeout=2)
-    if not reader.is_alive():
-        capture.feed(b"", final=True)
-        stream.close()
-    output, omitted = capture.result()
-    return CommandResult(None if timed_out else proc.returncode, output, timed_out, omitted)
-
-
-# ------------------------------------------------------------------------------------------- apply_patch
-
-
-def _occurrences(text: str, part: str) -> int:
-    count, index = 0, text.find(part)
-    while index != -1:
-        count += 1
-        index = text.find(part, index + 1)
-    return count
-
-
-def _lines(text: str) -> int:
-    return text.count("\n") + (1 if text and not text.endswith("\n") else 0)
-
-
-def apply_patch(root: Path, path: str, old_content: str, new_content: str) -> str:
-    """Replace the single occurrence of old_content in root/path; returns the tool result text."""
-    root = root.resolve()
-    if not path.strip() or "\x00" in path:
-        return "Error: path is empty or invalid."
-    try:
-        target = (root / path).resolve()
-    except (OSError, RuntimeError) as exc:
-        return f"Error: cannot resolve {path!r}: {exc}"
-    if not target.is_relative_to(root):
-        return f"Error: {path!r} is outside the repository; only files inside it can be edited."
-    relative = target.relative_to(root)
-    if not relative.parts:
-        return f"Error: {path!r} is the repository itself, not a file."
-    if relative.parts[0] == ".git":
-        return f"Error: {path!r} is inside .git; edit the working tree only."
-    shown = relative.as_posix()
-    try:
-        if target.is_dir():
-            return f"Error: {shown} is a directory."
-        if not target.exists():
-            if old_content:
-                return (
-                    f"Error: {shown} does not exist. To create it, call apply_patch with an empty "
-                    "old_content and the file's text as new_content."
-                )
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(new_content.encode("utf-8"))
-            return f"Created {shown} ({_lines(new_content)} lines)."
-        try:
-            text = target.read_bytes().decode("utf-8")
-        except UnicodeDecodeError:
-            return f"Error: {shown} is not a UTF-8 text file."
-        if not old_content:
-            if text:
-                return (
-                    f"Error: old_content is empty but {shown} is not; give a piece of the file that occurs "
-                    "exactly once (an empty old_content only creates a file or fills an empty one)."
-                )
-            target.write_bytes(new_content.encode("utf-8"))
-            return f"Wrote {shown} ({_lines(new_content)} lines)."
-        count = _occurrences(text, old_content)
-        if count == 0:
-            return f"Error: old_content was not found in {shown}; it must match the file exactly."
-        if count > 1:
-            return (
-                f"Error: old_content occurs {count} times in {shown}; include more surrounding lines so "
-                "that it occurs exactly once."
-            )
-        target.write_bytes(text.replace(old_content, new_content, 1).encode("utf-8"))
-    except OSError as exc:
-        return f"Error: cannot edit {shown}: {exc.strerror or exc}"
-    return f"Edited {shown}: replaced {_lines(old_content)} line(s) with {_lines(new_content)} line(s)."
-
-
-# ---------------------------------------------------------------------------------------------- the env
 
 
 SYSTEM_INSTRUCTION = """You fix bugs in a git repository. The repository is checked out in your working \
@@ -632,7 +321,7 @@ class NanoEnv:
     @staticmethod
     def _command_env(episode: Episode) -> dict[str, str]:
         return {
-            "PATH": _base_path(),
+            "PATH": minimal_path(),
             "HOME": str(episode.workdir / "home"),
             "TMPDIR": str(episode.workdir / "tmp"),
             "LANG": "C.UTF-8",
@@ -649,7 +338,7 @@ class NanoEnv:
     def _trusted_git(self, cwd: Path, *args: str) -> str:
         # Only before the model has touched the clone: the source repository is trusted.
         env = {
-            "PATH": _base_path(),
+            "PATH": minimal_path(),
             "HOME": str(cwd),
             "GIT_CONFIG_NOSYSTEM": "1",
             "GIT_CONFIG_GLOBAL": os.devnull,

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from zoo.trainer.envs.nano import NanoTask
+from zoo.trainer.envs.nano_episode import NanoTask
 
 BUGGY_TAG = "buggy"
 TEST_COMMAND = "python -m unittest discover -q"

@@ -12,12 +12,15 @@ from pathlib import Path
 import pytest
 
 from zoo.trainer.envs import nano, nano_repos
-from zoo.trainer.envs.nano import NanoEnv, NanoLimits, NanoTask, apply_patch
+from zoo.trainer.envs.isolated_commands import NetworkIsolationUnavailable, network_isolation_prefix
+from zoo.trainer.envs.nano import NanoEnv
+from zoo.trainer.envs.nano_episode import NanoLimits, NanoTask, StepResult
+from zoo.trainer.envs.nano_tools import TOOLS, apply_patch
 from zoo.trainer.envs.tool_calls import ToolCall, ToolCallError, parse_tool_calls
 
 TASKS = {task.repo: task for task in nano_repos.shipped_tasks()}
 PAGER = TASKS["pager"]
-NETWORK_ISOLATED = nano.network_isolation_prefix() is not None
+NETWORK_ISOLATED = network_isolation_prefix() is not None
 
 
 def call(name: str, **arguments: str) -> str:
@@ -28,7 +31,7 @@ def shell(cmd: str) -> str:
     return call("shell", cmd=cmd)
 
 
-def only_result(step: nano.StepResult) -> str:
+def only_result(step: StepResult) -> str:
     """The text inside the single <tool_response> block of a one-call step."""
     content = step.messages[0].content
     return content.split("<tool_response>\n", 1)[1].split("\n</tool_response>", 1)[0]
@@ -64,13 +67,13 @@ def test_parses_several_calls_in_order_including_a_list_in_one_tag() -> None:
         '{"name": "apply_patch", "arguments": {"path": "a", "old_content": "x", "new_content": "y"}}]'
         "</tool_call>"
     )
-    calls = parse_tool_calls(text, nano.TOOLS)
+    calls = parse_tool_calls(text, TOOLS)
     assert calls == [
         ToolCall("shell", {"cmd": "ls"}),
         ToolCall("shell", {"cmd": "pwd"}),
         ToolCall("apply_patch", {"path": "a", "old_content": "x", "new_content": "y"}),
     ]
-    assert parse_tool_calls("I am done, the fix is in place.", nano.TOOLS) == []
+    assert parse_tool_calls("I am done, the fix is in place.", TOOLS) == []
 
 
 @pytest.mark.parametrize(
@@ -90,13 +93,13 @@ def test_parses_several_calls_in_order_including_a_list_in_one_tag() -> None:
     ],
 )
 def test_malformed_calls_become_errors_for_the_model(text: str, expected: str) -> None:
-    calls = parse_tool_calls(text, nano.TOOLS)
+    calls = parse_tool_calls(text, TOOLS)
     assert len(calls) == 1 and isinstance(calls[0], ToolCallError)
     assert expected in calls[0].message
 
 
 def test_an_unclosed_call_does_not_swallow_the_next_one() -> None:
-    calls = parse_tool_calls("<tool_call>{" + shell("ls"), nano.TOOLS)
+    calls = parse_tool_calls("<tool_call>{" + shell("ls"), TOOLS)
     assert isinstance(calls[0], ToolCallError) and calls[1] == ToolCall("shell", {"cmd": "ls"})
 
 
@@ -229,7 +232,7 @@ def test_without_network_isolation_the_env_refuses_unless_told(
     repos: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(nano, "network_isolation_prefix", lambda: None)
-    with pytest.raises(nano.NetworkIsolationUnavailable):
+    with pytest.raises(NetworkIsolationUnavailable):
         NanoEnv(repos)
     assert NanoEnv(repos, require_network_isolation=False).network_isolated is False
 

@@ -14,7 +14,8 @@ from zoo.inference.bundled_models import prepare_bundled_chat_model
 from zoo.node.config import default_cache_dir
 from zoo.registry.errors import ValidationError
 from zoo.trainer.envs import nano_repos
-from zoo.trainer.envs.nano import NanoEnv, NanoLimits
+from zoo.trainer.envs.nano import NanoEnv
+from zoo.trainer.envs.nano_episode import NanoLimits
 from zoo.trainer.gspo.episodes import run_episode
 from zoo.trainer.gspo.job import nano_tasks, run_gspo
 from zoo.trainer.gspo.spec import GspoSpec
