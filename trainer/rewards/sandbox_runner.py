@@ -15,15 +15,37 @@ import importlib, json, os, sys
 def main():
     nonce = sys.stdin.readline().strip()
     out = os.dup(1)
-    dumps = json.dumps
+    dumps = json.dumps  # bound before the solution runs, which may replace json's functions
     sandbox, solution, tests, names, cpu_s, mem, fsize = sys.argv[1:8]
     names = json.loads(names)
+    _limit_resources(int(cpu_s), int(mem), int(fsize))
+
+    root = os.path.realpath(sandbox)
+    blocked = []
+    hook = _audit_hook(root, blocked)
+    report = {"nonce": nonce, "passed": [], "failed": {}, "error": None, "blocked": blocked}
+    sys.path.insert(0, root)
+    sys.addaudithook(hook)
+    try:
+        _import_and_test(report, solution, tests, names)
+    finally:
+        try:
+            line = nonce + " " + dumps(report) + "\n"
+        except BaseException:
+            line = nonce + ' {"error": "runner could not encode its report"}\n'
+        try:
+            os.write(out, line.encode("utf-8", "replace"))
+        finally:
+            os._exit(0)  # skip atexit handlers and finalisers the completion may have registered
+
+
+def _limit_resources(cpu_s, mem, fsize):
     import resource
 
     limits = [
-        (resource.RLIMIT_CPU, int(cpu_s), int(cpu_s) + 1),
-        (resource.RLIMIT_AS, int(mem), int(mem)),
-        (resource.RLIMIT_FSIZE, int(fsize), int(fsize)),
+        (resource.RLIMIT_CPU, cpu_s, cpu_s + 1),
+        (resource.RLIMIT_AS, mem, mem),
+        (resource.RLIMIT_FSIZE, fsize, fsize),
         (resource.RLIMIT_NOFILE, 64, 64),
         (resource.RLIMIT_CORE, 0, 0),
         (resource.RLIMIT_NPROC, 0, 0),
@@ -34,9 +56,12 @@ def main():
         except (ValueError, OSError):
             pass  # a limit already lower than ours (hard limits can only go down) stays as it is
 
-    root = os.path.realpath(sandbox)
+
+def _audit_hook(root, blocked):
+    """The audit hook that keeps writes inside root and denies processes, sockets, ctypes and signals to
+    others; each denial (the first 20) is noted in blocked. Its rules live in this closure, not in module
+    globals the solution could reach and change."""
     me, group = os.getpid(), os.getpgrp()
-    blocked = []
     busy = []
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
     # event -> (path argument index, dir_fd argument index or None) for each path the event carries
@@ -116,46 +141,39 @@ def main():
         elif event == "import" and args[0] in denied_imports:
             deny("import of %s" % args[0])
 
-    def describe(exc):
-        try:
-            text = str(exc)
-        except BaseException:
-            text = "?"
-        return (type(exc).__name__ + (": " + text if text else ""))[:300]
+    return hook
 
-    report = {"nonce": nonce, "passed": [], "failed": {}, "error": None, "blocked": blocked}
-    sys.path.insert(0, root)
-    sys.addaudithook(hook)
+
+def _describe(exc):
     try:
+        text = str(exc)
+    except BaseException:
+        text = "?"
+    return (type(exc).__name__ + (": " + text if text else ""))[:300]
+
+
+def _import_and_test(report, solution, tests, names):
+    """Import the solution, then the tests, and call each named test, filling in report."""
+    try:
+        importlib.import_module(solution)
+    except SyntaxError as exc:  # IndentationError and TabError too
+        report["error"] = "solution does not compile: %s: %s (line %s)" % (
+            type(exc).__name__, exc.msg, exc.lineno)
+    except BaseException as exc:
+        report["error"] = "solution raised %s on import" % _describe(exc)
+    if report["error"] is None:
         try:
-            importlib.import_module(solution)
-        except SyntaxError as exc:  # IndentationError and TabError too
-            report["error"] = "solution does not compile: %s: %s (line %s)" % (
-                type(exc).__name__, exc.msg, exc.lineno)
+            module = importlib.import_module(tests)
         except BaseException as exc:
-            report["error"] = "solution raised %s on import" % describe(exc)
-        if report["error"] is None:
-            try:
-                module = importlib.import_module(tests)
-            except BaseException as exc:
-                report["error"] = "tests raised %s on import" % describe(exc)
-            else:
-                for name in names:
-                    try:
-                        getattr(module, name)()
-                    except BaseException as exc:
-                        report["failed"][name] = describe(exc)
-                    else:
-                        report["passed"].append(name)
-    finally:
-        try:
-            line = nonce + " " + dumps(report) + "\n"
-        except BaseException:
-            line = nonce + ' {"error": "runner could not encode its report"}\n'
-        try:
-            os.write(out, line.encode("utf-8", "replace"))
-        finally:
-            os._exit(0)  # skip atexit handlers and finalisers the completion may have registered
+            report["error"] = "tests raised %s on import" % _describe(exc)
+        else:
+            for name in names:
+                try:
+                    getattr(module, name)()
+                except BaseException as exc:
+                    report["failed"][name] = _describe(exc)
+                else:
+                    report["passed"].append(name)
 
 
 if __name__ == "__main__":  # importing this module must not run it (main reads stdin and calls os._exit)
