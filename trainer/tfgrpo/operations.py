@@ -183,7 +183,39 @@ async def consolidate(
     """
     by_id = {e.id: e for e in library}
     outcome = Outcome(experiences=[])
+    deletes, changes = _sort_proposals(proposals, by_id, outcome)
 
+    survivors = [e for e in library if e.id not in deletes]
+    # Cluster the new texts together with the surviving lessons they might duplicate (never with a worked
+    # example: a rule that resembles a question is not that question's duplicate).
+    lessons = [e for e in survivors if e.kind == "lesson"]
+    new_texts = [p.text for p in changes]
+    vectors = embed(new_texts + [e.text for e in lessons]) if new_texts else np.zeros((0, 1))
+
+    modified: dict[str, Experience] = {}
+    added: list[Experience] = []
+    for members in _components(vectors, threshold):
+        cluster = _cluster(members, changes, lessons, by_id)
+        if cluster is None:
+            continue  # only existing lessons (they may resemble each other; not this batch's business)
+        exp = await _cluster_lesson(cluster, merge, make, outcome)
+        if exp is None:
+            continue
+        factors = factors_for(cluster.first) if factors_for is not None else None
+        if cluster.target is not None:
+            _modify(cluster, cluster.target, exp, factors, modified, outcome)
+        else:
+            _add(cluster, exp, factors, by_id, added, outcome)
+    _report_deletes(deletes, by_id, outcome)
+    outcome.experiences = _new_library(survivors, modified, added)
+    return outcome
+
+
+def _sort_proposals(
+    proposals: Sequence[Proposal], by_id: Mapping[str, Experience], outcome: Outcome
+) -> tuple[dict[str, list[Proposal]], list[Proposal]]:
+    """Stages 1 and 2: the deletes by id, and the lesson adds and modifies in proposal order; the rest,
+    and a modify of an id the batch deletes, go to outcome.rejected."""
     deletes: dict[str, list[Proposal]] = {}
     changes: list[Proposal] = []  # adds and modifies of lessons, in proposal order
     for p in proposals:
@@ -208,68 +240,109 @@ async def consolidate(
             outcome.rejected.append(
                 {"op": "modify", "id": p.target, "source": p.source, "reason": "deleted in the same batch"}
             )
+    return deletes, changes
 
-    survivors = [e for e in library if e.id not in deletes]
-    # Cluster the new texts together with the surviving lessons they might duplicate (never with a worked
-    # example: a rule that resembles a question is not that question's duplicate).
-    lessons = [e for e in survivors if e.kind == "lesson"]
-    new_texts = [p.text for p in changes]
-    vectors = embed(new_texts + [e.text for e in lessons]) if new_texts else np.zeros((0, 1))
-    n = len(new_texts)
-    clusters = _components(vectors, threshold)
 
-    modified: dict[str, Experience] = {}
-    added: list[Experience] = []
-    for members in clusters:
-        news = [i for i in members if i < n]
-        if not news:
-            continue  # only existing lessons (they may resemble each other; not this batch's business)
-        olds = [lessons[i - n] for i in members if i >= n]
-        # A cluster's target: the lesson a modify names, else the most similar existing lesson.
-        targets = [changes[i].target for i in news if changes[i].op == "modify"]
-        target = by_id[targets[0]] if targets else (olds[0] if olds else None)
-        absorbed = [target.text] if target is not None and not targets else []  # the lesson a cluster joins
-        # Identical texts (several groups proposing the same lesson) need no merge call.
-        texts = list(dict.fromkeys(" ".join(t.split()) for t in absorbed + [changes[i].text for i in news]))
-        domain = target.domain if target is not None else changes[news[0]].domain
-        sources = sorted({changes[i].source for i in news})
-        first = changes[news[0]]
-        text = texts[0] if len(texts) == 1 else await merge(texts)
-        exp = _valid(text, domain, make) if text else None
-        if exp is None and len(texts) > 1:
-            exp = next((x for t in texts[len(absorbed) :]
-                        if (x := _valid(t, domain, make)) is not None), None)  # fmt: skip
-        if exp is None:
-            rewritten = await merge([text or texts[-1]])  # one rewrite to meet the rules
-            exp = _valid(rewritten, domain, make) if rewritten else None
-        if exp is None:
-            outcome.rejected.append(
-                {"op": first.op, "text": (text or texts[-1])[:300], "sources": sources,
-                 "reason": "not a valid lesson (trigger word first, at most 32 words) even after a rewrite"}
-            )  # fmt: skip
-            continue
-        factors = factors_for(first) if factors_for is not None else None
-        if target is not None:
-            if target.id in modified:
-                continue  # two clusters resolved to one lesson: the first wins, deterministically
-            changed = exp if exp.id != target.id or factors is not None else target
-            new = target.replace(text=changed.text, factors=factors or target.factors)
-            if new == target:
-                continue
-            modified[target.id] = new
-            kind = "merge" if len(texts) > 1 else "modify"
-            outcome.applied.append(
-                {"op": kind, "id": new.id, "old_id": target.id, "text": new.text, "sources": sources}
-            )
-            if new.id != target.id:
-                outcome.renamed[target.id] = new.id
-        else:
-            if exp.id in by_id or any(a.id == exp.id for a in added):
-                continue
-            new = exp if factors is None else exp.replace(factors=factors)
-            added.append(new)
-            kind = "merge" if len(texts) > 1 else "add"
-            outcome.applied.append({"op": kind, "id": new.id, "text": new.text, "sources": sources})
+@dataclass(frozen=True)
+class _Cluster:
+    """One similarity cluster with at least one of the batch's new texts, and the lesson it joins."""
+
+    target: Experience | None  # the lesson a modify names, else the most similar existing lesson
+    texts: list[str]  # the distinct texts to merge, whitespace folded
+    absorbed: int  # 1 when texts[0] is the target's own text (no modify named it: the cluster joins it)
+    domain: str
+    sources: list[str]
+    first: Proposal  # the cluster's first proposal
+
+
+def _cluster(
+    members: list[int],
+    changes: Sequence[Proposal],
+    lessons: Sequence[Experience],
+    by_id: Mapping[str, Experience],
+) -> _Cluster | None:
+    """The cluster of `members` (indexes: first the new texts of `changes`, then `lessons`), or None when
+    it holds no new text."""
+    n = len(changes)
+    news = [i for i in members if i < n]
+    if not news:
+        return None
+    olds = [lessons[i - n] for i in members if i >= n]
+    targets = [changes[i].target for i in news if changes[i].op == "modify"]
+    target = by_id[targets[0]] if targets else (olds[0] if olds else None)
+    absorbed = [target.text] if target is not None and not targets else []  # the lesson a cluster joins
+    # Identical texts (several groups proposing the same lesson) need no merge call.
+    texts = list(dict.fromkeys(" ".join(t.split()) for t in absorbed + [changes[i].text for i in news]))
+    domain = target.domain if target is not None else changes[news[0]].domain
+    sources = sorted({changes[i].source for i in news})
+    return _Cluster(target, texts, len(absorbed), domain, sources, changes[news[0]])
+
+
+async def _cluster_lesson(
+    cluster: _Cluster, merge: MergeFn, make: Callable[[str, str], Experience], outcome: Outcome
+) -> Experience | None:
+    """Stages 3 and 4: the cluster's texts merged into one valid experience (else its first valid new
+    text, else one rewrite), or None with the rejection in outcome."""
+    texts, domain = cluster.texts, cluster.domain
+    text = texts[0] if len(texts) == 1 else await merge(texts)
+    exp = _valid(text, domain, make) if text else None
+    if exp is None and len(texts) > 1:
+        exp = next((x for t in texts[cluster.absorbed :] if (x := _valid(t, domain, make)) is not None), None)
+    if exp is None:
+        rewritten = await merge([text or texts[-1]])  # one rewrite to meet the rules
+        exp = _valid(rewritten, domain, make) if rewritten else None
+    if exp is None:
+        outcome.rejected.append(
+            {"op": cluster.first.op, "text": (text or texts[-1])[:300], "sources": cluster.sources,
+             "reason": "not a valid lesson (trigger word first, at most 32 words) even after a rewrite"}
+        )  # fmt: skip
+    return exp
+
+
+def _modify(
+    cluster: _Cluster,
+    target: Experience,
+    exp: Experience,
+    factors: ExpertFactors | None,
+    modified: dict[str, Experience],
+    outcome: Outcome,
+) -> None:
+    """The cluster's lesson replaces `target`'s text (and factors), recorded as a modify or a merge."""
+    if target.id in modified:
+        return  # two clusters resolved to one lesson: the first wins, deterministically
+    changed = exp if exp.id != target.id or factors is not None else target
+    new = target.replace(text=changed.text, factors=factors or target.factors)
+    if new == target:
+        return
+    modified[target.id] = new
+    kind = "merge" if len(cluster.texts) > 1 else "modify"
+    outcome.applied.append(
+        {"op": kind, "id": new.id, "old_id": target.id, "text": new.text, "sources": cluster.sources}
+    )
+    if new.id != target.id:
+        outcome.renamed[target.id] = new.id
+
+
+def _add(
+    cluster: _Cluster,
+    exp: Experience,
+    factors: ExpertFactors | None,
+    by_id: Mapping[str, Experience],
+    added: list[Experience],
+    outcome: Outcome,
+) -> None:
+    """The cluster's lesson joins the library as new, unless the library or the batch has it already."""
+    if exp.id in by_id or any(a.id == exp.id for a in added):
+        return
+    new = exp if factors is None else exp.replace(factors=factors)
+    added.append(new)
+    kind = "merge" if len(cluster.texts) > 1 else "add"
+    outcome.applied.append({"op": kind, "id": new.id, "text": new.text, "sources": cluster.sources})
+
+
+def _report_deletes(
+    deletes: Mapping[str, list[Proposal]], by_id: Mapping[str, Experience], outcome: Outcome
+) -> None:
     for old_id, ps in sorted(deletes.items()):
         outcome.applied.append(
             {
@@ -280,14 +353,19 @@ async def consolidate(
                 "sources": sorted({p.source for p in ps}),
             }
         )
+
+
+def _new_library(
+    survivors: Sequence[Experience], modified: Mapping[str, Experience], added: Sequence[Experience]
+) -> list[Experience]:
+    """Stage 6: survivors (modified where modified) and the added, by id."""
     result: dict[str, Experience] = {}
     for e in survivors:
         new = modified.get(e.id, e)
         result[new.id] = new
     for e in added:
         result.setdefault(e.id, e)
-    outcome.experiences = sorted(result.values(), key=lambda e: e.id)
-    return outcome
+    return sorted(result.values(), key=lambda e: e.id)
 
 
 def add_examples(
