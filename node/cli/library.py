@@ -338,7 +338,7 @@ def diff(
         la, lb = _select(store, a), _select(store, b)
     except _domain_errors() as e:
         raise _fail(str(e)) from None
-    from zoo.node.cli.dao import print_diff
+    from zoo.node.cli.dao_review import print_diff
     from zoo.registry.review import LibraryDiff
 
     changes = LibraryDiff.between(la, lb)
