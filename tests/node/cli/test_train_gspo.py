@@ -86,7 +86,7 @@ def test_bad_options_and_remote_backends_are_refused(tmp_path: Path) -> None:
 
 def test_two_worker_processes_under_zero2_from_the_cli(tmp_path: Path) -> None:
     """--processes 2 --deepspeed zero2: two accelerate workers, their optimiser state partitioned by
-    DeepSpeed (tests/trainer/gspo/test_zero.py checks the adapters against one process's)."""
+    DeepSpeed (tests/trainer/lora/test_zero.py checks the adapters against one process's)."""
     config = write_config(tmp_path / "node.toml", base_config(tmp_path / "data"))
     out = tmp_path / "run"
     options = ("--train-limit", "2", "--batch-size", "2", "--processes", "2", "--deepspeed", "zero2")
