@@ -190,47 +190,83 @@ class InferenceEngine:
         self._check_supported(p)
         adapter = self._adapter(p.adapter) if p.adapter else None
         t0 = time.perf_counter()
-        query = next((m["content"] for m in reversed(p.messages) if m["role"] == "user"), "")
-        if p.disable_experiences or p.prompt is not None:
-            _index, root, version, _ = await asyncio.to_thread(self.library.resolve, p.library_root)
-            hits: list[Any] = []
-        else:
-            hits, root, version = await asyncio.to_thread(
-                self.retrieve, query, p.k, p.domain, p.min_score, p.library_root
-            )
+        hits, root, version = await self._experiences_for(p)
         retrieval_ms = (time.perf_counter() - t0) * 1000
         # Tools (and a conversation's calls and results): rendered by the model's own chat template where
         # it knows them in the syntax inference.tools reads, else described in the system turn.
         native = p.tools is not None and p.tools.calls and getattr(self.backend, "renders_tools", False)
         tool_dicts = [t.openai() for t in p.tools.tools] if native and p.tools else None
+        assembled = await self._assemble(p, hits, bool(native), tool_dicts)
+        seed = p.seed if p.seed is not None else random.SystemRandom().randrange(2**63)
+        requests = await self._generation_requests(p, assembled, seed, adapter, bool(native), tool_dicts)
+        t1 = time.perf_counter()
+        results: dict[int, Any] = {}
+        try:
+            async with contextlib.aclosing(merged([self.backend.stream(r) for r in requests])) as chunks:
+                async for index, chunk in chunks:
+                    if chunk.result is not None:
+                        results[index] = chunk.result
+                    elif chunk.delta or chunk.logprobs or chunk.prompt_logprobs is not None:
+                        chunk.index = index
+                        yield chunk
+        finally:  # however this stream ends (a client gone, a deadline), generation stops
+            for r in requests:
+                r.cancel.set()
+        outcome = self._outcome(p, assembled, requests, results, root, version, seed, retrieval_ms, t1)
+        if self.on_answered is not None:  # before the answer goes out: metering commits what it answered
+            await self.on_answered(outcome, p)
+        yield outcome
+
+    async def _experiences_for(self, p: InferParams) -> tuple[list[Any], str, int]:
+        """The hits to answer with (none when experiences are off or the prompt is given as is), and the
+        library root and version they come from."""
+        query = next((m["content"] for m in reversed(p.messages) if m["role"] == "user"), "")
+        if p.disable_experiences or p.prompt is not None:
+            _index, root, version, _ = await asyncio.to_thread(self.library.resolve, p.library_root)
+            return [], root, version
+        return await asyncio.to_thread(self.retrieve, query, p.k, p.domain, p.min_score, p.library_root)
+
+    async def _assemble(
+        self, p: InferParams, hits: list[Any], native: bool, tool_dicts: list[dict[str, Any]] | None
+    ) -> Assembled:
+        """The prompt: a plain one as given, else the conversation with the hits that fit its budget."""
         if p.prompt is not None:
-            assembled = await asyncio.to_thread(self._plain_prompt, p)
-        else:
-            assembled = await asyncio.to_thread(
-                assemble,
-                template_messages(p.messages) if native else render_turns(p.messages, p.tools),
-                hits,
-                functools.partial(self.backend.count_prompt_tokens, tools=tool_dicts)
-                if native
-                else self.backend.count_prompt_tokens,
-                experience_budget=self.experience_budget,
-                context_length=self.backend.context_length,
-                max_tokens=p.max_tokens,
-                lesson_position=self.lesson_position,
-            )
+            return await asyncio.to_thread(self._plain_prompt, p)
+        return await asyncio.to_thread(
+            assemble,
+            template_messages(p.messages) if native else render_turns(p.messages, p.tools),
+            hits,
+            functools.partial(self.backend.count_prompt_tokens, tools=tool_dicts)
+            if native
+            else self.backend.count_prompt_tokens,
+            experience_budget=self.experience_budget,
+            context_length=self.backend.context_length,
+            max_tokens=p.max_tokens,
+            lesson_position=self.lesson_position,
+        )
+
+    async def _generation_requests(
+        self,
+        p: InferParams,
+        assembled: Assembled,
+        seed: int,
+        adapter: AdapterRef | None,
+        native: bool,
+        tool_dicts: list[dict[str, Any]] | None,
+    ) -> list[GenerationRequest]:
+        """One request a choice, each with its own seed and expert-factor processor."""
 
         def factors() -> Any:  # a processor of its own for each choice (processors may keep state)
             if p.use_expert_factors and self.factor_builder is not None and assembled.used:
                 return self.factor_builder([h.experience for h in assembled.used])
             return None
 
-        seed = p.seed if p.seed is not None else random.SystemRandom().randrange(2**63)
         group = ChoiceGroup(p.n) if p.n > 1 else None
         response_format = p.response_format
         if p.tools is not None and p.tools.calls and getattr(self.backend, "constrains_json", False):
             tag = await asyncio.to_thread(p.tools.structural_tag)
             response_format = ResponseFormat("structural_tag", tag)
-        requests = [
+        return [
             GenerationRequest(
                 assembled.messages,
                 p.max_tokens,
@@ -252,20 +288,20 @@ class InferenceEngine:
             )
             for i in range(p.n)
         ]
-        t1 = time.perf_counter()
-        results: dict[int, Any] = {}
-        try:
-            async with contextlib.aclosing(merged([self.backend.stream(r) for r in requests])) as chunks:
-                async for index, chunk in chunks:
-                    if chunk.result is not None:
-                        results[index] = chunk.result
-                    elif chunk.delta or chunk.logprobs or chunk.prompt_logprobs is not None:
-                        chunk.index = index
-                        yield chunk
-        finally:  # however this stream ends (a client gone, a deadline), generation stops
-            for r in requests:
-                r.cancel.set()
-        # every backend ends its stream with a result
+
+    def _outcome(
+        self,
+        p: InferParams,
+        assembled: Assembled,
+        requests: list[GenerationRequest],
+        results: dict[int, Any],
+        root: str,
+        version: int,
+        seed: int,
+        retrieval_ms: float,
+        generation_started: float,
+    ) -> InferOutcome:
+        """The answer's outcome from every choice's result (every backend ends its stream with one)."""
         choices = [
             _choice(r.text, r.finish_reason, r.completion_tokens, q.seed, r.logprobs, p.tools)
             for r, q in ((results[i], requests[i]) for i in range(p.n))
@@ -273,7 +309,7 @@ class InferenceEngine:
         result = results[0]
         ids = [h.experience.id for h in assembled.used]
         cited = {c for choice in choices for c in parse_citations(choice.text, ids)}
-        outcome = InferOutcome(
+        return InferOutcome(
             text=result.text,
             experiences=[
                 UsedExperience(
@@ -293,7 +329,7 @@ class InferenceEngine:
             prompt_tokens=result.prompt_tokens,
             completion_tokens=sum(c.completion_tokens for c in choices),
             retrieval_ms=retrieval_ms,
-            generation_ms=(time.perf_counter() - t1) * 1000,
+            generation_ms=(time.perf_counter() - generation_started) * 1000,
             finish_reason=choices[0].finish_reason,
             max_tokens=p.max_tokens,
             temperature=p.temperature,
@@ -304,9 +340,6 @@ class InferenceEngine:
             prompt_logprobs=result.prompt_logprobs,
             choices=choices,
         )
-        if self.on_answered is not None:  # before the answer goes out: metering commits what it answered
-            await self.on_answered(outcome, p)
-        yield outcome
 
     def _check_supported(self, p: InferParams) -> None:
         """Refuse what this backend cannot honour, naming the parameter (HTTP's names; 400)."""
