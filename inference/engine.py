@@ -10,7 +10,7 @@ import functools
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Protocol
 
 from zoo.inference.adapters import AdapterDirectory, AdapterRef
@@ -151,25 +151,16 @@ class LibraryView(Protocol):
 FactorBuilder = Callable[[Sequence[Any]], Any]  # experiences -> logits processor or None
 
 
+@dataclass(eq=False)
 class InferenceEngine:
-    def __init__(
-        self,
-        backend: Backend,
-        library: LibraryView,
-        *,
-        experience_budget: int = DEFAULT_EXPERIENCE_BUDGET,
-        lesson_position: LessonPosition = DEFAULT_LESSON_POSITION,
-        factor_builder: FactorBuilder | None = None,
-        on_answered: Callable[[InferOutcome, InferParams], Awaitable[None]] | None = None,
-        adapters: AdapterDirectory | None = None,
-    ) -> None:
-        self.backend = backend
-        self.library = library
-        self.experience_budget = experience_budget
-        self.lesson_position = lesson_position
-        self.factor_builder = factor_builder
-        self.on_answered = on_answered
-        self.adapters = adapters
+    backend: Backend
+    library: LibraryView
+    _: KW_ONLY
+    experience_budget: int = DEFAULT_EXPERIENCE_BUDGET
+    lesson_position: LessonPosition = DEFAULT_LESSON_POSITION
+    factor_builder: FactorBuilder | None = None
+    on_answered: Callable[[InferOutcome, InferParams], Awaitable[None]] | None = None
+    adapters: AdapterDirectory | None = None
 
     def retrieve(
         self, query: str, k: int, domain: str, min_score: float, root: str = ""

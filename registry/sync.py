@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -55,25 +55,17 @@ class Refused(IntegrityError):
         self.kind = kind
 
 
+@dataclass(eq=False)
 class LibrarySyncer:
-    def __init__(
-        self,
-        registry: RegistryView,
-        ipfs: ContentSource,
-        store: LibraryStore,
-        *,
-        fetch_timeout_s: float = 30.0,
-        max_bytes: int = DEFAULT_MAX_LIBRARY_BYTES,
-        on_refused: Callable[[int, str, str], None] | None = None,
-    ) -> None:
-        self.registry = registry
-        self.ipfs = ipfs
-        self.store = store
-        self.fetch_timeout_s = fetch_timeout_s
-        self.max_bytes = max_bytes
-        self.on_refused = on_refused
-        # Versions already refused, so a bad version is not fetched again on every pass.
-        self.refused: dict[tuple[int, str], str] = {}
+    registry: RegistryView
+    ipfs: ContentSource
+    store: LibraryStore
+    _: KW_ONLY
+    fetch_timeout_s: float = 30.0
+    max_bytes: int = DEFAULT_MAX_LIBRARY_BYTES
+    on_refused: Callable[[int, str, str], None] | None = None
+    # Versions already refused, so a bad version is not fetched again on every pass.
+    refused: dict[tuple[int, str], str] = field(default_factory=dict, init=False)
 
     def sync_once(self) -> SyncResult:
         """Bring the store to the chain's current version (verifying it); raise on RPC/IPFS failures."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import grpc
@@ -27,40 +28,30 @@ _STATE_TO_PROTO = {
 }
 
 
+@dataclass(eq=False)
 class NodeServicer(node_pb2_grpc.NodeServiceServicer):
-    def __init__(
-        self,
-        supervisor: Supervisor,
-        data_dir: str,
-        listen: Callable[[], str],
-        model_id: str,
-        *,
-        usage: Any = None,
-        node_address: str = "",
-        allows_anonymous: bool = True,
-        ledger_address: str = "",
-        credit_epoch_s: int = 0,
-        serving: Callable[[], node_pb2.ServingStats] | None = None,
-        min_similarity: float = -1.0,
-    ) -> None:
-        """usage: the UsageMeter; node_address: the node's account; ledger_address and credit_epoch_s: the
-        UsageLedger whose credits the node takes ("" and 0: none); serving: the generation load now;
-        min_similarity: the relevance gate retrieval applies."""
-        self.supervisor = supervisor
-        self.data_dir = data_dir
-        self.listen = listen
-        self.model_id = model_id
-        self.started = time.monotonic()
-        self.usage = usage
-        self.node_address = node_address
-        self.allows_anonymous = allows_anonymous
-        self.ledger_address = ledger_address
-        self.credit_epoch_s = credit_epoch_s
-        self.serving = serving
-        self.min_similarity = min_similarity
-        # Known once the HTTP API has bound and p2p has started: set by the daemon then.
-        self.http_address: Callable[[], str] = lambda: ""
-        self.p2p: Any = None
+    """The NodeService: the node's status (components, serving, library, credits, peers) and health.
+
+    usage: the UsageMeter; node_address: the node's account; ledger_address and credit_epoch_s: the
+    UsageLedger whose credits the node takes ("" and 0: none); serving: the generation load now;
+    min_similarity: the relevance gate retrieval applies."""
+
+    supervisor: Supervisor
+    data_dir: str
+    listen: Callable[[], str]
+    model_id: str
+    _: KW_ONLY
+    usage: Any = None
+    node_address: str = ""
+    allows_anonymous: bool = True
+    ledger_address: str = ""
+    credit_epoch_s: int = 0
+    serving: Callable[[], node_pb2.ServingStats] | None = None
+    min_similarity: float = -1.0
+    started: float = field(default_factory=time.monotonic, init=False)
+    # Known once the HTTP API has bound and p2p has started: set by the daemon then.
+    http_address: Callable[[], str] = field(default=lambda: "", init=False)
+    p2p: Any = field(default=None, init=False)
 
     async def GetStatus(self, request: node_pb2.GetStatusRequest, context: grpc.aio.ServicerContext) -> Any:
         comps = self.supervisor.components
