@@ -1,10 +1,10 @@
 """The on-chain contracts from Python: typed clients, deployment, revert decoding, proposal ids.
 
-Modules: client (RegistryClient, TokenClient, AllowlistClient), ledger (LedgerClient, the UsageLedger),
-deploy, records (what the registry stores and emits, and TxResult), errors (ChainError, ContractRevert and
-the revert decoder), sender (signing and sending), ids (proposal ids), abi_codec (decoding that survives
-hostile strings); the CID rule is zoo.registry.cids, re-exported here. Imports only zoo.contracts and
-zoo.registry.cids from the project.
+Modules: contract_clients (RegistryClient, TokenClient, AllowlistClient), ledger (LedgerClient, the
+UsageLedger), deploy, records (what the registry stores and emits, and TxResult), chain_errors (ChainError,
+ContractRevert and the revert decoder), sender (signing and sending), ids (proposal ids), abi_codec (decoding
+that survives hostile strings); the CID rule is zoo.registry.cids, re-exported here. Imports only
+zoo.contracts and zoo.registry.cids from the project.
 """
 
 from zoo.registry.chain.chain_errors import ChainError, ContractRevert, describe_revert
