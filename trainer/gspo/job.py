@@ -19,7 +19,8 @@ import pydantic
 import torch
 
 from zoo.registry.errors import ValidationError
-from zoo.trainer.envs.nano import NanoEnv, NanoLimits, NanoTask
+from zoo.trainer.envs.nano import NanoEnv
+from zoo.trainer.envs.nano_episode import NanoLimits, NanoTask
 from zoo.trainer.envs.nano_repos import generate_task_repos, shipped_tasks
 from zoo.trainer.gspo.episodes import EpisodeGroups
 from zoo.trainer.gspo.run import GspoRun, OnStep
