@@ -370,19 +370,8 @@ def merge_messages(texts: Sequence[str]) -> list[dict[str, str]]:
 # -- stages ------------------------------------------------------------------------------------------
 
 
-async def summarise(
-    llm: LLM,
-    question: str,
-    completion: str,
-    score: float,
-    reason: str,
-    reference: str | None,
-    used: Sequence[Experience],
-    *,
-    max_tokens: int,
-    seed: int,
-) -> str:
-    messages = summarise_messages(question, completion, score, reason, reference, used)
+async def summarise(llm: LLM, messages: list[dict[str, str]], *, max_tokens: int, seed: int) -> str:
+    """The critic's summary of one graded attempt (`messages`: summarise_messages)."""
     reply = await llm.chat(messages, role="summarise", max_tokens=max_tokens, temperature=0.0, seed=seed)
     return reply.text.strip() or "(empty summary)"
 

@@ -53,12 +53,7 @@ async def critique(
             *(
                 critic.summarise(
                     model,
-                    g.task.question,
-                    c,
-                    r.score,
-                    r.reason,
-                    reference,
-                    g.offered,
+                    critic.summarise_messages(g.task.question, c, r.score, r.reason, reference, g.offered),
                     max_tokens=spec.critic_max_tokens,
                     seed=seed_of("summarise", spec.seed, s.number, g.task.id, j),
                 )
