@@ -378,10 +378,8 @@ async def summarise(llm: LLM, messages: list[dict[str, str]], *, max_tokens: int
 
 async def compare(
     llm: LLM,
-    question: str,
-    reference: str | None,
-    graded: Sequence[tuple[float, str]],
-    experiences: Sequence[Experience],
+    messages: list[dict[str, str]],
+    listed: Sequence[Experience],
     *,
     max_ops: int,
     stats: JsonStats,
@@ -390,10 +388,8 @@ async def compare(
     seed: int,
 ) -> list[OperationModel] | None:
     """The group's proposed operations (at most max_ops, in the model's order); None: no usable reply.
-    The prompt is fitted to the critic's context (fitted_compare_messages)."""
-    messages, listed = fitted_compare_messages(
-        llm, question, reference, graded, experiences, max_ops, max_tokens
-    )
+    `messages` and the experiences they list: fitted_compare_messages (the prompt fitted to the critic's
+    context); only listed lessons may be modified or deleted."""
     reply = await ask_json(
         llm,
         messages,

@@ -61,12 +61,19 @@ async def critique(
             )
         )
         graded = [(r.score, summary) for r, summary in zip(g.results, summaries, strict=True)]
-        ops = await critic.compare(
+        messages, listed = critic.fitted_compare_messages(
             model,
             g.task.question,
             reference,
             graded,
             s.library if s.index is None else g.offered,
+            spec.max_ops_per_group,
+            spec.critic_max_tokens,
+        )
+        ops = await critic.compare(
+            model,
+            messages,
+            listed,
             max_ops=spec.max_ops_per_group,
             stats=compare_stats,
             max_retries=spec.max_json_retries,
