@@ -25,6 +25,7 @@ from zoo.node.api.serving import (
     ServingRules,
     check_field,
     check_tool_history,
+    sampling_to_proto,
     tool_spec_of,
     validate_params,
 )
@@ -143,9 +144,7 @@ def outcome_to_proto(o: InferOutcome, queue_ms: float) -> inference_pb2.InferRes
             retrieval_ms=o.retrieval_ms,
             generation_ms=o.generation_ms,
         ),
-        sampling=inference_pb2.SamplingParams(
-            max_tokens=o.max_tokens, temperature=o.temperature, top_p=o.top_p, seed=o.seed, stop=o.stop
-        ),
+        sampling=sampling_to_proto(o),
         finish_reason=o.finish_reason,
         adapter=o.adapter,
         tool_calls=[inference_pb2.ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in calls],

@@ -270,6 +270,13 @@ class ServingRules:
 # -- routed: what a peer is asked, and what its answer becomes
 
 
+def sampling_to_proto(s: InferParams | InferOutcome) -> inference_pb2.SamplingParams:
+    """The sampling a request asked for (InferParams) or an answer used (InferOutcome), as the proto."""
+    return inference_pb2.SamplingParams(
+        max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, seed=s.seed, stop=s.stop
+    )
+
+
 def params_to_request(params: InferParams, model: str) -> inference_pb2.InferRequest:
     """The InferRequest a peer needs to answer `params` with `model` (routing from the HTTP API)."""
     rf = params.response_format
@@ -277,13 +284,7 @@ def params_to_request(params: InferParams, model: str) -> inference_pb2.InferReq
         messages=[inference_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in params.messages],
         domain=params.domain,
         k=params.k,
-        sampling=inference_pb2.SamplingParams(
-            max_tokens=params.max_tokens,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            seed=params.seed,
-            stop=params.stop,
-        ),
+        sampling=sampling_to_proto(params),
         disable_experiences=params.disable_experiences,
         library_root=params.library_root,
         use_expert_factors=params.use_expert_factors,
