@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from zoo.inference.adapters import AdapterLoadError
 from zoo.inference.backend_protocol import GenerationRequest
@@ -21,6 +21,15 @@ from zoo.inference.llamacpp.scheduler import LlamaCppScheduler
 from zoo.inference.local_backend import LocalBackend
 
 DEFAULT_CONTEXT = 2048  # tokens of KV cache per concurrent request unless model.context_length says
+
+
+class ContextSettings(TypedDict, total=False):
+    """The llama.cpp context's settings, as LlamaCppBackend's constructor takes them."""
+
+    max_batch_size: int
+    context_length: int
+    threads: int
+    kv_cache_type: str
 
 
 class LlamaCppBackend(LocalBackend):
@@ -57,34 +66,23 @@ class LlamaCppBackend(LocalBackend):
         path: Path,
         model_id: str,
         *,
-        max_batch_size: int = 16,
-        context_length: int = DEFAULT_CONTEXT,
-        threads: int = 0,
         adapters_cache: Path | None = None,
         converter_dir: Path | None = None,
         base_weights: Path | None = None,
         max_adapters: int = 8,
-        kv_cache_type: str = "f16",
         cancel: threading.Event | None = None,
+        **settings: Unpack[ContextSettings],
     ) -> LlamaCppBackend:
         """adapters_cache: where converted adapters are kept (None: no adapters); converter_dir: llama.cpp's
         conversion scripts; base_weights: the model's Hugging Face directory, which conversion reads;
-        cancel: set, it calls off a load in progress (GgufLoadCancelled)."""
+        cancel: set, it calls off a load in progress (GgufLoadCancelled); settings: the context's."""
         gguf = GgufModel(path, cancel)
         adapters = None
         if adapters_cache is not None:
             from zoo.inference.llamacpp.lora import GgufAdapters
 
             adapters = GgufAdapters(gguf, adapters_cache, converter_dir, base_weights, max_adapters)
-        return cls(
-            gguf,
-            model_id,
-            max_batch_size=max_batch_size,
-            context_length=context_length,
-            threads=threads,
-            adapters=adapters,
-            kv_cache_type=kv_cache_type,
-        )
+        return cls(gguf, model_id, adapters=adapters, **settings)
 
     def _chat_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         return self.gguf.encode_chat(messages, tools)

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,26 +41,20 @@ def adapter_digest(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
+@dataclass(eq=False)
 class GgufAdapters:
     """The adapters loaded into one GGUF model, at most `limit` at once (the least recently used idle one
     is freed to make room)."""
 
-    def __init__(
-        self,
-        gguf: GgufModel,
-        cache_dir: Path,
-        converter_dir: Path | None,
-        base_weights: Path | None,
-        limit: int = 8,
-    ) -> None:
-        self.gguf = gguf
-        self.cache_dir = cache_dir
-        self.converter_dir = converter_dir
-        self.base_weights = base_weights
-        self.limit = limit
-        self._loaded: OrderedDict[str, Any] = OrderedDict()  # digest -> llama_adapter_lora handle
-        self._lock = threading.Lock()
-        self._converting: dict[str, threading.Lock] = {}
+    gguf: GgufModel
+    cache_dir: Path
+    converter_dir: Path | None
+    base_weights: Path | None
+    limit: int = 8
+    # digest -> llama_adapter_lora handle
+    _loaded: OrderedDict[str, Any] = field(default_factory=OrderedDict, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _converting: dict[str, threading.Lock] = field(default_factory=dict, init=False, repr=False)
 
     def converted(self, ref: AdapterRef) -> tuple[str, Path]:
         """The adapter's key and GGUF file, converting it the first time (any thread; seconds). Only the
