@@ -28,6 +28,10 @@ _STATE_TO_PROTO = {
 }
 
 
+def _no_address() -> str:
+    return ""
+
+
 @dataclass(eq=False)
 class NodeServicer(node_pb2_grpc.NodeServiceServicer):
     """The NodeService: the node's status (components, serving, library, credits, peers) and health.
@@ -50,7 +54,7 @@ class NodeServicer(node_pb2_grpc.NodeServiceServicer):
     min_similarity: float = -1.0
     started: float = field(default_factory=time.monotonic, init=False)
     # Known once the HTTP API has bound and p2p has started: set by the daemon then.
-    http_address: Callable[[], str] = field(default=lambda: "", init=False)
+    http_address: Callable[[], str] = field(default_factory=lambda: _no_address, init=False)
     p2p: Any = field(default=None, init=False)
 
     async def GetStatus(self, request: node_pb2.GetStatusRequest, context: grpc.aio.ServicerContext) -> Any:
