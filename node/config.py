@@ -217,10 +217,12 @@ def llamacpp_installed() -> bool:
 
 
 class ModelConfig(_Section):
-    backend: Literal["auto", "llamacpp", "transformers", "vllm", "openai"] = "auto"
+    backend: Literal["auto", "llamacpp", "transformers", "vllm", "openai", "none"] = "auto"
     """Generation backend. `llamacpp`: a GGUF model in process through llama-cpp-python (CPU). `auto`:
     llamacpp for a GGUF model (the bundled one included) on a CPU when llama-cpp-python is installed,
-    transformers otherwise."""
+    transformers otherwise. `none`: a light node (a bootstrap or relay node, or a router in front of
+    others): it serves no model, loads no embedder and runs no jobs, and routes requests that name a
+    model to peers that serve it."""
     path: Path | None = None
     """The model: a GGUF file (llamacpp) or a Hugging Face model directory (transformers, vllm). Unset: the
     bundled SmolLM2-135M-Instruct (its GGUF as shipped; for transformers, converted once into a cached
@@ -257,6 +259,8 @@ class ModelConfig(_Section):
     def _openai_needs_server(self) -> ModelConfig:
         if self.backend == "openai" and not (self.base_url and self.name):
             raise ValueError("base_url and name must be set when backend = 'openai'")
+        if self.backend == "none" and self.path is not None:
+            raise ValueError(f"backend = 'none' serves no model, yet path is set ({self.path}): unset one")
         return self
 
     @model_validator(mode="after")
@@ -452,6 +456,11 @@ class NodeConfig(_Section):
     @classmethod
     def _expand(cls, v: Path) -> Path:
         return Path(os.path.expandvars(str(v))).expanduser().absolute()
+
+    @property
+    def light(self) -> bool:
+        """A light node (model.backend = 'none'): gossip, content and routing, no model, embedder or jobs."""
+        return self.model.backend == "none"
 
     @property
     def adapters_dir(self) -> Path:

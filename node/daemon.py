@@ -25,7 +25,8 @@ from zoo.node.api.job_service import JobServicer
 from zoo.node.api.library_service import LibraryServicer
 from zoo.node.api.node_service import NodeServicer
 from zoo.node.api.serving import ServingRules
-from zoo.node.components.inference import answer_metering, engine_provider
+from zoo.node.components.inference import RetrievalComponent, answer_metering, engine_provider
+from zoo.node.components.probes import ModelComponent
 from zoo.node.components.served_model import model_id, resolve_model_path
 from zoo.node.components.supervisor import Supervisor
 from zoo.node.components.wiring import (
@@ -85,7 +86,7 @@ async def serve(cfg: NodeConfig, data_dir: DataDir, wiring: Wiring, started: flo
 class NodeRun:
     """One run of the node, its steps in the order serve takes them: each sets up what the next ones use."""
 
-    model_path: Path
+    model_path: Path | None
     metrics: NodeMetrics
     metrics_url: str
     meter: UsageMeter
@@ -165,12 +166,16 @@ class NodeRun:
             allows_anonymous=cfg.credits.allow_anonymous,
             ledger_address=str(wiring.ledger_address) if credits is not None else "",
             credit_epoch_s=meter.epoch_s if credits is not None else 0,
-            serving=lambda: serving_stats(admission, lambda: model.backend),
+            serving=lambda: serving_stats(admission, lambda: getattr(model, "backend", None)),
             min_similarity=cfg.inference.min_similarity,
+            role="light" if cfg.light else "full",
         )
         metrics.watch_serving(self.servicer.serving)
-        engine = engine_provider(
-            cfg, model, parts.library, parts.retrieval, answer_metering(meter, credits, metrics)
+        metering = answer_metering(meter, credits, metrics)
+        engine = (
+            engine_provider(cfg, model, parts.library, parts.retrieval, metering)
+            if isinstance(model, ModelComponent) and isinstance(parts.retrieval, RetrievalComponent)
+            else lambda: None  # a light node: no engine, ever
         )
         # Placement, readiness and priority: one set of rules for gRPC and the HTTP API.
         self.rules = ServingRules(
@@ -241,7 +246,7 @@ class NodeRun:
             self.metrics,
             self.model_id,
             embedder(self.parts.retrieval),
-            embedder_model_id(cfg.embedder.path),
+            "" if cfg.light else embedder_model_id(cfg.embedder.path),
             api_key=cfg.server.api_key.get_secret_value() if cfg.server.api_key else None,
             identify=self.identify,
         )

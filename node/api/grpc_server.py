@@ -15,13 +15,14 @@ from zoo.node.api.node_service import PLANNED, unimplemented_handler
 from zoo.node.components.supervisor import Supervisor
 from zoo.node.config import NodeConfig
 from zoo.node.credits.identity import Identify
-from zoo.node.lifecycle import Status
+from zoo.node.lifecycle import State, Status
 from zoo.node.metrics import NodeMetrics
 from zoo.registry.errors import ZooError
 from zoo.v1 import node_pb2
 
 # The component that must be usable for the node as a whole to report SERVING: without a model the
-# node cannot answer queries; without chain or IPFS it still serves its last verified library.
+# node cannot answer queries; without chain or IPFS it still serves its last verified library. A light node
+# (model.backend = 'none') has its model disabled by configuration, which does not count against it.
 ESSENTIAL = ("model",)
 
 SERVICE_NAMES = (
@@ -50,9 +51,8 @@ class HealthBridge:
         not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
         for s in self.supervisor.statuses.values():
             await self.servicer.set(s.name, serving if s.state.usable else not_serving)
-        overall = all(
-            self.supervisor.statuses[n].state.usable for n in ESSENTIAL if n in self.supervisor.statuses
-        )
+        essential = [self.supervisor.statuses[n] for n in ESSENTIAL if n in self.supervisor.statuses]
+        overall = all(s.state.usable or s.state is State.DISABLED for s in essential)
         for name in ("", *SERVICE_NAMES):
             await self.servicer.set(name, serving if overall else not_serving)
 

@@ -38,7 +38,7 @@ class NodeServicer(node_pb2_grpc.NodeServiceServicer):
 
     usage: the UsageMeter; node_address: the node's account; ledger_address and credit_epoch_s: the
     UsageLedger whose credits the node takes ("" and 0: none); serving: the generation load now;
-    min_similarity: the relevance gate retrieval applies."""
+    min_similarity: the relevance gate retrieval applies; role: "full", or "light" (it serves no model)."""
 
     supervisor: Supervisor
     data_dir: str
@@ -52,6 +52,7 @@ class NodeServicer(node_pb2_grpc.NodeServiceServicer):
     credit_epoch_s: int = 0
     serving: Callable[[], node_pb2.ServingStats] | None = None
     min_similarity: float = -1.0
+    role: str = "full"  # "light": model.backend = 'none'
     started: float = field(default_factory=time.monotonic, init=False)
     # Known once the HTTP API has bound and p2p has started: set by the daemon then.
     http_address: Callable[[], str] = field(default_factory=lambda: _no_address, init=False)
@@ -101,6 +102,7 @@ class NodeServicer(node_pb2_grpc.NodeServiceServicer):
             ledger_address=self.ledger_address,
             credit_epoch_seconds=self.credit_epoch_s,
             min_similarity=self.min_similarity,
+            role=self.role,
         )
 
     def _peer_counts(self) -> node_pb2.PeerCounts:

@@ -202,9 +202,19 @@ class ModelNotServed(NotFound):
     """Neither this node nor any peer it knows serves the model; `served` lists what this node does."""
 
     def __init__(self, model: str, served: list[str], routing: bool) -> None:
-        elsewhere = "no peer advertises it" if routing else "p2p routing is off"
-        served_here = ", ".join(served)
-        super().__init__(f"model {model!r} is not served by this node (it serves {served_here}); {elsewhere}")
+        served = [s for s in served if s]
+        if not model:
+            # Only a light node gets here: a request that names no model asks for the one it does not have.
+            super().__init__(
+                "this is a light node (model.backend = 'none'): it serves no model; name a model a peer "
+                "serves (zoo-node peers lists them)" + ("" if routing else ", with p2p routing on")
+            )
+        else:
+            served_here = ", ".join(served) or "no model: a light node"
+            elsewhere = "no peer advertises it" if routing else "p2p routing is off"
+            super().__init__(
+                f"model {model!r} is not served by this node (it serves {served_here}); {elsewhere}"
+            )
         self.model, self.served = model, served
 
 
@@ -237,6 +247,8 @@ class ServingRules:
         """Where a request for `model` runs (see the module docstring): ValidationError for a name no
         model could have, BackendUnavailable for a forwarded request this node cannot serve,
         ModelNotServed when nobody serves it."""
+        if not self.base_model and not model:  # a light node has no model of its own to run it on
+            raise ModelNotServed(model, [], self.router is not None)
         if not model or model == self.base_model:
             return Placement()
         check_field(

@@ -113,7 +113,10 @@ def status(
     lib = st.library
     out.print(f"[bold]zoo-node {st.node_version}[/bold] at {st.listen_address}, up {st.uptime_seconds:.0f} s")
     out.print(f"data dir  {st.data_dir}")
-    out.print(f"model     {st.model_id or '-'}")
+    if st.role == "light":
+        out.print("role      light node: serves no model; gossip, library content and routing to peers")
+    else:
+        out.print(f"model     {st.model_id or '-'}")
     out.print(f"chain id  {st.chain_id or '-'}")
     out.print(
         f"library   version {lib.version} root {lib.root} ({lib.experience_count} experiences)"

@@ -14,10 +14,10 @@ log = get_logger(__name__)
 
 def resolve_model_path(cfg: NodeConfig) -> Path | None:
     """What the backend loads: a GGUF file (llamacpp) or a weights directory; None for a remote (openai)
-    backend. ModelUnavailable when the bundled model cannot be found or prepared."""
+    backend or a light node (none). ModelUnavailable when the bundled model cannot be found or prepared."""
     from zoo.inference.bundled_models import bundled_gguf
 
-    if cfg.model.backend == "openai":
+    if cfg.model.backend in ("openai", "none"):
         return None
     if cfg.model.path is not None:
         return cfg.model.path
@@ -51,8 +51,11 @@ def trains_lora(cfg: NodeConfig) -> bool:
 
 
 def model_id(cfg: NodeConfig, path: Path | None) -> str:
+    """The id clients ask for the served model by; "" on a light node, which serves none."""
     from zoo.inference.bundled_models import BUNDLED_CHAT_MODEL_ID, bundled_gguf, model_id_for
 
+    if cfg.light:
+        return ""
     if cfg.model.name:
         return cfg.model.name
     if path is None:

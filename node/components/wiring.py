@@ -24,9 +24,12 @@ from zoo.node.credits.meter import UsageMeter
 from zoo.node.datadir import DataDir
 from zoo.node.endpoints import Wiring
 from zoo.node.jobs.runner import JobRunner, Resources
+from zoo.node.jobs.store import JobState, JobStore
 from zoo.node.lifecycle import Component, DisabledComponent
 from zoo.node.metrics import NodeMetrics
 from zoo.registry.library_store import LibraryStore
+
+LIGHT = "a light node (model.backend = 'none') serves no model"
 
 if TYPE_CHECKING:  # imported where p2p is enabled: py-libp2p is heavy at start-up
     from zoo.node.p2p.component import P2PComponent
@@ -38,10 +41,10 @@ class Parts:
 
     chain: ChainComponent | DisabledComponent
     ipfs: Component
-    model: ModelComponent
+    model: ModelComponent | DisabledComponent  # disabled: a light node
     p2p: P2PComponent | None  # None: p2p.enabled = false
     library: LibraryComponent
-    retrieval: RetrievalComponent
+    retrieval: RetrievalComponent | DisabledComponent  # disabled: a light node
     jobs: JobRunner
     settlement: Component
 
@@ -62,7 +65,7 @@ class Parts:
 def build_components(
     cfg: NodeConfig,
     data_dir: DataDir,
-    model_path: Path,
+    model_path: Path | None,
     wiring: Wiring,
     metrics: NodeMetrics,
     meter: UsageMeter,
@@ -76,9 +79,6 @@ def build_components(
         IpfsComponent(wiring.ipfs_api, cfg.ipfs.probe_interval_s)
         if wiring.ipfs_api
         else DisabledComponent("ipfs", "ipfs.api_url is not set")
-    )
-    model = ModelComponent(
-        cfg.model, model_path, model_id(cfg, model_path), cfg.inference.max_batch_size, cfg.cache_dir
     )
     store = LibraryStore(data_dir.path)
     p2p = _p2p_component(cfg, data_dir, wiring, store, metrics) if cfg.p2p.enabled else None
@@ -99,6 +99,19 @@ def build_components(
         on_activate=activated,
         on_refused=lambda reason: metrics.library_refused.labels(reason).inc(),
     )
+    if p2p is not None:
+        p2p.on_newer_version = lambda _version: library.wake()
+    settlement = _settlement(cfg, data_dir, wiring, metrics, meter)
+    if cfg.light:
+        jobs = JobRunner(
+            JobStore(data_dir.path / "jobs.sqlite"), data_dir.path / "jobs", lambda: None,
+            refusal=f"{LIGHT}: it runs no jobs",
+        )  # fmt: skip
+        disabled = DisabledComponent("model", LIGHT), DisabledComponent("retrieval", LIGHT)
+        return Parts(chain, ipfs, disabled[0], p2p, library, disabled[1], jobs, settlement)
+    model = ModelComponent(
+        cfg.model, model_path, model_id(cfg, model_path), cfg.inference.max_batch_size, cfg.cache_dir
+    )
     retrieval = RetrievalComponent(
         library,
         cfg.embedder.path,
@@ -108,12 +121,9 @@ def build_components(
         defer=cfg.model.backend == "llamacpp",
     )
     library.on_change = retrieval.library_changed
-    if p2p is not None:
-        p2p.on_newer_version = lambda _version: library.wake()
     return Parts(
         chain, ipfs, model, p2p, library, retrieval,
-        _job_runner(cfg, data_dir, model, library, retrieval, metrics),
-        _settlement(cfg, data_dir, wiring, metrics, meter),
+        _job_runner(cfg, data_dir, model, library, retrieval, metrics), settlement,
     )  # fmt: skip
 
 
@@ -149,7 +159,6 @@ def _job_runner(
     metrics: NodeMetrics,
 ) -> JobRunner:
     from zoo.inference.bundled_models import ModelUnavailable, is_prepared
-    from zoo.node.jobs.store import JobState, JobStore
 
     lora_jobs = trains_lora(cfg)
 
@@ -333,12 +342,12 @@ def capabilities(
     def now() -> Capabilities:
         stats = admission.stats()
         return Capabilities(
-            models=[base_model, *adapters.names()][:64],
+            models=[m for m in [base_model, *adapters.names()] if m][:64],  # a light node: none
             backend=cfg.model.backend,
             gpu=cfg.model.device.startswith("cuda"),
             library_version=library.version,
             library_root=library.root,
-            job_types=["tf-grpo", "gspo"] if gspo else ["tf-grpo"],
+            job_types=[] if cfg.light else ["tf-grpo", "gspo"] if gspo else ["tf-grpo"],
             grpc=grpc_address(),
             http=http_url + "/v1" if http_url else "",
             load=(stats.running + stats.waiting) / max(1, stats.slots),
@@ -354,11 +363,13 @@ def advertised_grpc(cfg: NodeConfig, host: str, port: int) -> str:
     return "" if host.strip("[]") in ("0.0.0.0", "::", "") else f"{host}:{port}"
 
 
-def embedder(retrieval: RetrievalComponent) -> Any:
+def embedder(retrieval: RetrievalComponent | DisabledComponent) -> Any:
     """A provider of the loaded embedder: None until the retrieval component has loaded it (and asking
-    for it starts a deferred load)."""
+    for it starts a deferred load); None for good on a light node."""
 
     def provide() -> Any:
+        if isinstance(retrieval, DisabledComponent):
+            return None
         if retrieval.retriever is None:
             retrieval.want()
             return None

@@ -94,8 +94,10 @@ class JobRunner(Component):
         serving: ServingDefaults | None = None,
         gspo_refusal: str | None = None,
         adapters: AdapterDirectory | None = None,
+        refusal: str | None = None,
     ) -> None:
         self.store = store
+        self.refusal = refusal  # why this node runs no jobs at all (a light node), if so
         self.adapters = adapters  # where a finished GSPO job's adapter is installed, named by the job id
         self.gspo_refusal = gspo_refusal  # why this node cannot run GSPO jobs (a remote backend), if so
         # How the node serves: what a spec leaves unset, so a job is validated under the serving conditions.
@@ -112,6 +114,10 @@ class JobRunner(Component):
     # -- submit / cancel / watch (called by the gRPC service) -------------------------------------------
 
     def submit(self, kind: str, spec: dict[str, Any]) -> JobRecord:
+        if self.refusal is not None:
+            from zoo.inference.engine import Unsupported
+
+            raise Unsupported(self.refusal)
         parsed = parse_spec(kind, spec)
         if kind == "distill":
             self.library_file(parsed.experiences, None)  # a library that is not there is refused now
@@ -158,6 +164,8 @@ class JobRunner(Component):
             log.info("job interrupted by a restart; it resumes from its last checkpoint", job=job_id)
 
     async def probe(self) -> tuple[State, str]:
+        if self.refusal is not None:
+            return State.DISABLED, self.refusal
         if self.current:
             return State.SERVING, f"running {self.current}"
         return State.SERVING, "idle"

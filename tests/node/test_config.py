@@ -103,3 +103,13 @@ def test_secrets_are_masked() -> None:
     shown = effective_config(cfg)
     assert shown["server"]["admin_token"] == "********"
     assert "s3cret-token" not in repr(cfg)
+
+
+def test_a_light_node_is_backend_none_and_names_no_model_path(tmp_path: Path) -> None:
+    cfg = load_config(environ={"ZOO_NODE_MODEL__BACKEND": "none"})
+    assert cfg.light and cfg.model.backend == "none"
+    assert not load_config(environ={}).light
+    weights = tmp_path / "m.gguf"
+    with pytest.raises(ConfigError) as e:
+        load_config(environ={"ZOO_NODE_MODEL__BACKEND": "none", "ZOO_NODE_MODEL__PATH": str(weights)})
+    assert "model.path" in str(e.value) or "path is set" in str(e.value)

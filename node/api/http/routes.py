@@ -304,7 +304,7 @@ class OpenAIApi:
     async def embeddings(self, request: Request) -> Response:
         data, _client = await self._signed_json(request)  # signed or anonymous alike; not metered
         body = EmbeddingRequest.model_validate(data)
-        if body.model != self.deps.embedder_id:
+        if not self.deps.embedder_id or body.model != self.deps.embedder_id:
             raise _model_not_found(body.model, [self.deps.embedder_id], "embedding ")
         texts = embedding_inputs(body.input)
         embedder = self.deps.embedder()
@@ -353,7 +353,7 @@ class OpenAIApi:
     def _cards(self) -> list[dict[str, Any]]:
         card = {"object": "model", "created": self.started, "owned_by": "zoo-node"}
         return [
-            *({"id": model, **card} for model in (self.deps.model_id, self.deps.embedder_id)),
+            *({"id": model, **card} for model in (self.deps.model_id, self.deps.embedder_id) if model),
             # Adapters are models of their own, as OpenAI-compatible servers list LoRA adapters.
             *({"id": name, **card, "parent": self.deps.model_id} for name in self._adapter_names()),
         ]
@@ -397,15 +397,15 @@ def _include_usage(body: Generation) -> bool:
 
 
 def _model_not_found(model: str, served: list[str], kind: str = "") -> ApiError:
-    return ApiError(
-        404,
-        f"the model {model[:200]!r} does not exist on this node; "
-        f"its {kind}models are {', '.join(map(repr, served))}"
-        if len(served) > 1
-        else f"its {kind}model is {served[0]!r}",
-        param="model",
-        code="model_not_found",
-    )
+    served = [s for s in served if s]  # a light node serves none
+    if not served:
+        here = f"it serves no {kind}model (a light node: model.backend = 'none')"
+    elif len(served) > 1:
+        here = f"its {kind}models are {', '.join(map(repr, served))}"
+    else:
+        here = f"its {kind}model is {served[0]!r}"
+    message = f"the model {model[:200]!r} does not exist on this node; {here}"
+    return ApiError(404, message, param="model", code="model_not_found")
 
 
 async def _events(
