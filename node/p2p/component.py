@@ -10,6 +10,11 @@ banned or flooding publisher); accepted messages cross to the asyncio loop throu
 Outbound: an announcement whenever this node activates a version, capabilities every
 `capabilities_interval_s`. The peer book is re-dialled (with backoff per address) so a restarted node
 finds its peers again, and banned peers are disconnected.
+Discovery: a Kademlia walk every `discovery_interval_s` (every `redial_interval_s` while fewer than
+`target_peers` are connected) learns the network beyond this node's connections; below the target, the
+peers it found are dialled too. Whoever the node is connected to is remembered in the book, so it rejoins
+through any of them after a restart, not only through its bootstrap list. The library CID it holds is
+announced as a DHT provider record each walk, so nodes that are not connected to it can find it.
 """
 
 from __future__ import annotations
@@ -93,6 +98,8 @@ class P2PComponent(Component):
         self._woken: dict[int, float] = {}  # version -> when a hint last woke the library for it
         self._chain_tried = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
+        self._found: list[tuple[str, list[str]]] = []  # the DHT's routing table after the last walk
+        self.current_cid = ""  # the library CID this node holds (provided on the DHT)
         self._next_dial: dict[str, float] = {}  # address -> monotonic time of the next attempt
         self._backoff: dict[str, float] = {}
         self.connected: list[str] = []
@@ -135,6 +142,7 @@ class P2PComponent(Component):
             tg.create_task(self._handle_hints())
             tg.create_task(self._advertise())
             tg.create_task(self._dial())
+            tg.create_task(self._discover())
 
     async def stop(self) -> None:
         if self.host is not None:
@@ -288,6 +296,8 @@ class P2PComponent(Component):
 
     def announce(self, version: int, root: str, cid: str) -> None:
         """Tell peers this node activated a version (called on the event loop; publishes in background)."""
+        if version >= self.current_version:
+            self.current_cid = cid
         self.current_version = max(self.current_version, version)
         if self.host is not None and self._loop is not None:
             task = self._loop.create_task(self._announce(version, root, cid))
@@ -302,6 +312,16 @@ class P2PComponent(Component):
             version=version, root=root, cid=cid, chain_id=chain.chain_id, registry=chain.registry
         )
         await self._publish(LIBRARY_TOPIC, encode(message))
+        await self._provide()
+
+    async def _provide(self) -> None:
+        host, cid = self.host, self.current_cid
+        if host is None or not cid:
+            return
+        try:
+            await asyncio.to_thread(host.provide, cid)
+        except P2PError as e:
+            log.info("p2p provider record not published", cid=cid, error=str(e))
 
     async def _publish(self, topic: str, data: bytes) -> None:
         host = self.host
@@ -341,6 +361,27 @@ class P2PComponent(Component):
             await asyncio.to_thread(self.book.flush)
             await asyncio.sleep(self.settings.redial_interval_s)
 
+    async def _discover(self) -> None:
+        """Walk the DHT (see the module docstring); the first walk as soon as a peer is connected."""
+        while True:
+            host = self.host
+            connected = await asyncio.to_thread(host.connected) if host is not None and host.running else []
+            if host is not None and connected:
+                try:
+                    size = await asyncio.to_thread(host.discover)
+                    self._found = await asyncio.to_thread(host.routing_peers)
+                    connected = await asyncio.to_thread(host.connected)
+                    for peer, addrs in self._found:  # remembered with their addresses: rejoin via any
+                        if peer in connected and addrs:
+                            self.book.seen(peer, addrs, connected=True)
+                    log.debug("p2p DHT walk", routing_table=size, connected=len(connected))
+                except P2PError as e:
+                    log.info("p2p DHT walk failed", error=str(e))
+                await self._provide()
+            short = len(connected) < self.settings.target_peers
+            interval = self.settings.redial_interval_s if short else self.settings.discovery_interval_s
+            await asyncio.sleep(interval)
+
     async def _dial_once(self, host: P2PHost) -> None:
         connected = set(await asyncio.to_thread(host.connected))
         for peer in connected:
@@ -352,6 +393,8 @@ class P2PComponent(Component):
                     log.info("p2p disconnect failed", peer=peer, error=str(e))
         targets = [(a, _peer_of(a)) for a in self.settings.bootstrap]
         targets += [(a, r.peer_id) for r in self.book.dialable() for a in r.addrs[:2]]
+        if len(connected) < self.settings.target_peers:  # the DHT's peers: what keeps a mesh of its own
+            targets += [(a, peer) for peer, addrs in self._found for a in addrs[:1] if peer not in connected]
         targets = targets[:MAX_DIALS_PER_ROUND]
         now = time.monotonic()
         current = {a for a, _ in targets}

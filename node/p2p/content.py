@@ -1,7 +1,8 @@
 """Library bytes from peers, verified like an IPFS fetch, and the fallback from IPFS to peers.
 
 `PeerContent` is a ContentSource (registry.sync) that asks connected peers, best score first, for the
-bytes of a CID. Every answer is checked against the CID before it is returned (the syncer then checks
+bytes of a CID, and then the holders the DHT's provider records name (dialled first: they may be anywhere
+in the network). Every answer is checked against the CID before it is returned (the syncer then checks
 the Merkle root against the chain, as for IPFS); a peer whose bytes do not match is penalised and the
 next one is asked. Failing everywhere raises P2PError, which the library component treats as a
 transient sync failure (retry later), never as a verdict on the on-chain version.
@@ -63,28 +64,54 @@ class PeerContent:
         connected = set(host.connected())
         ranked = [r.peer_id for r in self.book.records() if r.peer_id in connected]
         candidates = [p for p in ranked + sorted(connected - set(ranked)) if not self.book.banned(p)]
-        if not candidates:
-            raise P2PError(f"no connected peer to ask for {cid}")
-        problems = []
+        problems: list[str] = []
+        tried = set(candidates[: self.max_peers])
         for peer in candidates[: self.max_peers]:
+            data = self._ask(host, peer, cid, max_size, problems)
+            if data is not None:
+                return data
+        try:  # holders beyond the connected peers, as the DHT's provider records name them (unverified)
+            providers = host.find_providers(cid, self.timeout_s)
+        except P2PError as e:
+            providers = []
+            problems.append(f"DHT: {e}")
+        for peer, addrs in providers:
+            if len(tried) >= 2 * self.max_peers:
+                break
+            if peer in tried or peer == host.peer_id or self.book.banned(peer) or not addrs:
+                continue
+            tried.add(peer)
             try:
-                # p2p.fetch_timeout_s: the caller's timeout is the IPFS one.
-                data = host.fetch(peer, cid, max_size, self.timeout_s)
+                host.connect(addrs[0], 5.0)
             except P2PError as e:
-                problems.append(f"{peer[:16]}…: {e}")
+                problems.append(f"{peer[:16]}… (a DHT provider): {e}")
                 continue
-            try:
-                self.verify(cid, data)
-            except ValidationError as e:  # a CID this node cannot check: nobody's fault, nothing taken
-                raise P2PError(f"cannot check content for {cid}: {e}") from None
-            except IntegrityError as e:
-                self.book.penalise(peer, "tampered_content")
-                problems.append(f"{peer[:16]}…: sent content that fails verification ({e})")
-                continue
-            self.book.reward(peer)
-            log.info("library content fetched from a peer", cid=cid, peer=peer, size=len(data))
-            return data
+            data = self._ask(host, peer, cid, max_size, problems)
+            if data is not None:
+                return data
+        if not tried:
+            raise P2PError(f"no connected peer to ask for {cid}, and the DHT names no holder")
         raise P2PError(f"no peer served verified content for {cid}: " + "; ".join(problems))
+
+    def _ask(self, host: P2PHost, peer: str, cid: str, max_size: int, problems: list[str]) -> bytes | None:
+        """`peer`'s bytes for `cid` once verified, else None with the reason appended to `problems`."""
+        try:
+            # p2p.fetch_timeout_s: the caller's timeout is the IPFS one.
+            data = host.fetch(peer, cid, max_size, self.timeout_s)
+        except P2PError as e:
+            problems.append(f"{peer[:16]}…: {e}")
+            return None
+        try:
+            self.verify(cid, data)
+        except ValidationError as e:  # a CID this node cannot check: nobody's fault, nothing taken
+            raise P2PError(f"cannot check content for {cid}: {e}") from None
+        except IntegrityError as e:
+            self.book.penalise(peer, "tampered_content")
+            problems.append(f"{peer[:16]}…: sent content that fails verification ({e})")
+            return None
+        self.book.reward(peer)
+        log.info("library content fetched from a peer", cid=cid, peer=peer, size=len(data))
+        return data
 
 
 class FirstThatServes:

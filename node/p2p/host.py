@@ -7,6 +7,13 @@ on the trio loop and wait for it (`trio.from_thread.run`); the asyncio side wrap
 `asyncio.to_thread`. Messages flow out through `on_message`, called on the trio thread, which must only
 hand them over (the component uses `loop.call_soon_threadsafe`).
 
+Discovery and content routing are libp2p's Kademlia DHT (py-libp2p's `kad_dht`, server mode, provider
+records on, value records off: the node stores nothing on a peer's behalf but "who holds this CID"). A
+lookup of the node's own id (and of a random one) walks from the peers it is connected to towards the
+whole network; the peers it meets land in the routing table with their addresses, which the component
+dials to keep a mesh of its own (`discover`, `routing_peers`). `provide` and `find_providers` announce and
+find holders of a library CID.
+
 Content protocol `/zoo/library-bytes/1.0.0`: the client writes one JSON line `{"cid": CID}`; the server
 answers one JSON line `{"size": N}` and N bytes, or `{"error": MESSAGE}`. The client refuses a size over
 its limit before reading any content and bounds the whole exchange by a deadline.
@@ -123,6 +130,7 @@ class P2PHost:
         self._host: Any = None
         self._pubsub: Any = None
         self._serving: Any = None
+        self._dht: Any = None
 
     # -- lifecycle (any non-trio thread) --------------------------------------------------------------
 
@@ -160,10 +168,12 @@ class P2PHost:
     async def _main(self) -> None:
         from libp2p import new_host
         from libp2p.crypto.ed25519 import create_new_key_pair
+        from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
         from libp2p.pubsub.gossipsub import GossipSub
         from libp2p.pubsub.pubsub import Pubsub
         from libp2p.tools.anyio_service import background_trio_service
 
+        _route_libp2p_logs()
         self._token = trio.lowlevel.current_trio_token()
         self._stop = trio.Event()
         self._serving = trio.Semaphore(MAX_SERVING)
@@ -178,15 +188,22 @@ class P2PHost:
             spam_protection_enabled=False,
         )
         pubsub = Pubsub(host, gossip, max_inbound_rpc_size=64 * 1024)
+        # Random walks are this node's to schedule (the component's discovery loop), not the library's
+        # two-minute timer; values are off: a peer cannot make this node store anything but provider records.
+        dht = KadDHT(host, DHTMode.SERVER, enable_random_walk=False, enable_values=False)
         async with host.run(listen_addrs=[Multiaddr(self.listen)]), trio.open_nursery() as nursery:
             host.set_stream_handler(CONTENT_PROTOCOL, self._serve_content)
-            async with background_trio_service(pubsub), background_trio_service(gossip):
+            async with (
+                background_trio_service(pubsub),
+                background_trio_service(gossip),
+                background_trio_service(dht),
+            ):
                 await pubsub.wait_until_ready()
                 for topic in self.topics:
                     pubsub.set_topic_validator(topic, self._validator_for(topic), False)
                     subscription = await pubsub.subscribe(topic)
                     nursery.start_soon(self._pump, topic, subscription)
-                self._host, self._pubsub = host, pubsub
+                self._host, self._pubsub, self._dht = host, pubsub, dht
                 self.addrs = [str(a) for a in host.get_addrs()]
                 self._ready.set()
                 await self._stop.wait()
@@ -268,6 +285,48 @@ class P2PHost:
             return [p.to_base58() for p in self._pubsub.peer_topics.get(topic, set())]
 
         return self._guarded(peers, f"listing peers on {topic}")
+
+    def discover(self, timeout: float = 20.0) -> int:
+        """One Kademlia walk: look up this node's own id and a random one, starting from the peers it is
+        connected to (the routing table takes them first). Returns the routing table's size after."""
+
+        async def walk() -> int:
+            for peer in self._host.get_connected_peers():
+                if not self._dht.routing_table.peer_in_table(peer):
+                    await self._dht.add_peer(peer)
+            targets = [self._host.get_id().to_bytes(), os.urandom(32)]
+            for target in targets:
+                with trio.move_on_after(timeout / len(targets)):
+                    await self._dht.peer_routing.find_closest_peers_network(target)
+            return self._dht.routing_table.size()
+
+        return self._guarded(walk, "a DHT walk", timeout + 5.0)
+
+    def routing_peers(self) -> list[tuple[str, list[str]]]:
+        """The DHT routing table: (peer id, its known addresses), for the component to dial."""
+
+        async def peers() -> list[tuple[str, list[str]]]:
+            store = self._host.get_peerstore()
+            out = []
+            for peer in self._dht.routing_table.get_peer_ids():
+                addrs = store.addrs(peer) if peer in store.peer_ids() else []
+                out.append((peer.to_base58(), _dialable(peer, addrs)))
+            return out
+
+        return self._guarded(peers, "listing the DHT routing table")
+
+    def provide(self, cid: str, timeout: float = 20.0) -> bool:
+        """Tell the DHT this node holds `cid` (provider records at the peers closest to it)."""
+        return bool(self._guarded(lambda: self._dht.provide(cid), f"providing {cid}", timeout))
+
+    def find_providers(self, cid: str, timeout: float = 10.0) -> list[tuple[str, list[str]]]:
+        """Peers the DHT says hold `cid` (unverified: their bytes are checked like anyone's)."""
+
+        async def find() -> list[tuple[str, list[str]]]:
+            found = await self._dht.find_providers(cid, 20)
+            return [(p.peer_id.to_base58(), _dialable(p.peer_id, p.addrs)) for p in found]
+
+        return self._guarded(find, f"finding holders of {cid}", timeout)
 
     def disconnect(self, peer_id: str) -> None:
         from libp2p.peer.id import ID
@@ -358,6 +417,24 @@ async def _close(stream: Any) -> None:
         except Exception:
             with contextlib.suppress(Exception):
                 await stream.reset()
+
+
+def _dialable(peer: Any, addrs: Any) -> list[str]:
+    """A peer's addresses as /p2p/ multiaddrs `connect` takes (at most four)."""
+    suffix = f"/p2p/{peer.to_base58()}"
+    return [a if "/p2p/" in a else a + suffix for a in map(str, addrs)][:4]
+
+
+def _route_libp2p_logs() -> None:
+    """py-libp2p's logger does not propagate, so its warnings reached stderr unformatted (Python's last-resort
+    handler): send them through the node's structured log instead. The DHT's per-stream warnings and the
+    TCP transport's errors about peers that went away (hundreds a minute while a peer is down) say what
+    the component's own "p2p dial failed" and "DHT walk failed" lines already say; they are kept out."""
+    import logging
+
+    logging.getLogger("libp2p").propagate = True
+    logging.getLogger("libp2p.kad_dht").setLevel(logging.ERROR)
+    logging.getLogger("libp2p.transport.tcp").setLevel(logging.CRITICAL)
 
 
 def _peer_str(raw: bytes) -> str:

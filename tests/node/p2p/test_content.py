@@ -91,3 +91,21 @@ def test_ipfs_first_then_peers(hosts, tmp_path: Path) -> None:
     peer.stop()
     with pytest.raises(P2PError, match="no source served"):
         FirstThatServes([down, peers]).fetch_verified(CID, timeout=5)
+
+
+def test_a_holder_beyond_the_connected_peers_is_found_by_dht_provider_records(hosts, tmp_path: Path) -> None:
+    holder = hosts("holder", lambda cid: BYTES if cid == CID else None)
+    middle = hosts("middle", lambda _cid: None)  # holds nothing; the only peer `me` is connected to
+    me = hosts("me", lambda _cid: None)
+    middle.connect(holder.addrs[0])
+    holder.discover(5.0)  # its routing table takes `middle`, where its provider record lands
+    assert holder.provide(CID)
+    me.connect(middle.addrs[0])
+    assert holder.peer_id not in me.connected()
+    book = PeerBook(tmp_path / "peers.json")
+    assert PeerContent(lambda: me, book, content_verifier()).fetch_verified(CID, timeout=10) == BYTES
+    assert book.score(holder.peer_id) == 1 and book.score(middle.peer_id) == 0  # verified, from the holder
+    # A CID nobody provides: a transient P2PError naming what was tried, never an IntegrityError.
+    other = local_cid(b"held by nobody")
+    with pytest.raises(P2PError, match="no peer served verified content"):
+        PeerContent(lambda: me, book, content_verifier()).fetch_verified(other, timeout=10)

@@ -115,3 +115,22 @@ def test_bad_addresses_and_stopped_hosts_raise_p2p_errors(make_host) -> None:
     a.stop()
     with pytest.raises(P2PError, match="not running"):
         a.publish(TOPIC, b"x")
+
+
+def test_a_dht_walk_meshes_peers_that_only_knew_the_bootstrap_and_survives_its_death(make_host) -> None:
+    boot, _ = make_host("boot")
+    others = [make_host(f"n{i}")[0] for i in range(4)]
+    for host in others:
+        host.connect(boot.addrs[0])
+    assert all(len(host.connected()) == 1 for host in others)  # a star
+    for host in others:
+        assert host.discover(10.0) >= 1
+    ids = {host.peer_id for host in others}
+    for host in others:
+        assert ids - {host.peer_id} <= set(host.connected())  # every other node, not only the bootstrap
+        found = dict(host.routing_peers())
+        assert boot.peer_id in found and all("/p2p/" in a for a in found[boot.peer_id])
+    boot.stop()
+    time.sleep(1)
+    for host in others:  # at least min(4, N - 2) live peers each, with the bootstrap gone (N = 5)
+        assert len(set(host.connected()) - {boot.peer_id}) >= 3

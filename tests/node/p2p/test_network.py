@@ -431,6 +431,34 @@ def test_a_restarted_node_keeps_its_peer_id_and_reconnects_from_its_peer_book(ne
     assert scores[b_id] >= 0 and scores[c_id] >= 0 and {b_id, c_id} <= connected(restarted)
 
 
+def test_the_network_holds_without_its_bootstrap_node(net: Net) -> None:
+    a, b, c = net.nodes["a"], net.nodes["b"], net.nodes["c"]
+    b_id, c_id = peers(b).peer_id, peers(c).peer_id
+    # B and C were given A alone; the DHT walk (from A's routing table) connected them to each other.
+    wait_until("B and C connected", lambda: c_id in connected(b) and b_id in connected(c), 60, c)
+    os.killpg(a.proc.pid, signal.SIGKILL)
+    a.proc.wait()
+    time.sleep(3)
+    assert b_id in connected(c) and c_id in connected(b)
+    request = inference_pb2.InferRequest(
+        prompt="What is 2 + 3?", model=BUNDLED, sampling=inference_pb2.SamplingParams(max_tokens=8)
+    )
+    with NodeClient(c.address) as client:  # C, a light node, still routes to B's model
+        assert client.inference.Infer(request, timeout=120).served_by == b_id
+    # C restarts while its only bootstrap peer is dead: it rejoins through B, which its book remembers.
+    assert c.stop() == 0
+    c = net.nodes["c"] = launch(c.config_file, c.data_dir)
+    c.wait_listening()
+    wait_until("C rejoined through B", lambda: b_id in connected(c), 60, c)
+    lib = net.chain.next_library(2)
+    net.chain.approve_library(lib)
+    root = root_hex(library_root(lib))
+    wait_until("C (no IPFS) synced from B", lambda: status(c).library.root == root, 60, c)
+    a = net.nodes["a"] = launch(a.config_file, a.data_dir)  # back for the tests after this one
+    a.wait_listening()
+    wait_until("A rejoined", lambda: {b_id, c_id} <= connected(a), 60, a)
+
+
 def test_capabilities_expire_when_a_node_stops(net: Net) -> None:
     a, c = net.nodes["a"], net.nodes["c"]
     c_id = peers(c).peer_id
