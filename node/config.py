@@ -383,9 +383,13 @@ class P2PConfig(_Section):
     """A peer's capabilities expire this long after its last refresh (it stopped, or is unreachable)."""
     redial_interval_s: float = Field(5.0, gt=0, le=3600)
     """How often known and bootstrap peers that are not connected are dialled (with backoff each)."""
+    discovery: bool = True
+    """Walk the Kademlia DHT to learn and connect peers beyond the bootstrap list and the peer book. Off:
+    the node connects only to those (a fixed set of peers; `./zoo bench network`'s baseline)."""
     target_peers: int = Field(8, ge=0, le=1000)
     """Connected peers the node keeps: below this it dials peers the DHT found (its routing table), and
-    walks the DHT every redial_interval_s instead of every discovery_interval_s."""
+    walks the DHT every redial_interval_s instead of every discovery_interval_s while it knows peers it
+    is not connected to."""
     discovery_interval_s: float = Field(30.0, gt=0, le=86_400)
     """How often the node walks the Kademlia DHT (looks up its own id and a random one) to learn peers
     beyond those it is connected to, and re-announces the library CID it holds as a provider record."""

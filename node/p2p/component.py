@@ -10,11 +10,12 @@ banned or flooding publisher); accepted messages cross to the asyncio loop throu
 Outbound: an announcement whenever this node activates a version, capabilities every
 `capabilities_interval_s`. The peer book is re-dialled (with backoff per address) so a restarted node
 finds its peers again, and banned peers are disconnected.
-Discovery: a Kademlia walk every `discovery_interval_s` (every `redial_interval_s` while fewer than
-`target_peers` are connected) learns the network beyond this node's connections; below the target, the
-peers it found are dialled too. Whoever the node is connected to is remembered in the book, so it rejoins
-through any of them after a restart, not only through its bootstrap list. The library CID it holds is
-announced as a DHT provider record each walk, so nodes that are not connected to it can find it.
+Discovery: a Kademlia walk every `discovery_interval_s` (every `redial_interval_s` while the node has no
+peer, or is below `target_peers` with peers found and not connected) learns the network beyond this
+node's connections; below the target, the peers it found are dialled too. Whoever the node is connected
+to is remembered in the book, so it rejoins through any of them after a restart, not only through its
+bootstrap list. The library CID it holds is announced as a DHT provider record on activation and every
+ten minutes, so nodes that are not connected to it can find it.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from zoo.node.p2p.peers import PeerBook, RateLimiter
 log = get_logger(__name__)
 
 TOPICS = {LIBRARY_TOPIC: Announcement, CAPABILITIES_TOPIC: Capabilities}
+REPROVIDE_S = 600.0
 MAX_DIALS_PER_ROUND = 16  # bootstrap peers first, then the book's best: a big book cannot stall a round
 
 
@@ -100,6 +102,7 @@ class P2PComponent(Component):
         self._tasks: set[asyncio.Task[None]] = set()
         self._found: list[tuple[str, list[str]]] = []  # the DHT's routing table after the last walk
         self.current_cid = ""  # the library CID this node holds (provided on the DHT)
+        self._provided: tuple[str, float] = ("", -1e9)  # what was last provided, and when
         self._next_dial: dict[str, float] = {}  # address -> monotonic time of the next attempt
         self._backoff: dict[str, float] = {}
         self.connected: list[str] = []
@@ -142,7 +145,8 @@ class P2PComponent(Component):
             tg.create_task(self._handle_hints())
             tg.create_task(self._advertise())
             tg.create_task(self._dial())
-            tg.create_task(self._discover())
+            if self.settings.discovery:
+                tg.create_task(self._discover())
 
     async def stop(self) -> None:
         if self.host is not None:
@@ -315,11 +319,14 @@ class P2PComponent(Component):
         await self._provide()
 
     async def _provide(self) -> None:
+        """Announce the CID this node holds as a DHT provider record (on activation, then every
+        REPROVIDE_S, well within the records' 24 h lifetime, so a record lost with a peer comes back)."""
         host, cid = self.host, self.current_cid
         if host is None or not cid:
             return
         try:
             await asyncio.to_thread(host.provide, cid)
+            self._provided = (cid, time.monotonic())
         except P2PError as e:
             log.info("p2p provider record not published", cid=cid, error=str(e))
 
@@ -377,8 +384,11 @@ class P2PComponent(Component):
                     log.debug("p2p DHT walk", routing_table=size, connected=len(connected))
                 except P2PError as e:
                     log.info("p2p DHT walk failed", error=str(e))
-                await self._provide()
-            short = len(connected) < self.settings.target_peers
+                if time.monotonic() - self._provided[1] > REPROVIDE_S:
+                    await self._provide()
+            # Walk again soon only while there is no peer, or the routing table knows peers this node is
+            # below its target and not connected to; otherwise every discovery_interval_s.
+            short = not connected or len(connected) < min(self.settings.target_peers, len(self._found))
             interval = self.settings.redial_interval_s if short else self.settings.discovery_interval_s
             await asyncio.sleep(interval)
 
@@ -393,7 +403,8 @@ class P2PComponent(Component):
                     log.info("p2p disconnect failed", peer=peer, error=str(e))
         targets = [(a, _peer_of(a)) for a in self.settings.bootstrap]
         targets += [(a, r.peer_id) for r in self.book.dialable() for a in r.addrs[:2]]
-        if len(connected) < self.settings.target_peers:  # the DHT's peers: what keeps a mesh of its own
+        # The DHT's peers (none with discovery off): what keeps a mesh of its own.
+        if len(connected) < self.settings.target_peers:
             targets += [(a, peer) for peer, addrs in self._found for a in addrs[:1] if peer not in connected]
         targets = targets[:MAX_DIALS_PER_ROUND]
         now = time.monotonic()

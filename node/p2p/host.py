@@ -269,6 +269,14 @@ class P2PHost:
         except Exception as e:
             raise P2PError(f"not a dialable /p2p/ multiaddr: {addr!r} ({e})") from None
 
+        # py-libp2p's swarm refuses, for 60 s, every dial to a peer whose addresses all failed once (its
+        # "negative cache"): a node that started before its bootstrap peer could not join for a minute,
+        # and a healed partition stayed split as long. This node's dialler keeps its own backoff per
+        # address; a dial it asks for is made.
+        cache = getattr(getattr(self._host, "get_network", lambda: None)(), "_negative_peer_cache", None)
+        evict = getattr(cache, "evict", None)
+        if evict is not None:
+            self._call(_run_sync, evict, str(info.peer_id))
         self._guarded(lambda: self._host.connect(info), f"connecting to {addr}", timeout)
         return info.peer_id.to_base58()
 
@@ -419,6 +427,11 @@ async def _close(stream: Any) -> None:
                 await stream.reset()
 
 
+async def _run_sync(fn: Callable[..., Any], *args: Any) -> Any:
+    """Call `fn` on the host's loop (what it touches is the loop's alone)."""
+    return fn(*args)
+
+
 def _dialable(peer: Any, addrs: Any) -> list[str]:
     """A peer's addresses as /p2p/ multiaddrs `connect` takes (at most four)."""
     suffix = f"/p2p/{peer.to_base58()}"
@@ -433,6 +446,7 @@ def _route_libp2p_logs() -> None:
     import logging
 
     logging.getLogger("libp2p").propagate = True
+    logging.getLogger("libp2p").setLevel(logging.WARNING)  # its info lines (auto-connector state) are chatter
     logging.getLogger("libp2p.kad_dht").setLevel(logging.ERROR)
     logging.getLogger("libp2p.transport.tcp").setLevel(logging.CRITICAL)
 
