@@ -312,10 +312,13 @@ class P2PComponent(Component):
         chain = await self._chain()
         if chain is None:
             return
-        message = Announcement(
-            version=version, root=root, cid=cid, chain_id=chain.chain_id, registry=chain.registry
-        )
-        await self._publish(LIBRARY_TOPIC, encode(message))
+        # A version this node heard of from a peer (an announcement that checked out) is news to nobody:
+        # only the nodes that found it on chain first say so, instead of every node once more.
+        if not self._verdicts.get((version, root.lower())):
+            message = Announcement(
+                version=version, root=root, cid=cid, chain_id=chain.chain_id, registry=chain.registry
+            )
+            await self._publish(LIBRARY_TOPIC, encode(message))
         await self._provide()
 
     async def _provide(self) -> None:
@@ -374,6 +377,7 @@ class P2PComponent(Component):
             host = self.host
             connected = await asyncio.to_thread(host.connected) if host is not None and host.running else []
             if host is not None and connected:
+                await self._drop_silent(host)
                 try:
                     size = await asyncio.to_thread(host.discover)
                     self._found = await asyncio.to_thread(host.routing_peers)
@@ -391,6 +395,21 @@ class P2PComponent(Component):
             short = not connected or len(connected) < min(self.settings.target_peers, len(self._found))
             interval = self.settings.redial_interval_s if short else self.settings.discovery_interval_s
             await asyncio.sleep(interval)
+
+    async def _drop_silent(self, host: P2PHost) -> None:
+        """Close the connections whose peer does not answer a ping (see P2PHost.unresponsive); the dialler
+        opens fresh ones once the peer is reachable again."""
+        try:
+            silent = await asyncio.to_thread(host.unresponsive)
+        except P2PError as e:
+            log.info("p2p liveness check failed", error=str(e))
+            return
+        for peer in silent:
+            log.info("p2p peer does not answer pings; disconnecting", peer=peer)
+            try:
+                await asyncio.to_thread(host.disconnect, peer)
+            except P2PError as e:
+                log.info("p2p disconnect failed", peer=peer, error=str(e))
 
     async def _dial_once(self, host: P2PHost) -> None:
         connected = set(await asyncio.to_thread(host.connected))

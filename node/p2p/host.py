@@ -44,6 +44,7 @@ GOSSIP_PROTOCOL = "/meshsub/1.0.0"
 MAX_REQUEST_LINE = 1024
 MAX_SERVING = 4  # content requests served at once; more are answered "busy" (each may hold 64 MiB)
 CALL_TIMEOUT_S = 10.0  # publish, list, disconnect
+HEADER_TIMEOUT_S = 5.0  # a content request's stream open and answer header
 
 Validator = Callable[[str, str, str, bytes], bool]  # (topic, publisher, forwarder, data) -> accept
 MessageSink = Callable[[str, str, bytes], None]  # (topic, publisher peer id, data)
@@ -336,6 +337,33 @@ class P2PHost:
 
         return self._guarded(find, f"finding holders of {cid}", timeout)
 
+    def unresponsive(self, timeout: float = 5.0) -> list[str]:
+        """Connected peers that do not answer a libp2p ping within `timeout`: a connection cut without a
+        FIN or RST (a partition, a peer's machine gone) looks open for minutes, and gossip, content and the
+        DHT would keep using it."""
+        from libp2p.host.ping import PingService
+
+        async def check() -> list[str]:
+            service = PingService(self._host)
+            silent: list[str] = []
+
+            async def one(peer: Any) -> None:
+                with trio.move_on_after(timeout) as scope:
+                    try:
+                        await service.ping(peer, 1)
+                    except Exception:
+                        silent.append(peer.to_base58())
+                        return
+                if scope.cancelled_caught:
+                    silent.append(peer.to_base58())
+
+            async with trio.open_nursery() as nursery:
+                for peer in self._host.get_connected_peers():
+                    nursery.start_soon(one, peer)
+            return silent
+
+        return self._guarded(check, "pinging the connected peers", timeout + 5.0)
+
     def disconnect(self, peer_id: str) -> None:
         from libp2p.peer.id import ID
 
@@ -346,10 +374,14 @@ class P2PHost:
         from libp2p.peer.id import ID
 
         async def exchange() -> bytes:
-            stream = await self._host.new_stream(ID.from_base58(peer_id), [CONTENT_PROTOCOL])
+            # A peer that has not begun to answer within HEADER_TIMEOUT_S is skipped (the next one is
+            # asked): a connection cut without a FIN looks open, and would hold the whole deadline.
+            with trio.fail_after(min(timeout, HEADER_TIMEOUT_S)):
+                stream = await self._host.new_stream(ID.from_base58(peer_id), [CONTENT_PROTOCOL])
             try:
-                await stream.write(json.dumps({"cid": cid}).encode() + b"\n")
-                head, _, rest = (await _read_line(stream, MAX_REQUEST_LINE)).partition(b"\n")
+                with trio.fail_after(min(timeout, HEADER_TIMEOUT_S)):
+                    await stream.write(json.dumps({"cid": cid}).encode() + b"\n")
+                    head, _, rest = (await _read_line(stream, MAX_REQUEST_LINE)).partition(b"\n")
                 try:
                     header = untrusted_json.loads(head)
                     size = header.get("size") if isinstance(header, dict) else None
@@ -446,7 +478,8 @@ def _route_libp2p_logs() -> None:
     import logging
 
     logging.getLogger("libp2p").propagate = True
-    logging.getLogger("libp2p").setLevel(logging.WARNING)  # its info lines (auto-connector state) are chatter
+    logging.getLogger("libp2p").setLevel(logging.WARNING)
+    logging.getLogger("libp2p.network.auto_connector").setLevel(logging.WARNING)  # it sets INFO itself
     logging.getLogger("libp2p.kad_dht").setLevel(logging.ERROR)
     logging.getLogger("libp2p.transport.tcp").setLevel(logging.CRITICAL)
 
