@@ -103,6 +103,7 @@ class P2PComponent(Component):
         self._found: list[tuple[str, list[str]]] = []  # the DHT's routing table after the last walk
         self.current_cid = ""  # the library CID this node holds (provided on the DHT)
         self._provided: tuple[str, float] = ("", -1e9)  # what was last provided, and when
+        self._silent: set[str] = set()  # peers that missed the last liveness ping
         self._next_dial: dict[str, float] = {}  # address -> monotonic time of the next attempt
         self._backoff: dict[str, float] = {}
         self.connected: list[str] = []
@@ -397,13 +398,15 @@ class P2PComponent(Component):
             await asyncio.sleep(interval)
 
     async def _drop_silent(self, host: P2PHost) -> None:
-        """Close the connections whose peer does not answer a ping (see P2PHost.unresponsive); the dialler
-        opens fresh ones once the peer is reachable again."""
+        """Close the connections whose peer has not answered a ping in two checks running (see
+        P2PHost.unresponsive; one miss can be a busy peer); the dialler opens fresh ones once the peer
+        is reachable again."""
         try:
-            silent = await asyncio.to_thread(host.unresponsive)
+            silent = set(await asyncio.to_thread(host.unresponsive))
         except P2PError as e:
             log.info("p2p liveness check failed", error=str(e))
             return
+        silent, self._silent = silent & self._silent, silent
         for peer in silent:
             log.info("p2p peer does not answer pings; disconnecting", peer=peer)
             try:

@@ -337,7 +337,7 @@ class P2PHost:
 
         return self._guarded(find, f"finding holders of {cid}", timeout)
 
-    def unresponsive(self, timeout: float = 5.0) -> list[str]:
+    def unresponsive(self, timeout: float = 10.0) -> list[str]:
         """Connected peers that do not answer a libp2p ping within `timeout`: a connection cut without a
         FIN or RST (a partition, a peer's machine gone) looks open for minutes, and gossip, content and the
         DHT would keep using it."""
