@@ -16,6 +16,8 @@ node's connections; below the target, the peers it found are dialled too. Whoeve
 to is remembered in the book, so it rejoins through any of them after a restart, not only through its
 bootstrap list. The library CID it holds is announced as a DHT provider record on activation and every
 ten minutes, so nodes that are not connected to it can find it.
+Liveness: every LIVENESS_S the connected peers are pinged; a peer that misses two pings running is
+disconnected (a connection cut without a FIN or RST, as in a partition, otherwise looks open for minutes).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ log = get_logger(__name__)
 
 TOPICS = {LIBRARY_TOPIC: Announcement, CAPABILITIES_TOPIC: Capabilities}
 REPROVIDE_S = 600.0
+LIVENESS_S = 15.0  # how often connected peers are pinged
 MAX_DIALS_PER_ROUND = 16  # bootstrap peers first, then the book's best: a big book cannot stall a round
 
 
@@ -146,6 +149,7 @@ class P2PComponent(Component):
             tg.create_task(self._handle_hints())
             tg.create_task(self._advertise())
             tg.create_task(self._dial())
+            tg.create_task(self._liveness())
             if self.settings.discovery:
                 tg.create_task(self._discover())
 
@@ -378,7 +382,6 @@ class P2PComponent(Component):
             host = self.host
             connected = await asyncio.to_thread(host.connected) if host is not None and host.running else []
             if host is not None and connected:
-                await self._drop_silent(host)
                 try:
                     size = await asyncio.to_thread(host.discover)
                     self._found = await asyncio.to_thread(host.routing_peers)
@@ -397,22 +400,33 @@ class P2PComponent(Component):
             interval = self.settings.redial_interval_s if short else self.settings.discovery_interval_s
             await asyncio.sleep(interval)
 
-    async def _drop_silent(self, host: P2PHost) -> None:
-        """Close the connections whose peer has not answered a ping in two checks running (see
-        P2PHost.unresponsive; one miss can be a busy peer); the dialler opens fresh ones once the peer
-        is reachable again."""
-        try:
-            silent = set(await asyncio.to_thread(host.unresponsive))
-        except P2PError as e:
-            log.info("p2p liveness check failed", error=str(e))
-            return
-        silent, self._silent = silent & self._silent, silent
-        for peer in silent:
-            log.info("p2p peer does not answer pings; disconnecting", peer=peer)
+    async def _liveness(self) -> None:
+        """Every LIVENESS_S, close the connections whose peer missed two pings running (P2PHost.unresponsive;
+        one miss can be a busy peer); the dialler opens fresh ones once the peer is reachable again. A
+        check that overruns (a ping stuck on a dead connection) is waited for here, never stacked."""
+        check: asyncio.Future[list[str]] | None = None
+        while True:
+            await asyncio.sleep(LIVENESS_S)
+            host = self.host
+            if host is None or not host.running:
+                continue
+            if check is None or check.done():
+                check = asyncio.ensure_future(asyncio.to_thread(host.unresponsive))
             try:
-                await asyncio.to_thread(host.disconnect, peer)
+                silent = set(await asyncio.wait_for(asyncio.shield(check), 2 * LIVENESS_S))
+            except TimeoutError:
+                log.warning("p2p liveness check overran; still waiting for it", seconds=2 * LIVENESS_S)
+                continue
             except P2PError as e:
-                log.info("p2p disconnect failed", peer=peer, error=str(e))
+                log.info("p2p liveness check failed", error=str(e))
+                continue
+            silent, self._silent = silent & self._silent, silent
+            for peer in silent:
+                log.info("p2p peer does not answer pings; disconnecting", peer=peer)
+                try:
+                    await asyncio.to_thread(host.disconnect, peer)
+                except P2PError as e:
+                    log.info("p2p disconnect failed", peer=peer, error=str(e))
 
     async def _dial_once(self, host: P2PHost) -> None:
         connected = set(await asyncio.to_thread(host.connected))

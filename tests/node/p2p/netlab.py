@@ -12,6 +12,7 @@ a lab left behind by a killed run is removed by the next one before it starts).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import subprocess
@@ -50,9 +51,18 @@ def available() -> str | None:
 
 
 def clean_up_leftovers() -> None:
+    """Remove the lab's namespaces (killing what still runs in them: a namespace lives on, with its veth,
+    while a process holds it), the host ends of their veths, the service address and the partition rules."""
     for name in ip("netns", "list").stdout.split():
         if re.fullmatch(r"zl\w*", name):
+            for pid in ip("netns", "pids", name, check=False).stdout.split():
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), 9)
             ip("netns", "del", name, check=False)
+    for line in ip("-o", "link", "show").stdout.splitlines():
+        name = line.split(":")[1].strip().split("@")[0]
+        if re.fullmatch(r"zlh\d+", name):
+            ip("link", "del", name, check=False)
     ip("addr", "del", f"{SERVICE_IP}/32", "dev", "lo", check=False)
     for prefix_from, prefix_to in (HALVES, HALVES[::-1]):
         while ip("rule", "del", "from", prefix_from, "to", prefix_to, check=False).returncode == 0:
