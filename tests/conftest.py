@@ -124,14 +124,22 @@ def base_config(data_dir: Path, extra: dict | None = None) -> str:
     return tomli_w.dumps(cfg)
 
 
-def launch(config_file: Path, data_dir: Path, *args: str, env: dict[str, str] | None = None) -> NodeProcess:
+def launch(
+    config_file: Path,
+    data_dir: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    prefix: tuple[str, ...] = (),
+) -> NodeProcess:
+    """`zoo-node start` with this config, its output in the config's .log; `prefix` runs it under another
+    command (the network lab's `ip netns exec NS`)."""
     log_file = config_file.with_suffix(".log")
     full_env = {
         k: v for k, v in os.environ.items() if not k.startswith("ZOO_NODE_") or k == "ZOO_NODE_CACHE_DIR"
     }
     full_env.update(env or {})
     proc = subprocess.Popen(
-        [sys.executable, "-m", "zoo.node.cli", "start", "--config", str(config_file), *args],
+        [*prefix, sys.executable, "-m", "zoo.node.cli", "start", "--config", str(config_file), *args],
         stdout=log_file.open("wb"),
         stderr=subprocess.STDOUT,
         env=full_env,

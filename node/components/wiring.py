@@ -107,8 +107,8 @@ def build_components(
             JobStore(data_dir.path / "jobs.sqlite"), data_dir.path / "jobs", lambda: None,
             refusal=f"{LIGHT}: it runs no jobs",
         )  # fmt: skip
-        disabled = DisabledComponent("model", LIGHT), DisabledComponent("retrieval", LIGHT)
-        return Parts(chain, ipfs, disabled[0], p2p, library, disabled[1], jobs, settlement)
+        no_model, no_retrieval = DisabledComponent("model", LIGHT), DisabledComponent("retrieval", LIGHT)
+        return Parts(chain, ipfs, no_model, p2p, library, no_retrieval, jobs, settlement)
     model = ModelComponent(
         cfg.model, model_path, model_id(cfg, model_path), cfg.inference.max_batch_size, cfg.cache_dir
     )

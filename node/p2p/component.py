@@ -411,6 +411,8 @@ class P2PComponent(Component):
             if host is None or not host.running:
                 continue
             if check is None or check.done():
+                if check is not None and not check.cancelled():
+                    check.exception()  # an overrun check's failure was logged as the overrun: retrieved
                 check = asyncio.ensure_future(asyncio.to_thread(host.unresponsive))
             try:
                 silent = set(await asyncio.wait_for(asyncio.shield(check), 2 * LIVENESS_S))

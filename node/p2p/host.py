@@ -274,11 +274,13 @@ class P2PHost:
         # "negative cache"): a node that started before its bootstrap peer could not join for a minute,
         # and a healed partition stayed split as long. This node's dialler keeps its own backoff per
         # address; a dial it asks for is made.
-        cache = getattr(getattr(self._host, "get_network", lambda: None)(), "_negative_peer_cache", None)
-        evict = getattr(cache, "evict", None)
-        if evict is not None:
-            self._call(_run_sync, evict, str(info.peer_id))
-        self._guarded(lambda: self._host.connect(info), f"connecting to {addr}", timeout)
+        async def dial() -> None:
+            cache = getattr(getattr(self._host, "get_network", lambda: None)(), "_negative_peer_cache", None)
+            if hasattr(cache, "evict"):
+                cache.evict(str(info.peer_id))
+            await self._host.connect(info)
+
+        self._guarded(dial, f"connecting to {addr}", timeout)
         return info.peer_id.to_base58()
 
     def connected(self) -> list[str]:
@@ -314,11 +316,16 @@ class P2PHost:
     def routing_peers(self) -> list[tuple[str, list[str]]]:
         """The DHT routing table: (peer id, its known addresses), for the component to dial."""
 
+        from libp2p.peer.peerstore import PeerStoreError
+
         async def peers() -> list[tuple[str, list[str]]]:
             store = self._host.get_peerstore()
             out = []
             for peer in self._dht.routing_table.get_peer_ids():
-                addrs = store.addrs(peer) if peer in store.peer_ids() else []
+                try:
+                    addrs = store.addrs(peer)
+                except PeerStoreError:  # unknown, or its addresses expired
+                    addrs = []
                 out.append((peer.to_base58(), _dialable(peer, addrs)))
             return out
 
@@ -348,14 +355,10 @@ class P2PHost:
             silent: list[str] = []
 
             async def one(peer: Any) -> None:
-                with trio.move_on_after(timeout) as scope:
-                    try:
-                        await service.ping(peer, 1)
-                    except Exception:
-                        silent.append(peer.to_base58())
-                        return
-                if scope.cancelled_caught:
-                    silent.append(peer.to_base58())
+                with trio.move_on_after(timeout), contextlib.suppress(Exception):
+                    await service.ping(peer, 1)
+                    return
+                silent.append(peer.to_base58())  # it failed, or did not answer in time
 
             async with trio.open_nursery() as nursery:
                 for peer in self._host.get_connected_peers():
@@ -457,11 +460,6 @@ async def _close(stream: Any) -> None:
         except Exception:
             with contextlib.suppress(Exception):
                 await stream.reset()
-
-
-async def _run_sync(fn: Callable[..., Any], *args: Any) -> Any:
-    """Call `fn` on the host's loop (what it touches is the loop's alone)."""
-    return fn(*args)
 
 
 def _dialable(peer: Any, addrs: Any) -> list[str]:

@@ -16,14 +16,13 @@ import contextlib
 import os
 import re
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.conftest import NodeProcess
+from tests.conftest import NodeProcess, launch
 from zoo.node.p2p.host import load_identity, peer_id_of
 
 SERVICE_IP = "10.80.0.1"
@@ -177,18 +176,8 @@ class Lab:
 
     def start(self, node: LabNode, config_toml: str) -> NodeProcess:
         node.config_file.write_text(config_toml)
-        env = {
-            k: v for k, v in os.environ.items() if not k.startswith("ZOO_NODE_") or k == "ZOO_NODE_CACHE_DIR"
-        }
-        env["ZOO_NODE_BANNER"] = "0"
-        log_file = node.config_file.with_suffix(".log")
-        with log_file.open("ab") as log:
-            proc = subprocess.Popen(
-                ["ip", "netns", "exec", node.ns, sys.executable, "-m", "zoo.node.cli", "start",
-                 "--config", str(node.config_file)],
-                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-            )  # fmt: skip
-        node.process = NodeProcess(proc, node.data_dir, node.config_file, log_file)
+        node.process = launch(node.config_file, node.data_dir, env={"ZOO_NODE_BANNER": "0"},
+                              prefix=("ip", "netns", "exec", node.ns))  # fmt: skip
         return node.process
 
     def kill(self, node: LabNode) -> None:
