@@ -378,9 +378,11 @@ class P2PConfig(_Section):
     bootstrap: list[str] = Field(default_factory=list, max_length=64)
     """Peers to dial at start and whenever disconnected: /ip4/HOST/tcp/PORT/p2p/PEER_ID multiaddrs."""
     capabilities_interval_s: float = Field(10.0, gt=0, le=3600)
-    """How often this node advertises what it serves."""
-    capabilities_ttl_s: float = Field(35.0, gt=0, le=86_400)
-    """A peer's capabilities expire this long after its last refresh (it stopped, or is unreachable)."""
+    """How often this node checks what it serves (models, load, library version, addresses) and
+    advertises it if it changed; unchanged, it is re-advertised every capabilities_ttl_s / 3."""
+    capabilities_ttl_s: float = Field(90.0, gt=0, le=86_400)
+    """A peer's capabilities expire this long after its last refresh (it stopped, or is unreachable).
+    Peers refresh theirs every third of their own TTL: keep it the same on every node."""
     redial_interval_s: float = Field(5.0, gt=0, le=3600)
     """How often known and bootstrap peers that are not connected are dialled (with backoff each)."""
     discovery: bool = True
@@ -390,9 +392,10 @@ class P2PConfig(_Section):
     """Connected peers the node keeps: below this it dials peers the DHT found (its routing table), and
     walks the DHT every redial_interval_s instead of every discovery_interval_s while it knows peers it
     is not connected to."""
-    discovery_interval_s: float = Field(30.0, gt=0, le=86_400)
+    discovery_interval_s: float = Field(120.0, gt=0, le=86_400)
     """How often the node walks the Kademlia DHT (looks up its own id and a random one) to learn peers
-    beyond those it is connected to, and re-announces the library CID it holds as a provider record."""
+    beyond those it is connected to, once it has its target of peers; the walk also re-announces the
+    library CID it holds as a provider record when that is ten minutes old."""
     rate_limit_per_s: float = Field(5.0, gt=0, le=10_000)
     """Gossip messages accepted per publishing peer and second, on average ..."""
     rate_limit_burst: float = Field(20.0, ge=1, le=100_000)

@@ -348,6 +348,10 @@ class P2PComponent(Component):
             log.info("p2p publish failed", topic=topic, error=str(e))
 
     async def _advertise(self) -> None:
+        """Every capabilities_interval_s, publish what this node serves if it changed (load, models,
+        version, addresses) or a third of capabilities_ttl_s has passed since the last publish; an idle
+        node's refreshes are what costs every peer CPU, and they grow with N (docs/network.md)."""
+        said: tuple[dict[str, Any], float] | None = None  # the last published capabilities, and when
         while True:
             try:
                 if self.capabilities is None:  # the daemon sets it once the servers are bound
@@ -361,7 +365,9 @@ class P2PComponent(Component):
                         "chain_id": chain.chain_id if chain is not None else 0,
                     }
                 )
-                await self._publish(CAPABILITIES_TOPIC, encode(caps))
+                if advertise_due(caps, said, time.monotonic(), self.settings.capabilities_ttl_s / 3):
+                    await self._publish(CAPABILITIES_TOPIC, encode(caps))
+                    said = (caps.model_dump(exclude={"sent_at"}), time.monotonic())
             except Exception:
                 log.exception("p2p capabilities not published")
             await asyncio.sleep(self.settings.capabilities_interval_s)
@@ -491,3 +497,11 @@ class P2PComponent(Component):
 
 def _peer_of(addr: str) -> str:
     return addr.rsplit("/p2p/", 1)[-1] if "/p2p/" in addr else addr
+
+
+def advertise_due(
+    caps: Capabilities, said: tuple[dict[str, Any], float] | None, now: float, refresh_s: float
+) -> bool:
+    """Whether `caps` must be published: never published, changed (anything but sent_at) since `said`,
+    or `said` is `refresh_s` old (peers expire capabilities after three times that)."""
+    return said is None or now - said[1] >= refresh_s or caps.model_dump(exclude={"sent_at"}) != said[0]

@@ -75,3 +75,15 @@ def test_rate_limiter_bursts_then_refills() -> None:
     assert limiter.allow("q")  # per key
     time.sleep(0.15)
     assert limiter.allow("p")
+
+
+def test_capabilities_are_republished_on_change_or_before_peers_expire_them() -> None:
+    from zoo.node.p2p.component import advertise_due
+
+    assert advertise_due(CAPS, None, 0.0, 30.0)  # never said
+    said = (CAPS.model_dump(exclude={"sent_at"}), 100.0)
+    later = CAPS.model_copy(update={"sent_at": CAPS.sent_at + 5})
+    assert not advertise_due(later, said, 110.0, 30.0)  # unchanged and fresh: an idle node stays quiet
+    assert advertise_due(later, said, 130.0, 30.0)  # a third of the TTL: refreshed before peers expire it
+    assert advertise_due(later.model_copy(update={"load": 2.0}), said, 101.0, 30.0)  # load moved
+    assert advertise_due(later.model_copy(update={"library_version": 7}), said, 101.0, 30.0)
