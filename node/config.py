@@ -405,6 +405,25 @@ class P2PConfig(_Section):
     (a fake announcement costs 10, tampered content 20)."""
     fetch_timeout_s: float = Field(20.0, gt=0, le=3600)
     """Deadline of one library-bytes fetch from a peer."""
+    relays: list[str] = Field(default_factory=list, max_length=8)
+    """This node is behind NAT: relays (nodes with relay_service on, /ip4/HOST/tcp/PORT/p2p/PEER_ID) it
+    keeps a reserved slot at and advertises /p2p-circuit addresses through, so peers can dial it. It then
+    advertises no gRPC address (unless advertise_grpc is set): peers route to it over libp2p."""
+    relay_service: bool = False
+    """Relay for nodes behind NAT (circuit relay v2): they reserve a slot here and peers reach them through
+    this node, within the limits below. For a node with a public address."""
+    relay_max_reservations: int = Field(64, ge=1, le=100_000)
+    """Nodes behind NAT that may hold a slot at once (relay_service)."""
+    relay_max_circuits: int = Field(16, ge=1, le=10_000)
+    """Relayed connections to one node behind NAT at once (relay_service)."""
+    relay_circuit_mb: int = Field(256, ge=1, le=1 << 20)
+    """Data one relayed connection may carry, both ways, before the relay resets it (relay_service)."""
+    relay_circuit_s: int = Field(3600, ge=10, le=86_400 * 7)
+    """Lifetime of one relayed connection before the relay resets it (relay_service); peers redial."""
+    grpc_over_p2p: bool = True
+    """Peers may reach this node's gRPC API over libp2p (`/zoo/grpc/1.0.0`, relayed when behind NAT), so a
+    node with no reachable gRPC address still answers routed requests. They reach what the gRPC port
+    offers: admin calls need the admin token, server.api_key applies. Off with TLS (plain gRPC only)."""
     routing: bool = True
     """Forward an Infer request for a model this node does not serve to a peer that advertises it."""
     advertise_grpc: str | None = None
@@ -427,7 +446,7 @@ class P2PConfig(_Section):
             raise ValueError(f"{v!r}: advertise the real port, not 0")
         return v
 
-    @field_validator("bootstrap")
+    @field_validator("bootstrap", "relays")
     @classmethod
     def _bootstrap(cls, v: list[str]) -> list[str]:
         dialable = re.compile(r"/(ip[46]|dns[46]?)/[^/]+/tcp/\d{1,5}/p2p/[1-9A-HJ-NP-Za-km-z]{40,64}")

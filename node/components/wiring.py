@@ -321,7 +321,7 @@ def router(cfg: NodeConfig, p2p: P2PComponent | None) -> Any:
         return None
     from zoo.node.p2p.routing import Router
 
-    return Router(p2p.book, cfg.p2p.route_timeout_s)
+    return Router(p2p.book, cfg.p2p.route_timeout_s, tunnel=p2p.tunnel)
 
 
 def capabilities(
@@ -357,9 +357,12 @@ def capabilities(
 
 
 def advertised_grpc(cfg: NodeConfig, host: str, port: int) -> str:
-    """The gRPC address peers are told to route to ("" when only a wildcard is known)."""
+    """The gRPC address peers are told to route to: "" when only a wildcard is known, or the node is
+    behind NAT (it lists relays), where peers reach its gRPC API over libp2p instead (p2p/tunnel.py)."""
     if cfg.p2p.advertise_grpc:
         return cfg.p2p.advertise_grpc
+    if cfg.p2p.relays:
+        return ""
     return "" if host.strip("[]") in ("0.0.0.0", "::", "") else f"{host}:{port}"
 
 

@@ -43,6 +43,7 @@ from zoo.node.p2p.messages import (
     encode,
 )
 from zoo.node.p2p.peers import PeerBook, RateLimiter
+from zoo.node.p2p.relay import Relaying, RelayLimits
 
 log = get_logger(__name__)
 
@@ -88,6 +89,7 @@ class P2PComponent(Component):
         self.max_content_bytes = max_content_bytes
         self.dir = data_dir / "p2p"
         self.capabilities = capabilities
+        self.grpc_target: Callable[[], str | None] | None = None  # this node's gRPC, for peers' tunnels
         self.content = content
         self.chain = chain
         self.on_newer_version = on_newer_version
@@ -117,14 +119,22 @@ class P2PComponent(Component):
         self._loop = asyncio.get_running_loop()
         self._hints = asyncio.Queue(maxsize=64)
         seed = load_identity(self.dir / "identity.key")
+        s = self.settings
+        hop = None
+        if s.relay_service:
+            hop = RelayLimits(
+                s.relay_max_reservations, s.relay_max_circuits, s.relay_circuit_mb << 20, s.relay_circuit_s
+            )
         host = P2PHost(
             seed,
-            self.settings.listen,
+            s.listen,
             list(TOPICS),
             validator=self._validate,
             on_message=self._deliver,
             content=self.content,
             max_content_bytes=self.max_content_bytes,
+            relaying=Relaying(hop=hop, relays=list(s.relays)),
+            grpc_target=self.grpc_target,
         )
         await asyncio.to_thread(host.start)
         self.host = host
@@ -363,6 +373,7 @@ class P2PComponent(Component):
                     update={
                         "addrs": (self.host.addrs if self.host else [])[:8],
                         "chain_id": chain.chain_id if chain is not None else 0,
+                        "grpc_over_p2p": self.grpc_target is not None and bool(caps.models),
                     }
                 )
                 if advertise_due(caps, said, time.monotonic(), self.settings.capabilities_ttl_s / 3):
@@ -450,6 +461,13 @@ class P2PComponent(Component):
         # The DHT's peers (none with discovery off): what keeps a mesh of its own.
         if len(connected) < self.settings.target_peers:
             targets += [(a, peer) for peer, addrs in self._found for a in addrs[:1] if peer not in connected]
+            # Peers behind NAT are dialled through their relays: the DHT knows only their private addresses.
+            targets += [
+                (a, r.peer_id)
+                for r, caps in self.book.capable()
+                for a in caps.addrs
+                if "/p2p-circuit/" in a and r.peer_id not in connected
+            ][:4]
         targets = targets[:MAX_DIALS_PER_ROUND]
         now = time.monotonic()
         current = {a for a, _ in targets}
@@ -474,6 +492,13 @@ class P2PComponent(Component):
             connected.add(got)
             self.book.seen(got, [addr], connected=True)
             log.info("p2p peer connected", peer=got, addr=addr)
+
+    def tunnel(self, peer_id: str, addrs: list[str]) -> str:
+        """A loopback address reaching `peer_id`'s gRPC API over libp2p (blocking; P2PHost.tunnel)."""
+        host = self.host
+        if host is None or not host.running:
+            raise P2PError("the libp2p host is not running")
+        return host.tunnel(peer_id, addrs)
 
     # -- what GetStatus, ListPeers and `zoo-node peers` show ------------------------------------------
 

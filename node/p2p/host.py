@@ -33,6 +33,8 @@ import trio
 from multiaddr import Multiaddr
 
 from zoo.node.logs import get_logger
+from zoo.node.p2p.relay import Relaying
+from zoo.node.p2p.tunnel import GRPC_PROTOCOL, Tunnels
 from zoo.registry import untrusted_json
 from zoo.registry.errors import ZooError
 from zoo.registry.fsutil import write_atomic
@@ -113,6 +115,8 @@ class P2PHost:
         on_message: MessageSink,
         content: ContentLookup,
         max_content_bytes: int,
+        relaying: Relaying | None = None,
+        grpc_target: Callable[[], str | None] | None = None,
     ) -> None:
         self.seed = seed
         self.listen = listen
@@ -122,7 +126,11 @@ class P2PHost:
         self.content = content
         self.max_content_bytes = max_content_bytes
         self.peer_id = peer_id_of(seed)
-        self.addrs: list[str] = []
+        self.relaying = relaying or Relaying(hop=None, relays=[])
+        self.grpc_target = grpc_target
+        self._listen_addrs: list[str] = []
+        self._tunnels: Tunnels | None = None
+        self._nursery: trio.Nursery | None = None
         self._token: Any = None
         self._stop: trio.Event | None = None
         self._ready = threading.Event()
@@ -152,6 +160,11 @@ class P2PHost:
             with contextlib.suppress(trio.RunFinishedError):
                 trio.from_thread.run_sync(stop.set, trio_token=self._token)
         self._thread.join(timeout)
+
+    @property
+    def addrs(self) -> list[str]:
+        """Where peers reach this node: its listen addresses, then its addresses through relays."""
+        return self._listen_addrs + self.relaying.circuit_addrs(self.peer_id)
 
     @property
     def running(self) -> bool:
@@ -192,20 +205,27 @@ class P2PHost:
         # Random walks are this node's to schedule (the component's discovery loop), not the library's
         # two-minute timer; values are off: a peer cannot make this node store anything but provider records.
         dht = KadDHT(host, DHTMode.SERVER, enable_random_walk=False, enable_values=False)
+        relay = self.relaying.attach(host)
         async with host.run(listen_addrs=[Multiaddr(self.listen)]), trio.open_nursery() as nursery:
             host.set_stream_handler(CONTENT_PROTOCOL, self._serve_content)
+            self._tunnels = Tunnels(host, self.grpc_target or (lambda: None))
+            if self.grpc_target is not None:
+                host.set_stream_handler(GRPC_PROTOCOL, self._tunnels.serve)
             async with (
                 background_trio_service(pubsub),
                 background_trio_service(gossip),
                 background_trio_service(dht),
+                background_trio_service(relay),
             ):
                 await pubsub.wait_until_ready()
                 for topic in self.topics:
                     pubsub.set_topic_validator(topic, self._validator_for(topic), False)
                     subscription = await pubsub.subscribe(topic)
                     nursery.start_soon(self._pump, topic, subscription)
-                self._host, self._pubsub, self._dht = host, pubsub, dht
-                self.addrs = [str(a) for a in host.get_addrs()]
+                self._host, self._pubsub, self._dht, self._nursery = host, pubsub, dht, nursery
+                self._listen_addrs = [str(a) for a in host.get_addrs()]
+                if self.relaying.relays:
+                    nursery.start_soon(self.relaying.keep_reservations, host, nursery)
                 self._ready.set()
                 await self._stop.wait()
                 nursery.cancel_scope.cancel()
@@ -262,26 +282,46 @@ class P2PHost:
         self._guarded(lambda: self._pubsub.publish(topic, data), f"publishing on {topic}")
 
     def connect(self, addr: str, timeout: float = 10.0) -> str:
-        """Dial a /p2p/ multiaddr; returns the peer id."""
+        """Dial a /p2p/ multiaddr (a /p2p-circuit one through its relay); returns the peer id."""
+        peer = self._guarded(lambda: self._dial(addr), f"connecting to {addr}", timeout)
+        return peer.to_base58()
+
+    async def _dial(self, addr: str) -> Any:
         from libp2p.peer.peerinfo import info_from_p2p_addr
 
         try:
             info = info_from_p2p_addr(Multiaddr(addr))
         except Exception as e:
             raise P2PError(f"not a dialable /p2p/ multiaddr: {addr!r} ({e})") from None
-
+        if "/p2p-circuit" in addr:  # the swarm does not dial circuit addresses: the relay transport does
+            await self.relaying.dial(addr)
+            return info.peer_id
         # py-libp2p's swarm refuses, for 60 s, every dial to a peer whose addresses all failed once (its
         # "negative cache"): a node that started before its bootstrap peer could not join for a minute,
         # and a healed partition stayed split as long. This node's dialler keeps its own backoff per
         # address; a dial it asks for is made.
-        async def dial() -> None:
-            cache = getattr(getattr(self._host, "get_network", lambda: None)(), "_negative_peer_cache", None)
-            if hasattr(cache, "evict"):
-                cache.evict(str(info.peer_id))
-            await self._host.connect(info)
+        cache = getattr(getattr(self._host, "get_network", lambda: None)(), "_negative_peer_cache", None)
+        if hasattr(cache, "evict"):
+            cache.evict(str(info.peer_id))
+        await self._host.connect(info)
+        return info.peer_id
 
-        self._guarded(dial, f"connecting to {addr}", timeout)
-        return info.peer_id.to_base58()
+    def tunnel(self, peer_id: str, addrs: list[str]) -> str:
+        """A loopback HOST:PORT whose connections reach `peer_id`'s gRPC server over libp2p (tunnel.py);
+        the peer is dialled at `addrs` (relayed ones too) when a connection is opened and it is not
+        connected."""
+
+        async def connect() -> None:
+            for addr in addrs:
+                with contextlib.suppress(Exception), trio.move_on_after(10):
+                    await self._dial(addr)
+                    return
+
+        async def open_() -> str:
+            assert self._tunnels is not None and self._nursery is not None
+            return await self._tunnels.open(peer_id, self._nursery, connect)
+
+        return self._guarded(open_, f"opening a gRPC tunnel to {peer_id}")
 
     def connected(self) -> list[str]:
         async def peers() -> list[str]:

@@ -67,10 +67,11 @@ class Capabilities(_Message):
     library_root: Annotated[str, StringConstraints(pattern=r"^(0x[0-9a-f]{64})?$")] = ""
     job_types: list[Name] = Field(default_factory=list, max_length=16)
     grpc: Endpoint = ""
+    grpc_over_p2p: bool = False  # its gRPC API answers over libp2p (p2p/tunnel.py): routable behind NAT
     http: Endpoint = ""
     addrs: list[Annotated[str, StringConstraints(max_length=256, pattern=r"^/[\x21-\x7e]*$")]] = Field(
         default_factory=list, max_length=8
-    )  # the node's libp2p listen multiaddrs, so peers can dial it again after a restart
+    )  # the node's libp2p listen and relayed (/p2p-circuit) multiaddrs: peers dial these
     load: float = Field(0.0, ge=0, le=1e6)  # requests waiting or running per batch slot
     chain_id: int = Field(0, ge=0, le=2**63)
     sent_at: float = Field(default_factory=time.time, ge=0)

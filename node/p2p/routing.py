@@ -3,9 +3,10 @@
 Candidates are peers with live capabilities naming the model, not banned, least loaded first (then best
 score). A request pinned to a library root goes only to peers whose current root is that root, and a
 peer's answer built on any other root is refused. The request is forwarded over the peer's public gRPC
-API with a deadline; a transport failure (UNAVAILABLE, DEADLINE_EXCEEDED) tries one other peer, any
-other status is the peer's verdict on the request and is passed back as it is. A forwarded request
-carries the metadata `zoo-forwarded`, and a node never forwards such a request again: no loops.
+API with a deadline (over libp2p, p2p/tunnel.py, to a peer behind NAT with no public gRPC address); a
+transport failure (UNAVAILABLE, DEADLINE_EXCEEDED) tries one other peer, any other status is the
+peer's verdict on the request and is passed back as it is. A forwarded request carries the metadata
+`zoo-forwarded`, and a node never forwards such a request again: no loops.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from zoo.inference.backend_protocol import BackendUnavailable
 from zoo.node.logs import get_logger
 from zoo.node.p2p.messages import Capabilities
 from zoo.node.p2p.peers import PeerBook
-from zoo.registry.errors import IntegrityError
+from zoo.registry.errors import IntegrityError, ZooError
 from zoo.v1 import inference_pb2, inference_pb2_grpc
 
 log = get_logger(__name__)
@@ -42,6 +43,10 @@ class _WrongRoot(Exception):
     Not a ZooError: a private signal of the router, which asks the next peer; it never leaves this module."""
 
 
+class _Unreachable(Exception):
+    """No way to the peer could be opened (retryable like UNAVAILABLE); private to the router."""
+
+
 class PeerRefused(Exception):
     """The peer answered with a non-retryable status; the servicer passes its code and message on.
 
@@ -54,9 +59,12 @@ class PeerRefused(Exception):
 
 
 class Router:
-    def __init__(self, book: PeerBook, timeout_s: float = 60.0) -> None:
+    def __init__(
+        self, book: PeerBook, timeout_s: float = 60.0, tunnel: Callable[[str, list[str]], str] | None = None
+    ) -> None:
         self.book = book
         self.timeout_s = timeout_s
+        self.tunnel = tunnel  # (peer id, its addrs) -> loopback address reaching its gRPC over libp2p
         self._channels: OrderedDict[str, grpc.aio.Channel] = OrderedDict()
         self._closing: set[asyncio.Task[None]] = set()
 
@@ -64,9 +72,21 @@ class Router:
         found = [
             (record.peer_id, caps)
             for record, caps in self.book.capable()
-            if model in caps.models and caps.grpc and (not library_root or caps.library_root == library_root)
+            if model in caps.models
+            and (caps.grpc or (caps.grpc_over_p2p and self.tunnel is not None))
+            and (not library_root or caps.library_root == library_root)
         ]
         return sorted(found, key=lambda pc: (pc[1].load, -self.book.score(pc[0])))
+
+    async def _stub_for(self, peer_id: str, caps: Capabilities) -> inference_pb2_grpc.InferenceServiceStub:
+        """A stub on the peer's public gRPC address, or on a tunnel to it over libp2p."""
+        if caps.grpc:
+            return self._stub(caps.grpc)
+        assert self.tunnel is not None
+        try:
+            return self._stub(await asyncio.to_thread(self.tunnel, peer_id, caps.addrs))
+        except ZooError as e:  # the host stopped: as unreachable as a refused TCP connection
+            raise _Unreachable(str(e)) from None
 
     def _stub(self, address: str) -> inference_pb2_grpc.InferenceServiceStub:
         channel = self._channels.get(address)
@@ -110,7 +130,8 @@ class Router:
         problems = []
         for peer_id, caps in self._targets(request):
             try:
-                response = await self._stub(caps.grpc).Infer(
+                stub = await self._stub_for(peer_id, caps)
+                response = await stub.Infer(
                     request, timeout=self._timeout(remaining), metadata=((FORWARDED, "1"),)
                 )
                 return self._checked(peer_id, request, response)
@@ -119,8 +140,8 @@ class Router:
                     raise PeerRefused(peer_id, e.code(), e.details() or "") from None
                 problems.append(f"{peer_id}: {e.code().name}")
                 log.info("routed request failed; trying another peer", peer=peer_id, code=e.code().name)
-            except _WrongRoot as e:
-                problems.append(str(e))
+            except (_WrongRoot, _Unreachable) as e:
+                problems.append(f"{peer_id}: {e}")
         raise NoCapablePeer(f"no peer serving model {request.model!r} answered: " + "; ".join(problems))
 
     async def infer_stream(
@@ -129,9 +150,12 @@ class Router:
         """The peer's chunks; another peer is tried only when the first fails before any chunk."""
         problems = []
         for peer_id, caps in self._targets(request):
-            call = self._stub(caps.grpc).InferStream(
-                request, timeout=self._timeout(remaining), metadata=((FORWARDED, "1"),)
-            )
+            try:
+                stub = await self._stub_for(peer_id, caps)
+            except _Unreachable as e:
+                problems.append(f"{peer_id}: {e}")
+                continue
+            call = stub.InferStream(request, timeout=self._timeout(remaining), metadata=((FORWARDED, "1"),))
             started = False
             try:
                 async for chunk in call:

@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -47,6 +48,7 @@ def make_host(tmp_path: Path) -> Iterator[Callable[..., tuple[P2PHost, Inbox]]]:
         name: str,
         content: dict[str, bytes] | None = None,
         accept: Callable[[str, str, str, bytes], bool] = lambda *_: True,
+        **kwargs: Any,
     ) -> tuple[P2PHost, Inbox]:
         inbox = Inbox()
         store = content or {}
@@ -58,6 +60,7 @@ def make_host(tmp_path: Path) -> Iterator[Callable[..., tuple[P2PHost, Inbox]]]:
             on_message=inbox,
             content=store.get,
             max_content_bytes=1 << 20,
+            **kwargs,
         )
         host.start()
         hosts.append(host)
