@@ -105,8 +105,9 @@ class PeerBook:
             record = self._record(peer_id)
             record.last_seen = time.time()
             record.was_connected = record.was_connected or connected
-            if addrs:
-                record.addrs = sorted(set(addrs))[:8]
+            if addrs:  # merged, newest first: a DHT entry naming only a NATed peer's private address must
+                # not push out the relayed one its capabilities gave
+                record.addrs = list(dict.fromkeys([*addrs, *record.addrs]))[:8]
             self._save()
 
     def set_capabilities(self, peer_id: str, capabilities: Capabilities) -> None:

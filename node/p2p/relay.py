@@ -28,7 +28,7 @@ from zoo.node.logs import get_logger
 log = get_logger(__name__)
 
 RESERVE_EVERY_S = 600.0  # well within the relay's reservation TTL (an hour by default)
-CHECK_EVERY_S = 5.0
+CHECK_EVERY_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -84,13 +84,18 @@ class Relaying:
         from libp2p.peer.peerinfo import info_from_p2p_addr
         from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID
 
+        held: dict[str, list[Any]] = {}  # relay -> the connections its slot was reserved over (kept, not
+        # their ids: a closed connection's id can be a new one's)
         while True:
-            connected = set(host.get_connected_peers())
+            network = host.get_network()
             for relay in self.relays:
                 info = info_from_p2p_addr(Multiaddr(relay))
+                conns = network.get_connections(info.peer_id)
                 fresh = time.monotonic() - self.reserved.get(relay, -1e9) < RESERVE_EVERY_S
-                if info.peer_id in connected and fresh:
-                    continue
+                if fresh and any(c is h for c in conns for h in held.get(relay, [])):
+                    continue  # reserved over a connection that is still up: the slot is still ours
+                # No slot, an old one, or the connection it was made over is gone (a relay that restarted
+                # has forgotten it, even if a new connection came up in between): reserve again.
                 self.reserved.pop(relay, None)
                 try:
                     with trio.fail_after(15):
@@ -105,6 +110,7 @@ class Relaying:
                     continue
                 if ok:
                     self.reserved[relay] = time.monotonic()
+                    held[relay] = list(network.get_connections(info.peer_id))
                     log.info("p2p relay slot reserved", relay=relay)
                 else:
                     log.warning("p2p relay refused a reservation (full, or not a relay)", relay=relay)

@@ -16,6 +16,7 @@ import contextlib
 import os
 import re
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterable
@@ -72,8 +73,9 @@ class Forwarder:
     """TCP from SERVICE_IP:port to 127.0.0.1:target for each (port, target), in a thread of its own.
     Hand-written: a dozen lines of asyncio, where socat is not installed here."""
 
-    def __init__(self, targets: Iterable[int]) -> None:
-        self.ports: dict[int, int] = {}  # target -> port on SERVICE_IP
+    def __init__(self, targets: Iterable[int], ip: str = SERVICE_IP) -> None:
+        self.ip = ip
+        self.ports: dict[int, int] = {}  # target -> port on self.ip
         self._loop = asyncio.new_event_loop()
         self._servers: list[asyncio.Server] = []
         self._thread = threading.Thread(target=self._loop.run_forever, name="forwarder", daemon=True)
@@ -96,16 +98,24 @@ class Forwarder:
                 return
             await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
 
-        server = await asyncio.start_server(relay, SERVICE_IP, 0)
+        server = await asyncio.start_server(relay, self.ip, 0)
         self._servers.append(server)
         return server
 
     def url(self, target: int) -> str:
-        return f"http://{SERVICE_IP}:{self.ports[target]}"
+        return f"http://{self.ip}:{self.ports[target]}"
 
     def close(self) -> None:
-        for server in self._servers:
-            self._loop.call_soon_threadsafe(server.close)
+        async def shut() -> None:
+            for server in self._servers:
+                server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(shut(), self._loop).result(5)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
 
@@ -233,3 +243,92 @@ class Lab:
         self.stop_all()
         clean_up_leftovers()
         Path("/proc/sys/net/ipv4/ip_forward").write_text(self._forwarding)
+
+
+def nat_unavailable() -> str | None:
+    """None when this machine can build the NAT lab (root, namespaces, iptables), else why not."""
+    reason = available()
+    if reason is None and subprocess.run(["which", "iptables"], capture_output=True).returncode != 0:
+        reason = "iptables is not installed (./zoo setup installs Debian's package when run as root)"
+    return reason
+
+
+def netns_run(ns: str, *cmd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ip", "netns", "exec", ns, *cmd], check=True, capture_output=True, text=True)
+
+
+NAT_PUBLIC = {"znr": 1, "znc": 2, "zngw": 3}  # the NAT lab's public namespaces and their subnets
+NAT_SERVICE_IP = "10.82.0.1"  # the NAT lab's devnet address (not SERVICE_IP: the two labs may coexist)
+
+
+class NatLab:
+    """A public network routed by this host, and one node behind NAT (iptables masquerade).
+
+    Public: `znr` (the relay, 10.81.1.2), `znc` (a client node, 10.81.2.2) and the NAT gateway `zngw`
+    (10.81.3.2), each on a veth to this host, which routes between them. Private: `znn` (192.168.81.2),
+    whose only way out is the gateway, which masquerades it as 10.81.3.2. The public namespaces have no
+    route to 192.168.81.0/24, as the internet has none to a home network; this host has one (through the
+    gateway) so the test can ask the private node for its status, as its operator could. No namespace has
+    a default route: nothing leaves the lab. The devnet is reached at NAT_SERVICE_IP (a Forwarder).
+    """
+
+    PRIVATE_NET, PRIVATE_IP = "192.168.81.0/24", "192.168.81.2"
+
+    def __init__(self) -> None:
+        self.close()
+        self._forwarding = Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()
+        Path("/proc/sys/net/ipv4/ip_forward").write_text("1")
+        ip("addr", "add", f"{NAT_SERVICE_IP}/32", "dev", "lo")
+        for ns, i in NAT_PUBLIC.items():
+            host_if = f"znh{i}"
+            ip("netns", "add", ns)
+            ip("link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            ip("addr", "add", f"10.81.{i}.1/24", "dev", host_if)
+            ip("link", "set", host_if, "up")
+            ip("-n", ns, "addr", "add", f"10.81.{i}.2/24", "dev", "eth0")
+            ip("-n", ns, "link", "set", "eth0", "up")
+            ip("-n", ns, "link", "set", "lo", "up")
+            for dest in ("10.81.0.0/16", f"{NAT_SERVICE_IP}/32"):
+                ip("-n", ns, "route", "add", dest, "via", f"10.81.{i}.1")
+        ip("netns", "add", "znn")
+        ip("link", "add", "priv0", "netns", "zngw", "type", "veth", "peer", "name", "eth0", "netns", "znn")
+        ip("-n", "zngw", "addr", "add", "192.168.81.1/24", "dev", "priv0")
+        ip("-n", "zngw", "link", "set", "priv0", "up")
+        ip("-n", "znn", "addr", "add", f"{self.PRIVATE_IP}/24", "dev", "eth0")
+        ip("-n", "znn", "link", "set", "eth0", "up")
+        ip("-n", "znn", "link", "set", "lo", "up")
+        ip("-n", "znn", "route", "add", "default", "via", "192.168.81.1")
+        netns_run("zngw", "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward")
+        netns_run("zngw", "iptables", "-t", "nat", "-A", "POSTROUTING", "-s", self.PRIVATE_NET, "-o", "eth0",
+                  "-j", "MASQUERADE")  # fmt: skip
+        ip("route", "add", self.PRIVATE_NET, "via", "10.81.3.2")
+
+    @staticmethod
+    def public_ip(ns: str) -> str:
+        return f"10.81.{NAT_PUBLIC[ns]}.2"
+
+    def start(self, ns: str, config_file: Path, data_dir: Path) -> NodeProcess:
+        return launch(config_file, data_dir, env={"ZOO_NODE_BANNER": "0"}, prefix=("ip", "netns", "exec", ns))
+
+    def can_connect(self, ns: str, host: str, port: int) -> str:
+        """From inside `ns`, a TCP connect to host:port: "ok", or the error it failed with."""
+        probe = (
+            "import socket,sys\n"
+            "s=socket.socket(); s.settimeout(5)\n"
+            f"try: s.connect(({host!r}, {port})); print('ok')\n"
+            "except OSError as e: print(type(e).__name__, e.strerror or e)\n"
+        )
+        return netns_run(ns, sys.executable, "-c", probe).stdout.strip()
+
+    def close(self) -> None:
+        for ns in ("znn", *NAT_PUBLIC):
+            for pid in ip("netns", "pids", ns, check=False).stdout.split():
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), 9)
+            ip("netns", "del", ns, check=False)  # its veths, addresses, routes and iptables rules go too
+        for i in NAT_PUBLIC.values():
+            ip("link", "del", f"znh{i}", check=False)
+        ip("route", "del", self.PRIVATE_NET, check=False)
+        ip("addr", "del", f"{NAT_SERVICE_IP}/32", "dev", "lo", check=False)
+        if hasattr(self, "_forwarding"):
+            Path("/proc/sys/net/ipv4/ip_forward").write_text(self._forwarding)
