@@ -423,7 +423,8 @@ class P2PConfig(_Section):
     grpc_over_p2p: bool = True
     """Peers may reach this node's gRPC API over libp2p (`/zoo/grpc/1.0.0`, relayed when behind NAT), so a
     node with no reachable gRPC address still answers routed requests. They reach what the gRPC port
-    offers: admin calls need the admin token, server.api_key applies. Off with TLS (plain gRPC only)."""
+    offers: admin calls need the admin token, server.api_key applies. Off with TLS (plain gRPC only) and
+    on light nodes (nothing to route to)."""
     routing: bool = True
     """Forward an Infer request for a model this node does not serve to a peer that advertises it."""
     advertise_grpc: str | None = None

@@ -274,7 +274,9 @@ class NodeRun:
             lambda: advertised_grpc(cfg, self.host, self.bound_port),
             self.http_url,
         )
-        if cfg.p2p.grpc_over_p2p and not cfg.server.tls_cert:  # the tunnel's far end speaks plain gRPC
+        # Peers reach this node's gRPC over libp2p only when it has a model to answer for (a light node has
+        # nothing to route to), and not with TLS on (the tunnel's far end speaks plain gRPC).
+        if cfg.p2p.grpc_over_p2p and not cfg.light and not cfg.server.tls_cert:
             own = "127.0.0.1" if self.host.strip("[]") in ("0.0.0.0", "::", "") else self.host
             p2p.grpc_target = lambda: f"{own}:{self.bound_port}" if self.bound_port else None
         self.servicer.p2p = p2p
