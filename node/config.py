@@ -420,11 +420,11 @@ class P2PConfig(_Section):
     """Data one relayed connection may carry, both ways, before the relay resets it (relay_service)."""
     relay_circuit_s: int = Field(3600, ge=10, le=86_400 * 7)
     """Lifetime of one relayed connection before the relay resets it (relay_service); peers redial."""
-    grpc_over_p2p: bool = True
+    grpc_over_p2p: bool | None = None
     """Peers may reach this node's gRPC API over libp2p (`/zoo/grpc/1.0.0`, relayed when behind NAT), so a
     node with no reachable gRPC address still answers routed requests. They reach what the gRPC port
-    offers: admin calls need the admin token, server.api_key applies. Off with TLS (plain gRPC only) and
-    on light nodes (nothing to route to)."""
+    offers: admin calls need the admin token, server.api_key applies. Unset: on for a node behind NAT
+    (relays set), off otherwise. Never with TLS (plain gRPC only) or on a light node (nothing to route)."""
     routing: bool = True
     """Forward an Infer request for a model this node does not serve to a peer that advertises it."""
     advertise_grpc: str | None = None

@@ -276,7 +276,8 @@ class NodeRun:
         )
         # Peers reach this node's gRPC over libp2p only when it has a model to answer for (a light node has
         # nothing to route to), and not with TLS on (the tunnel's far end speaks plain gRPC).
-        if cfg.p2p.grpc_over_p2p and not cfg.light and not cfg.server.tls_cert:
+        over_p2p = cfg.p2p.grpc_over_p2p if cfg.p2p.grpc_over_p2p is not None else bool(cfg.p2p.relays)
+        if over_p2p and not cfg.light and not cfg.server.tls_cert:
             own = "127.0.0.1" if self.host.strip("[]") in ("0.0.0.0", "::", "") else self.host
             p2p.grpc_target = lambda: f"{own}:{self.bound_port}" if self.bound_port else None
         self.servicer.p2p = p2p

@@ -287,6 +287,7 @@ class P2PComponent(Component):
             )
             return
         self._count(LIBRARY_TOPIC, "accepted")
+        self.book.note_holder(publisher, hint.cid)  # content asks it first
         now = time.monotonic()
         # One wake-up per version and second at most: replaying an honest announcement cannot make the
         # node poll back to back.
@@ -461,13 +462,6 @@ class P2PComponent(Component):
         # The DHT's peers (none with discovery off): what keeps a mesh of its own.
         if len(connected) < self.settings.target_peers:
             targets += [(a, peer) for peer, addrs in self._found for a in addrs[:1] if peer not in connected]
-            # Peers behind NAT are dialled through their relays: the DHT knows only their private addresses.
-            targets += [
-                (a, r.peer_id)
-                for r, caps in self.book.capable()
-                for a in caps.addrs
-                if "/p2p-circuit/" in a and r.peer_id not in connected
-            ][:4]
         targets = targets[:MAX_DIALS_PER_ROUND]
         now = time.monotonic()
         current = {a for a, _ in targets}

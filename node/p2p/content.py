@@ -1,11 +1,12 @@
 """Library bytes from peers, verified like an IPFS fetch, and the fallback from IPFS to peers.
 
-`PeerContent` is a ContentSource (registry.sync) that asks connected peers, best score first, for the
-bytes of a CID, and then the holders the DHT's provider records name (dialled first: they may be anywhere
-in the network). Every answer is checked against the CID before it is returned (the syncer then checks
-the Merkle root against the chain, as for IPFS); a peer whose bytes do not match is penalised and the
-next one is asked. Failing everywhere raises P2PError, which the library component treats as a
-transient sync failure (retry later), never as a verdict on the on-chain version.
+`PeerContent` is a ContentSource (registry.sync) that asks connected peers (those that announced the
+CID first, then best score first) for the bytes of a CID, and then the holders the DHT's provider
+records name (dialled first: they may be anywhere in the network). Every answer is checked against the
+CID before it is returned (the syncer then checks the Merkle root against the chain, as for IPFS); a
+peer whose bytes do not match is penalised and the next one is asked. Failing everywhere raises
+P2PError, which the library component treats as a transient sync failure (retry later), never as a
+verdict on the on-chain version.
 """
 
 from __future__ import annotations
@@ -62,7 +63,12 @@ class PeerContent:
         if host is None or not host.running:
             raise P2PError("the p2p host is not running")
         connected = set(host.connected())
-        ranked = [r.peer_id for r in self.book.records() if r.peer_id in connected]
+        # Peers that announced this CID first (they hold it), then the rest by score: at N = 16 with the
+        # best-scored four asked first, a node without IPFS often asked four that did not have it yet.
+        ranked = [p for p in self.book.holders(cid) if p in connected]
+        ranked += [
+            r.peer_id for r in self.book.records() if r.peer_id in connected and r.peer_id not in ranked
+        ]
         candidates = [p for p in ranked + sorted(connected - set(ranked)) if not self.book.banned(p)]
         problems: list[str] = []
         tried = set(candidates[: self.max_peers])
@@ -81,10 +87,11 @@ class PeerContent:
             if peer in tried or peer == host.peer_id or self.book.banned(peer) or not addrs:
                 continue
             tried.add(peer)
-            try:
-                host.connect(addrs[0], 5.0)
-            except P2PError as e:
-                problems.append(f"{peer[:16]}… (a DHT provider): {e}")
+            # A holder behind NAT is reached through its relay: the DHT knows only its private address, its
+            # capabilities (in the peer book) name the relayed one.
+            record = self.book.get(peer)
+            relayed = [a for a in (record.addrs if record else []) if "/p2p-circuit/" in a]
+            if not self._connect(host, peer, (relayed + addrs)[:3], problems):
                 continue
             data = self._ask(host, peer, cid, max_size, problems)
             if data is not None:
@@ -92,6 +99,17 @@ class PeerContent:
         if not tried:
             raise P2PError(f"no connected peer to ask for {cid}, and the DHT names no holder")
         raise P2PError(f"no peer served verified content for {cid}: " + "; ".join(problems))
+
+    def _connect(self, host: P2PHost, peer: str, addrs: list[str], problems: list[str]) -> bool:
+        problem = f"{peer[:16]}… (a DHT provider): no address"
+        for addr in addrs:
+            try:
+                host.connect(addr, 5.0)
+                return True
+            except P2PError as e:
+                problem = f"{peer[:16]}… (a DHT provider): {e}"
+        problems.append(problem)
+        return False
 
     def _ask(self, host: P2PHost, peer: str, cid: str, max_size: int, problems: list[str]) -> bytes | None:
         """`peer`'s bytes for `cid` once verified, else None with the reason appended to `problems`."""

@@ -34,6 +34,7 @@ from multiaddr import Multiaddr
 
 from zoo.node.logs import get_logger
 from zoo.node.p2p.relay import Relaying
+from zoo.node.p2p.streams import close_stream, read_some
 from zoo.node.p2p.tunnel import GRPC_PROTOCOL, Tunnels
 from zoo.registry import untrusted_json
 from zoo.registry.errors import ZooError
@@ -82,22 +83,12 @@ def peer_id_of(seed: bytes) -> str:
     return ID.from_pubkey(create_new_key_pair(seed).public_key).to_base58()
 
 
-async def _read(stream: Any, n: int) -> bytes:
-    """Up to n bytes; b"" once the other side has closed (py-libp2p raises StreamEOF)."""
-    from libp2p.network.stream.exceptions import StreamEOF
-
-    try:
-        return await stream.read(n)
-    except StreamEOF:
-        return b""
-
-
 async def _read_line(stream: Any, limit: int) -> bytes:
     buf = b""
     while b"\n" not in buf:
         if len(buf) > limit:
             raise P2PError(f"no line within {limit} bytes")
-        chunk = await _read(stream, limit)
+        chunk = await read_some(stream, limit)
         if not chunk:
             raise P2PError("stream closed before a full line")
         buf += chunk
@@ -163,8 +154,9 @@ class P2PHost:
 
     @property
     def addrs(self) -> list[str]:
-        """Where peers reach this node: its listen addresses, then its addresses through relays."""
-        return self._listen_addrs + self.relaying.circuit_addrs(self.peer_id)
+        """Where peers reach this node: its addresses through relays first (a node that has relays is
+        behind NAT, and its listen addresses are private), then its listen addresses."""
+        return self.relaying.circuit_addrs(self.peer_id) + self._listen_addrs
 
     @property
     def running(self) -> bool:
@@ -215,7 +207,7 @@ class P2PHost:
                 background_trio_service(pubsub),
                 background_trio_service(gossip),
                 background_trio_service(dht),
-                background_trio_service(relay),
+                background_trio_service(relay) if relay is not None else contextlib.nullcontext(),
             ):
                 await pubsub.wait_until_ready()
                 for topic in self.topics:
@@ -225,7 +217,7 @@ class P2PHost:
                 self._host, self._pubsub, self._dht, self._nursery = host, pubsub, dht, nursery
                 self._listen_addrs = [str(a) for a in host.get_addrs()]
                 if self.relaying.relays:
-                    nursery.start_soon(self.relaying.keep_reservations, host, nursery)
+                    nursery.start_soon(self.relaying.keep_reservations, host, self._dial, nursery)
                 self._ready.set()
                 await self._stop.wait()
                 nursery.cancel_scope.cancel()
@@ -308,18 +300,19 @@ class P2PHost:
 
     def tunnel(self, peer_id: str, addrs: list[str]) -> str:
         """A loopback HOST:PORT whose connections reach `peer_id`'s gRPC server over libp2p (tunnel.py);
-        the peer is dialled at `addrs` (relayed ones too) when a connection is opened and it is not
+        the peer is dialled at `addrs` (relayed ones first) when a connection is opened and it is not
         connected."""
 
-        async def connect() -> None:
-            for addr in addrs:
-                with contextlib.suppress(Exception), trio.move_on_after(10):
-                    await self._dial(addr)
-                    return
+        async def connect(addrs: list[str]) -> None:
+            with trio.move_on_after(15):  # one deadline for them all; then new_stream tries the peerstore
+                for addr in addrs[:4]:
+                    with contextlib.suppress(Exception), trio.move_on_after(8):
+                        await self._dial(addr)
+                        return
 
         async def open_() -> str:
             assert self._tunnels is not None and self._nursery is not None
-            return await self._tunnels.open(peer_id, self._nursery, connect)
+            return await self._tunnels.open(peer_id, addrs, self._nursery, connect)
 
         return self._guarded(open_, f"opening a gRPC tunnel to {peer_id}")
 
@@ -439,7 +432,7 @@ class P2PHost:
                     raise ContentRefused(f"the peer announced {size} bytes, over the limit {max_bytes}")
                 chunks, got = [rest], len(rest)
                 while got < size:
-                    chunk = await _read(stream, min(65536, size - got))
+                    chunk = await read_some(stream, min(65536, size - got))
                     if not chunk:
                         break
                     chunks.append(chunk)
@@ -449,7 +442,7 @@ class P2PHost:
                     raise P2PError(f"the peer sent {len(data)} bytes, announced {size}")
                 return data
             finally:
-                await _close(stream)
+                await close_stream(stream)
 
         return self._guarded(exchange, f"fetching {cid} from {peer_id}", timeout)
 
@@ -470,7 +463,7 @@ class P2PHost:
         except Exception as e:
             log.info("p2p content request failed", error=f"{type(e).__name__}: {e}")
         finally:
-            await _close(stream)
+            await close_stream(stream)
 
     async def _serve_one(self, stream: Any) -> None:
         line, _, _ = (await _read_line(stream, MAX_REQUEST_LINE)).partition(b"\n")
@@ -489,17 +482,6 @@ class P2PHost:
         await stream.write(json.dumps({"size": len(data)}).encode() + b"\n")
         for start in range(0, len(data), 65536):
             await stream.write(data[start : start + 65536])
-
-
-async def _close(stream: Any) -> None:
-    """Close a stream even from a cancelled scope (a deadline that expired), within a second."""
-    with trio.CancelScope(shield=True) as scope:
-        scope.deadline = trio.current_time() + 1.0
-        try:
-            await stream.close()
-        except Exception:
-            with contextlib.suppress(Exception):
-                await stream.reset()
 
 
 def _dialable(peer: Any, addrs: Any) -> list[str]:

@@ -35,6 +35,7 @@ RECOVERY_PER_S = 1 / 600  # a negative score recovers one point every ten minute
 REWARD_GOOD_CONTENT = 1.0
 MAX_SCORE = 10.0
 MAX_PEERS = 1000  # the book keeps the most recently seen ones
+MAX_HOLDERS, MAX_HOLDER_CIDS = 32, 16  # who announced which library CID (content asks them first)
 
 
 @dataclass
@@ -61,6 +62,7 @@ class PeerBook:
         self._lock = threading.Lock()
         self._dirty = False
         self._peers: dict[str, PeerRecord] = self._load()
+        self._holders: dict[str, list[str]] = {}  # cid -> peers that announced it, latest first
 
     def _load(self) -> dict[str, PeerRecord]:
         try:
@@ -105,9 +107,9 @@ class PeerBook:
             record = self._record(peer_id)
             record.last_seen = time.time()
             record.was_connected = record.was_connected or connected
-            if addrs:  # merged, newest first: a DHT entry naming only a NATed peer's private address must
-                # not push out the relayed one its capabilities gave
-                record.addrs = list(dict.fromkeys([*addrs, *record.addrs]))[:8]
+            if addrs:  # merged: a DHT entry naming only a NATed peer's private address must not push out
+                # the relayed one its capabilities gave
+                record.addrs = _ordered([*addrs, *record.addrs])
             self._save()
 
     def set_capabilities(self, peer_id: str, capabilities: Capabilities) -> None:
@@ -116,9 +118,22 @@ class PeerBook:
             record = self._record(peer_id)
             record.capabilities = capabilities.model_dump()
             record.capabilities_at = record.last_seen = time.time()
-            if capabilities.addrs and sorted(set(capabilities.addrs))[:8] != record.addrs:
-                record.addrs = sorted(set(capabilities.addrs))[:8]
+            if capabilities.addrs and _ordered(capabilities.addrs) != record.addrs:
+                record.addrs = _ordered(capabilities.addrs)
                 self._save()
+
+    def note_holder(self, peer_id: str, cid: str) -> None:
+        """`peer_id` said it holds `cid` (an announcement whose root the chain confirmed); memory only."""
+        with self._lock:
+            peers = [peer_id, *(p for p in self._holders.pop(cid, []) if p != peer_id)][:MAX_HOLDERS]
+            self._holders[cid] = peers
+            while len(self._holders) > MAX_HOLDER_CIDS:
+                self._holders.pop(next(iter(self._holders)))
+
+    def holders(self, cid: str) -> list[str]:
+        """Peers that said they hold `cid`, the latest first (unverified: their bytes are checked)."""
+        with self._lock:
+            return list(self._holders.get(cid, []))
 
     def mark_connected(self, peer_ids: list[str]) -> None:
         """Peers seen connected: from now on they are redialled from the book after a restart."""
@@ -189,6 +204,12 @@ class PeerBook:
     def dialable(self) -> list[PeerRecord]:
         """Peers this node was connected to, with addresses, not banned: what it redials."""
         return [r for r in self.records() if r.was_connected and r.addrs and r.score > self.drop_score]
+
+
+def _ordered(addrs: list[str]) -> list[str]:
+    """At most 8 distinct addresses, relayed ones first (a peer that has them is behind NAT: its others are
+    private), otherwise newest first."""
+    return sorted(dict.fromkeys(addrs), key=lambda a: "/p2p-circuit/" not in a)[:8]
 
 
 def _recovered(record: PeerRecord, now: float) -> float:

@@ -35,6 +35,17 @@ def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["ip", *args], check=check, capture_output=True, text=True)
 
 
+def namespace_on_host(ns: str, host_if: str, host_ip: str, ns_ip: str) -> None:
+    """Namespace `ns` with eth0 (ns_ip/24) a veth to this host (host_if, host_ip/24); no routes yet."""
+    ip("netns", "add", ns)
+    ip("link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", ns)
+    ip("addr", "add", f"{host_ip}/24", "dev", host_if)
+    ip("link", "set", host_if, "up")
+    ip("-n", ns, "addr", "add", f"{ns_ip}/24", "dev", "eth0")
+    ip("-n", ns, "link", "set", "eth0", "up")
+    ip("-n", ns, "link", "set", "lo", "up")
+
+
 def node_ip(i: int) -> str:
     return f"10.{78 + i % 2}.{i}.2"
 
@@ -67,6 +78,11 @@ def clean_up_leftovers() -> None:
     for prefix_from, prefix_to in (HALVES, HALVES[::-1]):
         while ip("rule", "del", "from", prefix_from, "to", prefix_to, check=False).returncode == 0:
             pass
+
+
+def launch_in(ns: str, config_file: Path, data_dir: Path) -> NodeProcess:
+    """`zoo-node start` inside namespace `ns`."""
+    return launch(config_file, data_dir, env={"ZOO_NODE_BANNER": "0"}, prefix=("ip", "netns", "exec", ns))
 
 
 class Forwarder:
@@ -171,14 +187,8 @@ class Lab:
         Path("/proc/sys/net/ipv4/ip_forward").write_text("1")
         ip("addr", "add", f"{SERVICE_IP}/32", "dev", "lo")
         for i in range(self.n):
-            ns, host_if, gateway = f"zl{i}", f"zlh{i}", f"10.{78 + i % 2}.{i}.1"
-            ip("netns", "add", ns)
-            ip("link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", ns)
-            ip("addr", "add", f"{gateway}/24", "dev", host_if)
-            ip("link", "set", host_if, "up")
-            ip("-n", ns, "addr", "add", f"{node_ip(i)}/24", "dev", "eth0")
-            ip("-n", ns, "link", "set", "eth0", "up")
-            ip("-n", ns, "link", "set", "lo", "up")
+            ns, gateway = f"zl{i}", f"10.{78 + i % 2}.{i}.1"
+            namespace_on_host(ns, f"zlh{i}", gateway, node_ip(i))
             ip("-n", ns, "route", "add", "default", "via", gateway)
             data_dir = self.root / f"node{i}"
             seed = load_identity(data_dir / "p2p" / "identity.key")  # made now: its peer id is known
@@ -186,8 +196,7 @@ class Lab:
 
     def start(self, node: LabNode, config_toml: str) -> NodeProcess:
         node.config_file.write_text(config_toml)
-        node.process = launch(node.config_file, node.data_dir, env={"ZOO_NODE_BANNER": "0"},
-                              prefix=("ip", "netns", "exec", node.ns))  # fmt: skip
+        node.process = launch_in(node.ns, node.config_file, node.data_dir)
         return node.process
 
     def kill(self, node: LabNode) -> None:
@@ -280,14 +289,7 @@ class NatLab:
         Path("/proc/sys/net/ipv4/ip_forward").write_text("1")
         ip("addr", "add", f"{NAT_SERVICE_IP}/32", "dev", "lo")
         for ns, i in NAT_PUBLIC.items():
-            host_if = f"znh{i}"
-            ip("netns", "add", ns)
-            ip("link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", ns)
-            ip("addr", "add", f"10.81.{i}.1/24", "dev", host_if)
-            ip("link", "set", host_if, "up")
-            ip("-n", ns, "addr", "add", f"10.81.{i}.2/24", "dev", "eth0")
-            ip("-n", ns, "link", "set", "eth0", "up")
-            ip("-n", ns, "link", "set", "lo", "up")
+            namespace_on_host(ns, f"znh{i}", f"10.81.{i}.1", f"10.81.{i}.2")
             for dest in ("10.81.0.0/16", f"{NAT_SERVICE_IP}/32"):
                 ip("-n", ns, "route", "add", dest, "via", f"10.81.{i}.1")
         ip("netns", "add", "znn")
@@ -308,7 +310,7 @@ class NatLab:
         return f"10.81.{NAT_PUBLIC[ns]}.2"
 
     def start(self, ns: str, config_file: Path, data_dir: Path) -> NodeProcess:
-        return launch(config_file, data_dir, env={"ZOO_NODE_BANNER": "0"}, prefix=("ip", "netns", "exec", ns))
+        return launch_in(ns, config_file, data_dir)
 
     def can_connect(self, ns: str, host: str, port: int) -> str:
         """From inside `ns`, a TCP connect to host:port: "ok", or the error it failed with."""

@@ -29,7 +29,7 @@ from zoo.devnet.info import DevnetInfo
 from zoo.devnet.manager import Devnet
 from zoo.node.client import NodeClient
 from zoo.node.config import ModelConfig
-from zoo.node.p2p.host import P2PHost, load_identity
+from zoo.node.p2p.host import P2PError, P2PHost, load_identity
 from zoo.node.p2p.messages import LIBRARY_TOPIC, Announcement, Capabilities, encode
 from zoo.node.p2p.peers import PeerBook
 from zoo.node.p2p.routing import Router
@@ -337,6 +337,41 @@ def test_routing_tries_one_other_peer_after_a_transport_failure(net: Net, tmp_pa
             await router.close()
 
     assert asyncio.run(route()).served_by == b_id
+
+
+def test_routing_reaches_a_peer_without_a_grpc_address_through_its_tunnel(net: Net, tmp_path: Path) -> None:
+    """The router's path to a peer behind NAT (the tunnel itself: test_relay.py, test_nat.py): a peer that
+    advertises no gRPC address but grpc_over_p2p is asked through the address the tunnel gives; one whose
+    tunnel cannot be opened is skipped like an unreachable address; with no tunnel, neither is a candidate."""
+    b = net.nodes["b"]
+    b_id = peers(b).peer_id
+    book = PeerBook(tmp_path / "peers.json", ttl_s=60)
+    gone = "12D3KooWGoneGoneGoneGoneGoneGoneGoneGoneGoneGoneGone"
+    serving = {"models": [BUNDLED], "backend": "transformers", "grpc_over_p2p": True}
+    book.set_capabilities(gone, Capabilities(**serving, load=0.0))
+    book.set_capabilities(b_id, Capabilities(**serving, load=1.0))
+    asked: list[tuple[str, list[str]]] = []
+
+    def tunnel(peer: str, addrs: list[str]) -> str:
+        asked.append((peer, addrs))
+        if peer == gone:
+            raise P2PError("the libp2p host stopped")
+        return b.address  # B's gRPC stands in for the loopback end of a tunnel to B
+
+    async def route() -> inference_pb2.InferResponse:
+        assert Router(book).candidates(BUNDLED) == []  # no tunnel, no way to a peer without an address
+        router = Router(book, timeout_s=60, tunnel=tunnel)
+        try:
+            return await router.infer(
+                inference_pb2.InferRequest(
+                    prompt="Say hi.", model=BUNDLED, sampling=inference_pb2.SamplingParams(max_tokens=4)
+                )
+            )
+        finally:
+            await router.close()
+
+    assert asyncio.run(route()).served_by == b_id
+    assert [p for p, _ in asked] == [gone, b_id]
 
 
 @pytest.fixture

@@ -87,3 +87,21 @@ def test_capabilities_are_republished_on_change_or_before_peers_expire_them() ->
     assert advertise_due(later, said, 130.0, 30.0)  # a third of the TTL: refreshed before peers expire it
     assert advertise_due(later.model_copy(update={"load": 2.0}), said, 101.0, 30.0)  # load moved
     assert advertise_due(later.model_copy(update={"library_version": 7}), said, 101.0, 30.0)
+
+
+def test_holders_of_a_cid_are_remembered_latest_first_and_bounded(tmp_path: Path) -> None:
+    from zoo.node.p2p.peers import MAX_HOLDER_CIDS, MAX_HOLDERS
+
+    book = PeerBook(tmp_path / "peers.json")
+    book.note_holder("a", "cid1")
+    book.note_holder("b", "cid1")
+    book.note_holder("a", "cid1")
+    assert book.holders("cid1") == ["a", "b"] and book.holders("other") == []
+    for i in range(MAX_HOLDERS + 5):
+        book.note_holder(f"p{i}", "cid2")
+    assert len(book.holders("cid2")) == MAX_HOLDERS and book.holders("cid2")[0] == f"p{MAX_HOLDERS + 4}"
+    for i in range(MAX_HOLDER_CIDS):
+        book.note_holder("a", f"new{i}")
+    assert book.holders("cid1") == []  # the oldest CIDs are forgotten first
+    book.flush()
+    assert PeerBook(tmp_path / "peers.json").holders(f"new{MAX_HOLDER_CIDS - 1}") == []  # memory only

@@ -48,7 +48,8 @@ def test_a_node_reserves_at_a_relay_and_is_dialled_and_tunnelled_through_it(make
     circuit = circuit_of(behind)
     assert circuit == f"{relay.addrs[0]}/p2p-circuit/p2p/{behind.peer_id}"
 
-    client, _ = make_host("client")
+    client, _ = make_host("client")  # dials through the relay with no relay protocol running itself
+    assert client.relaying.protocol is not None and not client.relaying.relays and client.relaying.hop is None
     assert client.connect(circuit) == behind.peer_id
     assert client.fetch(behind.peer_id, "bafy-test", 1 << 20, 10.0) == b"library bytes"
 
@@ -62,7 +63,7 @@ def test_a_node_reserves_at_a_relay_and_is_dialled_and_tunnelled_through_it(make
     # The relay holds one slot (max_reservations = 1): a second node behind it gets no circuit address,
     # and a circuit to a node with no slot is refused.
     second, _ = make_host("second", relaying=Relaying(hop=None, relays=[relay.addrs[0]]))
-    wait_until(lambda: relay.peer_id in second.connected(), 20)
+    wait_until(lambda: relay.addrs[0] in second.relaying.refused, 20)
     assert not any("/p2p-circuit/" in a for a in second.addrs)
     with pytest.raises(P2PError):
         client.connect(f"{relay.addrs[0]}/p2p-circuit/p2p/{second.peer_id}")
