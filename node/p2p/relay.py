@@ -1,10 +1,11 @@
 """Reachability behind NAT: circuit relay v2 (py-libp2p's `relay.circuit_v2`), on the host's trio loop.
 
-Every node accepts relayed connections (the STOP side) and can dial a `/p2p-circuit` address. A public
-node with `p2p.relay_service` on relays for others (the HOP side), bounded by its limits: reservations
-it holds, circuits per reserved peer, bytes and seconds per circuit. A node behind NAT lists relays in
-`p2p.relays`: it keeps a connection to each, reserves a slot there (again whenever the connection was
-lost, and every RESERVE_EVERY_S), and advertises `RELAY/p2p-circuit/p2p/SELF` so peers can dial it.
+Every node can dial a `/p2p-circuit` address. A public node with `p2p.relay_service` on relays for
+others (the HOP side), bounded by its limits: reservations it holds, circuits per reserved peer, bytes
+and seconds per circuit. A node behind NAT lists relays in `p2p.relays`: it keeps a connection to each,
+reserves a slot there (again whenever the connection it was made over is gone, and every
+RESERVE_EVERY_S), advertises `RELAY/p2p-circuit/p2p/SELF` so peers can dial it, and accepts relayed
+connections (the STOP side; a node with no relays does not, so no peer can open them there).
 
 What py-libp2p 0.8.1 does not do, and so this module does instead (each seen in a prototype against the
 library): the swarm never dials a circuit address by itself (`dial` goes to the circuit transport); a
