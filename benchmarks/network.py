@@ -178,12 +178,31 @@ def activated_at(node: LabNode, root: str) -> float | None:
     return None
 
 
-def spread(label: str, runs: list[list[float]]) -> str:
+def spread(label: str, runs: list[list[float]], busy: float | None = None) -> str:
     alls = [max(r) for r in runs]
+    load = "" if busy is None else f"; the machine's {os.cpu_count()} cores {busy:.0%} busy meanwhile"
     return (
         f"{label}: execution -> active on all, median {med(alls):.2f} s, max {max(alls):.2f} s "
-        f"({len(runs)} versions)"
+        f"({len(runs)} versions{load})"
     )
+
+
+def cpu_jiffies() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine, all cores (/proc/stat): nodes, devnet and this script."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+@contextmanager
+def machine_busy() -> Iterator[list[float]]:
+    """Yields a list that holds, after the block, the share of the machine's CPU that was busy during it:
+    when it is near 100 %, the figures measured in the block are this machine's limit, not the network's."""
+    out: list[float] = []
+    busy0, total0 = cpu_jiffies()
+    yield out
+    busy1, total1 = cpu_jiffies()
+    out.append((busy1 - busy0) / max(1, total1 - total0))
 
 
 def bytes_sent(net: Network) -> list[int]:
@@ -198,8 +217,9 @@ def run_polling(lab: Lab, info: DevnetInfo, forward: Forwarder, chain: Chain, ar
     net.start()
     try:
         wait_for("version >= 1 everywhere", lambda: all(net.roots()), 180)
-        runs = propagate(chain, net, args.versions)
-        say("  " + spread("polling only (p2p off)", runs))
+        with machine_busy() as busy:
+            runs = propagate(chain, net, args.versions)
+        say("  " + spread("polling only (p2p off)", runs, busy[0]))
         return runs
     finally:
         lab.stop_all()
@@ -248,11 +268,12 @@ def run_mesh(lab: Lab, info: DevnetInfo, forward: Forwarder, chain: Chain, args:
         time.sleep(idle_s)
         idle = [(b - a) * 60 / idle_s for a, b in zip(before, bytes_sent(net), strict=True)]
         before, t0 = bytes_sent(net), time.monotonic()
-        gossip = propagate(chain, net, args.versions)
+        with machine_busy() as busy:
+            gossip = propagate(chain, net, args.versions)
         window = time.monotonic() - t0
         per_version = [((b - a) - rate * window / 60) / args.versions
                        for a, b, rate in zip(before, bytes_sent(net), idle, strict=True)]  # fmt: skip
-        say("  " + spread("with gossip (shipped)", gossip))
+        say("  " + spread("with gossip (shipped)", gossip, busy[0]))
         ratio = med([max(r) for r in polling]) / med([max(r) for r in gossip])
         say(f"  polling / gossip, median time to all: {ratio:.2f}x")
         ideal = len(encode(Announcement(version=9, root="0x" + "ab" * 32, cid=status_cid(net),
