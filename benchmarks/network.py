@@ -49,6 +49,9 @@ from zoo.registry.merkle import library_root  # noqa: E402
 from zoo.v1 import inference_pb2 as pb  # noqa: E402
 
 BUNDLED = "HuggingFaceTB/SmolLM2-135M-Instruct"
+# Nodes that serve the model (through an upstream node) for the routing figure. Each loads torch and the
+# embedder: at N = 24 a third of the nodes doing so on two cores kept the mesh from forming in 240 s.
+SERVERS = 3
 
 
 def say(text: str) -> None:
@@ -256,12 +259,12 @@ def run_mesh(lab: Lab, info: DevnetInfo, forward: Forwarder, chain: Chain, args:
         upstream = start_upstream(lab.root, info)
         url = forward.add(int(upstream.info["http"].rsplit(":", 1)[1]))
         serving = {i: {"backend": "openai", "base_url": url, "name": BUNDLED}
-                   for i in range(2, n, 3)}  # fmt: skip
+                   for i in list(range(2, n, 3))[:SERVERS]}  # fmt: skip
     net = Network(lab, info, forward, p2p=True, discovery=True, poll=args.poll, serving=serving)
     started = net.start()
     try:
         t_mesh = wait_for(f"every node connected to >= {target}",
-                          lambda: min(net.peer_counts()) >= target, 240)  # fmt: skip
+                          lambda: min(net.peer_counts()) >= target, 120 + 10 * n)  # fmt: skip
         time.sleep(20)
         counts = net.peer_counts()
         say(f"  mesh (shipped): {n} nodes listening in {started:.0f} s; every node >= {target} peers "
