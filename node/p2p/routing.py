@@ -44,7 +44,9 @@ class _WrongRoot(Exception):
 
 
 class _Unreachable(Exception):
-    """No way to the peer could be opened (retryable like UNAVAILABLE); private to the router."""
+    """No way to the peer could be opened (the router asks the next peer, as after UNAVAILABLE).
+
+    Not a ZooError: a private signal of the router, like _WrongRoot; it never leaves this module."""
 
 
 class PeerRefused(Exception):
