@@ -24,6 +24,7 @@ import tomli_w
 
 from tests.conftest import NodeProcess
 from tests.node.p2p.netlab import NAT_SERVICE_IP, Forwarder, NatLab, nat_unavailable
+from tests.node.p2p.test_network import answered_through
 from tests.node.test_node_sync import chain_of, status, wait_until
 from tests.registry.test_sync import Chain
 from zoo.devnet.info import DevnetInfo
@@ -165,17 +166,7 @@ def test_the_node_behind_nat_is_reached_only_through_the_relay(nat: Nat) -> None
 def test_a_request_at_the_public_node_is_answered_by_the_node_behind_nat(nat: Nat) -> None:
     n, c = nat.nodes["n"], nat.nodes["c"]
     wait_until("N capable at C", lambda: capable_at(c, nat.ids["n"]), 60, c)
-    request = inference_pb2.InferRequest(
-        prompt="What is 2 + 3?", model=BUNDLED, sampling=inference_pb2.SamplingParams(max_tokens=8)
-    )
-    with NodeClient(c.address) as client:
-        routed = client.inference.Infer(request, timeout=120)
-        chunks = list(client.inference.InferStream(request, timeout=120))
-    with NodeClient(n.address) as client:
-        direct = client.inference.Infer(request, timeout=120)
-    assert routed.served_by == nat.ids["n"] == direct.served_by and routed.text == direct.text and routed.text
-    final = chunks[-1].final
-    assert final.served_by == nat.ids["n"] and "".join(ch.delta for ch in chunks[:-1]) == final.text
+    answered_through(c, n, nat.ids["n"])
     assert nat.ids["n"] in connected(c)  # routing dialled N through R: N never dials C (no DHT walk)
     with NodeClient(c.address) as client, pytest.raises(grpc.RpcError) as e:
         # N's verdict on bad input comes back through the relay as N gave it.

@@ -219,24 +219,47 @@ def capable_at(node: NodeProcess, peer_id: str) -> bool:
     return any(p.peer_id == peer_id and p.HasField("capabilities") for p in peers(node).peers)
 
 
+def answered_through(via: NodeProcess, server: NodeProcess, server_id: str) -> inference_pb2.InferResponse:
+    """Infer and InferStream sent to `via` are answered by `server` (served_by), with what `server` answers
+    when asked directly (greedy, same model, same library); the routed answer, for more checks."""
+    request = inference_pb2.InferRequest(
+        prompt="What is 2 + 3?", model=BUNDLED, sampling=inference_pb2.SamplingParams(max_tokens=8)
+    )
+    with NodeClient(via.address) as client:
+        routed = client.inference.Infer(request, timeout=120)
+        chunks = list(client.inference.InferStream(request, timeout=120))
+    with NodeClient(server.address) as client:
+        direct = client.inference.Infer(request, timeout=120)
+    assert routed.served_by == server_id == direct.served_by
+    assert routed.text == direct.text and routed.text
+    final = chunks[-1].final
+    assert final.served_by == server_id and final.text == routed.text
+    assert "".join(c.delta for c in chunks[:-1]) == final.text
+    return routed
+
+
+def routed_once(router: Router) -> inference_pb2.InferResponse:
+    """One short request through `router`, which is closed after."""
+
+    async def route() -> inference_pb2.InferResponse:
+        try:
+            return await router.infer(
+                inference_pb2.InferRequest(
+                    prompt="Say hi.", model=BUNDLED, sampling=inference_pb2.SamplingParams(max_tokens=4)
+                )
+            )
+        finally:
+            await router.close()
+
+    return asyncio.run(route())
+
+
 def test_a_request_for_a_model_only_b_serves_is_answered_by_b_through_a(net: Net) -> None:
     a, b = net.nodes["a"], net.nodes["b"]
     b_id = peers(b).peer_id
     wait_until("B capable at A", lambda: capable_at(a, b_id), 20, a)
-    request = inference_pb2.InferRequest(
-        prompt="What is 2 + 3?", model=BUNDLED, sampling=inference_pb2.SamplingParams(max_tokens=8)
-    )
-    with NodeClient(a.address) as client:
-        routed = client.inference.Infer(request, timeout=120)
-        chunks = list(client.inference.InferStream(request, timeout=120))
-    with NodeClient(b.address) as client:
-        direct = client.inference.Infer(request, timeout=120)
-    assert routed.served_by == b_id == direct.served_by and routed.model_id == BUNDLED
-    assert routed.text == direct.text and routed.text  # greedy, same model, same library
-    assert routed.library_root == status(b).library.root
-    final = chunks[-1].final
-    assert final.served_by == b_id and final.text == routed.text
-    assert "".join(c.delta for c in chunks[:-1]) == final.text
+    routed = answered_through(a, b, b_id)
+    assert routed.model_id == BUNDLED and routed.library_root == status(b).library.root
 
     with NodeClient(a.address) as client:
         # Pinned to a root no peer serves: never forwarded to a node that would answer from another one.
@@ -324,19 +347,9 @@ def test_routing_tries_one_other_peer_after_a_transport_failure(net: Net, tmp_pa
     book.set_capabilities(dead, Capabilities(**serving, grpc=f"127.0.0.1:{free_port()}", load=0.0))
     book.set_capabilities(b_id, Capabilities(**serving, grpc=b.address, load=3.0))
 
-    async def route() -> inference_pb2.InferResponse:
-        router = Router(book, timeout_s=60)
-        assert [p for p, _ in router.candidates(BUNDLED)] == [dead, b_id]  # least loaded first
-        try:
-            return await router.infer(
-                inference_pb2.InferRequest(
-                    prompt="Say hi.", model=BUNDLED, sampling=inference_pb2.SamplingParams(max_tokens=4)
-                )
-            )
-        finally:
-            await router.close()
-
-    assert asyncio.run(route()).served_by == b_id
+    router = Router(book, timeout_s=60)
+    assert [p for p, _ in router.candidates(BUNDLED)] == [dead, b_id]  # least loaded first
+    assert routed_once(router).served_by == b_id
 
 
 def test_routing_reaches_a_peer_without_a_grpc_address_through_its_tunnel(net: Net, tmp_path: Path) -> None:
@@ -358,19 +371,8 @@ def test_routing_reaches_a_peer_without_a_grpc_address_through_its_tunnel(net: N
             raise P2PError("the libp2p host stopped")
         return b.address  # B's gRPC stands in for the loopback end of a tunnel to B
 
-    async def route() -> inference_pb2.InferResponse:
-        assert Router(book).candidates(BUNDLED) == []  # no tunnel, no way to a peer without an address
-        router = Router(book, timeout_s=60, tunnel=tunnel)
-        try:
-            return await router.infer(
-                inference_pb2.InferRequest(
-                    prompt="Say hi.", model=BUNDLED, sampling=inference_pb2.SamplingParams(max_tokens=4)
-                )
-            )
-        finally:
-            await router.close()
-
-    assert asyncio.run(route()).served_by == b_id
+    assert Router(book).candidates(BUNDLED) == []  # no tunnel, no way to a peer without an address
+    assert routed_once(Router(book, timeout_s=60, tunnel=tunnel)).served_by == b_id
     assert [p for p, _ in asked] == [gone, b_id]
 
 
