@@ -187,11 +187,15 @@ def activated_at(node: LabNode, root: str) -> float | None:
 
 
 def spread(label: str, runs: list[list[float]], busy: float | None = None) -> str:
-    alls = [max(r) for r in runs]
+    """The time to all nodes, and its two parts: until the first node had the version (its chain poll,
+    whatever the network) and from there to the last (what gossip changes)."""
+    alls, firsts = [max(r) for r in runs], [min(r) for r in runs]
+    rest = [max(r) - min(r) for r in runs]
     load = "" if busy is None else f"; the machine's {os.cpu_count()} cores {busy:.0%} busy meanwhile"
     return (
-        f"{label}: execution -> active on all, median {med(alls):.2f} s, max {max(alls):.2f} s "
-        f"({len(runs)} versions{load})"
+        f"{label}: execution -> active on all, median {med(alls):.2f} s, max {max(alls):.2f} s; the first "
+        f"node median {med(firsts):.2f} s, the rest {med(rest):.2f} s "
+        f"later ({len(runs)} versions{load})"
     )
 
 

@@ -1,18 +1,21 @@
 """Library bytes from peers, verified like an IPFS fetch, and the fallback from IPFS to peers.
 
 `PeerContent` is a ContentSource (registry.sync) that asks connected peers (those that announced the
-CID first, then best score first) for the bytes of a CID, and then the holders the DHT's provider
-records name (dialled first: they may be anywhere in the network). Every answer is checked against the
-CID before it is returned (the syncer then checks the Merkle root against the chain, as for IPFS); a
-peer whose bytes do not match is penalised and the next one is asked. Failing everywhere raises
-P2PError, which the library component treats as a transient sync failure (retry later), never as a
-verdict on the on-chain version.
+CID first, then best score first) for the bytes of a CID, and then holders anywhere in the network (dialled
+first): those the DHT's provider records name, and any peer that announces the CID while it looks. Every
+answer is checked against the CID before it is returned (the syncer then checks the Merkle root against
+the chain, as for IPFS); a peer whose bytes do not match is penalised and the next one is asked. Failing
+everywhere raises P2PError, which the library component treats as a transient sync failure (retry later),
+never as a verdict on the on-chain version.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from concurrent.futures import Future
+from typing import Any, TypeVar
 
 from zoo.node.logs import get_logger
 from zoo.node.p2p.host import P2PError, P2PHost
@@ -21,6 +24,8 @@ from zoo.registry.errors import ContentTooLarge, IntegrityError, ValidationError
 from zoo.registry.ipfs import parse_cid, verify_local
 
 log = get_logger(__name__)
+T = TypeVar("T")
+Holders = list[tuple[str, list[str]]]  # peer ids and their multiaddrs, as the DHT names them
 
 
 def content_verifier(ipfs: Any = None) -> Callable[[str, bytes], None]:
@@ -42,6 +47,13 @@ def content_verifier(ipfs: Any = None) -> Callable[[str, bytes], None]:
     return verify
 
 
+# How long a fetch that found no holder among its connected peers keeps listening for one to announce the
+# CID (a node with IPFS that finds the version on its next chain poll, the default 2 s): a node without IPFS
+# whose own poll found the version first otherwise failed its sync, and at N = 8 that failure, after a DHT
+# lookup saying nobody held it yet, was most of the slowest node's 2.4 s (docs/network.md).
+HOLDER_WAIT_S = 2.0
+
+
 class PeerContent:
     def __init__(
         self,
@@ -50,12 +62,14 @@ class PeerContent:
         verify: Callable[[str, bytes], None],
         max_peers: int = 4,
         timeout_s: float = 20.0,
+        holder_wait_s: float = HOLDER_WAIT_S,
     ) -> None:
         self.host = host
         self.book = book
         self.verify = verify
         self.max_peers = max_peers
         self.timeout_s = timeout_s
+        self.holder_wait_s = holder_wait_s
 
     def fetch_verified(self, cid: str, *, timeout: float | None = None, max_size: int = 64 << 20) -> bytes:
         parse_cid(cid)  # a CID that does not parse is the chain's problem, not a peer's (ValidationError)
@@ -65,59 +79,87 @@ class PeerContent:
         connected = set(host.connected())
         # Peers that announced this CID first (they hold it), then the rest by score: at N = 16 with the
         # best-scored four asked first, a node without IPFS often asked four that did not have it yet.
-        ranked = [p for p in self.book.holders(cid) if p in connected]
+        holders = self.book.holders(cid)
+        ranked = [p for p in holders if p in connected]
         ranked += [
             r.peer_id for r in self.book.records() if r.peer_id in connected and r.peer_id not in ranked
         ]
         candidates = [p for p in ranked + sorted(connected - set(ranked)) if not self.book.banned(p)]
         problems: list[str] = []
-        tried = set(candidates[: self.max_peers])
+        asked: set[str] = set()
         for peer in candidates[: self.max_peers]:
-            data = self._ask(host, peer, cid, max_size, problems)
-            if data is not None:
+            asked.add(peer)
+            if (data := self._ask(host, peer, cid, max_size, problems)) is not None:
                 return data
-        try:  # holders beyond the connected peers, as the DHT's provider records name them (unverified)
-            providers = host.find_providers(cid, self.timeout_s)
-        except P2PError as e:
-            providers = []
-            problems.append(f"DHT: {e}")
-        for peer, addrs in providers:
-            if len(tried) >= 2 * self.max_peers:
+        # Holders beyond the connected peers: those the DHT's provider records name (anywhere in the
+        # network), and, while the lookup runs and for holder_wait_s, any peer that announces the CID
+        # meanwhile (asked as soon as it is heard; the announcement's root was checked against the chain).
+        # A peer asked before it had the version (it said "no content") is asked again once it announces it.
+        asked_holders = asked.intersection(holders)
+        lookup = _in_background(host.find_providers, cid, self.timeout_s)
+        listen_until = time.monotonic() + self.holder_wait_s
+        providers_asked = False
+        while True:
+            for peer in self.book.holders(cid):
+                if peer not in asked_holders and peer != host.peer_id and not self.book.banned(peer):
+                    asked.add(peer)
+                    asked_holders.add(peer)
+                    if (data := self._reach_and_ask(host, peer, [], cid, max_size, problems)) is not None:
+                        return data
+            if not providers_asked and lookup.done():
+                providers_asked = True
+                for peer, addrs in _providers(lookup, problems):
+                    if len(asked) >= 2 * self.max_peers:
+                        break
+                    if peer in asked or peer == host.peer_id or self.book.banned(peer) or not addrs:
+                        continue
+                    asked.add(peer)
+                    if (data := self._reach_and_ask(host, peer, addrs, cid, max_size, problems)) is not None:
+                        return data
+            if providers_asked and time.monotonic() >= listen_until:
                 break
-            if peer in tried or peer == host.peer_id or self.book.banned(peer) or not addrs:
-                continue
-            tried.add(peer)
-            # A holder behind NAT is reached through its relay: the DHT knows only its private address, its
-            # capabilities (in the peer book) name the relayed one.
-            record = self.book.get(peer)
-            relayed = [a for a in (record.addrs if record else []) if "/p2p-circuit/" in a]
-            if not self._connect(host, peer, (relayed + addrs)[:3], problems):
-                continue
-            data = self._ask(host, peer, cid, max_size, problems)
-            if data is not None:
-                return data
-        if not tried:
+            time.sleep(0.1)
+        if not asked:
             raise P2PError(f"no connected peer to ask for {cid}, and the DHT names no holder")
         raise P2PError(f"no peer served verified content for {cid}: " + "; ".join(problems))
 
+    def _reach_and_ask(
+        self, host: P2PHost, peer: str, addrs: list[str], cid: str, max_size: int, problems: list[str]
+    ) -> bytes | None:
+        """Ask a peer that may not be connected: dialled first, a holder behind NAT through its relay (the
+        DHT knows only its private address; its capabilities, in the peer book, name the relayed one)."""
+        if peer not in host.connected():
+            record = self.book.get(peer)
+            known = record.addrs if record else []
+            relayed = [a for a in known if "/p2p-circuit/" in a]
+            others = [a for a in [*addrs, *known] if a not in relayed]
+            if not self._connect(host, peer, list(dict.fromkeys(relayed + others))[:3], problems):
+                return None
+        return self._ask(host, peer, cid, max_size, problems)
+
     def _connect(self, host: P2PHost, peer: str, addrs: list[str], problems: list[str]) -> bool:
-        problem = f"{peer[:16]}… (a DHT provider): no address"
+        problem = f"{peer[:16]}… (a holder not connected): no address"
         for addr in addrs:
             try:
                 host.connect(addr, 5.0)
                 return True
             except P2PError as e:
-                problem = f"{peer[:16]}… (a DHT provider): {e}"
+                problem = f"{peer[:16]}… (a holder not connected): {e}"
         problems.append(problem)
         return False
 
     def _ask(self, host: P2PHost, peer: str, cid: str, max_size: int, problems: list[str]) -> bytes | None:
         """`peer`'s bytes for `cid` once verified, else None with the reason appended to `problems`."""
+        started = time.monotonic()
         try:
             # p2p.fetch_timeout_s: the caller's timeout is the IPFS one.
             data = host.fetch(peer, cid, max_size, self.timeout_s)
         except P2PError as e:
             problems.append(f"{peer[:16]}…: {e}")
+            seconds = round(time.monotonic() - started, 3)
+            log.info(
+                "library content not served by a peer", cid=cid, peer=peer, error=str(e), seconds=seconds
+            )
             return None
         try:
             self.verify(cid, data)
@@ -128,7 +170,8 @@ class PeerContent:
             problems.append(f"{peer[:16]}…: sent content that fails verification ({e})")
             return None
         self.book.reward(peer)
-        log.info("library content fetched from a peer", cid=cid, peer=peer, size=len(data))
+        seconds = round(time.monotonic() - started, 3)
+        log.info("library content fetched from a peer", cid=cid, peer=peer, size=len(data), seconds=seconds)
         return data
 
 
@@ -152,3 +195,26 @@ class FirstThatServes:
             except Exception as e:
                 errors.append(f"{type(source).__name__}: {type(e).__name__}: {e}")
         raise P2PError(f"no source served {cid}: " + " | ".join(errors))
+
+
+def _in_background(fn: Callable[..., T], *args: Any) -> Future[T]:
+    """`fn(*args)` on a daemon thread (a DHT lookup that outlives the fetch ends on its own deadline, and
+    never holds up the process's exit as an executor's worker would)."""
+    future: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn(*args))
+        except BaseException as e:
+            future.set_exception(e)
+
+    threading.Thread(target=run, name="zoo-p2p-providers", daemon=True).start()
+    return future
+
+
+def _providers(lookup: Future[Holders], problems: list[str]) -> Holders:
+    try:
+        return lookup.result()
+    except P2PError as e:
+        problems.append(f"DHT: {e}")
+        return []

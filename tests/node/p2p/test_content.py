@@ -4,6 +4,8 @@ penalised and skipped, and IPFS first with peers as the fallback."""
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -109,3 +111,51 @@ def test_a_holder_beyond_the_connected_peers_is_found_by_dht_provider_records(ho
     other = local_cid(b"held by nobody")
     with pytest.raises(P2PError, match="no peer served verified content"):
         PeerContent(lambda: me, book, content_verifier()).fetch_verified(other, timeout=10)
+
+
+def test_a_holder_announced_while_the_fetch_looks_is_asked_at_once(hosts, tmp_path: Path) -> None:
+    """A node without IPFS whose own chain poll finds a version before any peer holds it: no connected
+    peer has the bytes and the DHT names nobody, and then a node with IPFS activates the version and
+    announces it. The fetch dials and asks that node as soon as it is heard, instead of failing the sync."""
+    holder = hosts("holder", lambda cid: BYTES if cid == CID else None)  # never provides in the DHT
+    empty = hosts("empty", lambda _cid: None)
+    me = hosts("me", lambda _cid: None)
+    me.connect(empty.addrs[0])
+    book = PeerBook(tmp_path / "peers.json")
+
+    def announced() -> None:  # what the p2p component does with an announcement the chain confirms
+        book.seen(holder.peer_id, holder.addrs)
+        book.note_holder(holder.peer_id, CID)
+
+    timer = threading.Timer(0.5, announced)
+    timer.start()
+    started = time.monotonic()
+    source = PeerContent(lambda: me, book, content_verifier(), holder_wait_s=5.0)
+    assert source.fetch_verified(CID, timeout=10) == BYTES
+    assert 0.5 <= time.monotonic() - started < 5.0  # answered once heard, not at the end of the wait
+    assert holder.peer_id in me.connected() and book.score(holder.peer_id) == 1
+    # Nobody announces: the fetch listens holder_wait_s, then fails as a transient P2PError.
+    started = time.monotonic()
+    with pytest.raises(P2PError, match="no peer served verified content"):
+        PeerContent(lambda: me, book, content_verifier(), holder_wait_s=1.0).fetch_verified(
+            local_cid(b"announced by nobody"), timeout=10
+        )
+    assert time.monotonic() - started >= 1.0
+
+
+def test_a_peer_that_had_nothing_when_asked_is_asked_again_once_it_announces(hosts, tmp_path: Path) -> None:
+    has = threading.Event()  # the peer activates the version (its IPFS fetch) a moment after being asked
+    late = hosts("late", lambda cid: BYTES if cid == CID and has.is_set() else None)
+    me = hosts("me", lambda _cid: None)
+    me.connect(late.addrs[0])
+    book = PeerBook(tmp_path / "peers.json")
+
+    def activated_and_announced() -> None:
+        has.set()
+        book.note_holder(late.peer_id, CID)
+
+    timer = threading.Timer(0.5, activated_and_announced)
+    timer.start()
+    source = PeerContent(lambda: me, book, content_verifier(), holder_wait_s=5.0)
+    assert source.fetch_verified(CID, timeout=10) == BYTES
+    assert book.score(late.peer_id) == 1
