@@ -34,6 +34,7 @@ from multiaddr import Multiaddr
 
 from zoo.node.logs import get_logger
 from zoo.node.p2p.relay import Relaying
+from zoo.node.p2p.sockets import USER_TIMEOUT_S, UnacknowledgedGiveUp
 from zoo.node.p2p.streams import close_stream, read_some
 from zoo.node.p2p.tunnel import GRPC_PROTOCOL, Tunnels
 from zoo.registry import untrusted_json
@@ -108,8 +109,10 @@ class P2PHost:
         max_content_bytes: int,
         relaying: Relaying | None = None,
         grpc_target: Callable[[], str | None] | None = None,
+        user_timeout_s: float = USER_TIMEOUT_S,
     ) -> None:
         self.seed = seed
+        self.user_timeout_s = user_timeout_s
         self.listen = listen
         self.topics = topics
         self.validator = validator
@@ -180,6 +183,8 @@ class P2PHost:
         from libp2p.tools.anyio_service import background_trio_service
 
         _route_libp2p_logs()
+        # Only this trio run's sockets (node/p2p/sockets.py).
+        trio.socket.set_custom_socket_factory(UnacknowledgedGiveUp(self.user_timeout_s))
         self._token = trio.lowlevel.current_trio_token()
         self._stop = trio.Event()
         self._serving = trio.Semaphore(MAX_SERVING)
