@@ -18,7 +18,7 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from zoo.node.logs import get_logger
-from zoo.node.p2p.host import P2PError, P2PHost
+from zoo.node.p2p.host import ContentBusy, P2PError, P2PHost
 from zoo.node.p2p.peers import PeerBook
 from zoo.registry.errors import ContentTooLarge, IntegrityError, ValidationError
 from zoo.registry.ipfs import parse_cid, verify_local
@@ -52,6 +52,7 @@ def content_verifier(ipfs: Any = None) -> Callable[[str, bytes], None]:
 # whose own poll found the version first otherwise failed its sync, and at N = 8 that failure, after a DHT
 # lookup saying nobody held it yet, was most of the slowest node's 2.4 s (docs/network.md).
 HOLDER_WAIT_S = 2.0
+BUSY_RETRIES = 10  # times a peer that answered "busy" is asked again, 0.1 s apart at least
 
 
 class PeerContent:
@@ -76,6 +77,7 @@ class PeerContent:
         host = self.host()
         if host is None or not host.running:
             raise P2PError("the p2p host is not running")
+        fetch = _Fetch(self, host, cid, max_size)
         connected = set(host.connected())
         # Peers that announced this CID first (they hold it), then the rest by score: at N = 16 with the
         # best-scored four asked first, a node without IPFS often asked four that did not have it yet.
@@ -85,94 +87,120 @@ class PeerContent:
             r.peer_id for r in self.book.records() if r.peer_id in connected and r.peer_id not in ranked
         ]
         candidates = [p for p in ranked + sorted(connected - set(ranked)) if not self.book.banned(p)]
-        problems: list[str] = []
-        asked: set[str] = set()
         for peer in candidates[: self.max_peers]:
-            asked.add(peer)
-            if (data := self._ask(host, peer, cid, max_size, problems)) is not None:
+            if (data := fetch.ask(peer)) is not None:
                 return data
-        # Holders beyond the connected peers: those the DHT's provider records name (anywhere in the
-        # network), and, while the lookup runs and for holder_wait_s, any peer that announces the CID
-        # meanwhile (asked as soon as it is heard; the announcement's root was checked against the chain).
         # A peer asked before it had the version (it said "no content") is asked again once it announces it.
-        asked_holders = asked.intersection(holders)
-        lookup = _in_background(host.find_providers, cid, self.timeout_s)
+        fetch.asked_holders = fetch.asked.intersection(holders)
+        if (data := self._beyond_connected(fetch)) is not None:
+            return data
+        if not fetch.asked:
+            raise P2PError(f"no connected peer to ask for {cid}, and the DHT names no holder")
+        problems = "; ".join(dict.fromkeys(fetch.problems))  # a peer asked again says the same once
+        raise P2PError(f"no peer served verified content for {cid}: {problems}")
+
+    def _beyond_connected(self, fetch: _Fetch) -> bytes | None:
+        """Holders beyond the connected peers: those the DHT's provider records name (anywhere in the
+        network), and, while the lookup runs and for holder_wait_s, any peer that announces the CID meanwhile
+        (asked as soon as it is heard; the announcement's root was checked against the chain). Peers that
+        answered "busy" are asked again meanwhile: at N = 24, twelve nodes without IPFS asked the one node
+        that had announced a version at the same moment, and it serves MAX_SERVING at a time."""
+        lookup = _in_background(fetch.host.find_providers, fetch.cid, self.timeout_s)
         listen_until = time.monotonic() + self.holder_wait_s
+        deadline = time.monotonic() + self.timeout_s
         providers_asked = False
         while True:
-            for peer in self.book.holders(cid):
-                if peer not in asked_holders and peer != host.peer_id and not self.book.banned(peer):
-                    asked.add(peer)
-                    asked_holders.add(peer)
-                    if (data := self._reach_and_ask(host, peer, [], cid, max_size, problems)) is not None:
+            for peer in self.book.holders(fetch.cid):
+                if peer not in fetch.asked_holders and not self.book.banned(peer):
+                    fetch.asked_holders.add(peer)
+                    if (data := fetch.ask(peer)) is not None:
                         return data
+            for peer in fetch.busy_to_retry():
+                if (data := fetch.ask(peer)) is not None:
+                    return data
             if not providers_asked and lookup.done():
                 providers_asked = True
-                for peer, addrs in _providers(lookup, problems):
-                    if len(asked) >= 2 * self.max_peers:
+                for peer, addrs in _providers(lookup, fetch.problems):
+                    if len(fetch.asked) >= 2 * self.max_peers:
                         break
-                    if peer in asked or peer == host.peer_id or self.book.banned(peer) or not addrs:
-                        continue
-                    asked.add(peer)
-                    if (data := self._reach_and_ask(host, peer, addrs, cid, max_size, problems)) is not None:
+                    fresh = peer not in fetch.asked and not self.book.banned(peer) and addrs
+                    if fresh and (data := fetch.ask(peer, addrs)) is not None:
                         return data
-            if providers_asked and time.monotonic() >= listen_until:
-                break
+            now = time.monotonic()
+            if providers_asked and ((now >= listen_until and not fetch.busy) or now >= deadline):
+                return None
             time.sleep(0.1)
-        if not asked:
-            raise P2PError(f"no connected peer to ask for {cid}, and the DHT names no holder")
-        raise P2PError(f"no peer served verified content for {cid}: " + "; ".join(problems))
 
-    def _reach_and_ask(
-        self, host: P2PHost, peer: str, addrs: list[str], cid: str, max_size: int, problems: list[str]
-    ) -> bytes | None:
-        """Ask a peer that may not be connected: dialled first, a holder behind NAT through its relay (the
-        DHT knows only its private address; its capabilities, in the peer book, name the relayed one)."""
-        if peer not in host.connected():
-            record = self.book.get(peer)
+
+class _Fetch:
+    """One fetch: the CID, whom it asked and what they answered."""
+
+    def __init__(self, source: PeerContent, host: P2PHost, cid: str, max_size: int) -> None:
+        self.source, self.host, self.cid, self.max_size = source, host, cid, max_size
+        self.problems: list[str] = []
+        self.asked: set[str] = set()
+        self.asked_holders: set[str] = set()  # asked since they announced the CID
+        self.busy: set[str] = set()  # answered "busy" (serving their limit at once): asked again
+        self.tries: dict[str, int] = {}
+
+    def busy_to_retry(self) -> list[str]:
+        peers, self.busy = sorted(self.busy), set()
+        for peer in peers:
+            self.tries[peer] = self.tries.get(peer, 0) + 1
+        return [p for p in peers if self.tries[p] <= BUSY_RETRIES]
+
+    def ask(self, peer: str, addrs: Sequence[str] = ()) -> bytes | None:
+        """`peer`'s bytes for the CID once verified, else None with the reason in `problems`. A peer not
+        connected is dialled first, one behind NAT through its relay (the DHT knows only its private
+        address; its capabilities, in the peer book, name the relayed one)."""
+        if peer == self.host.peer_id:
+            return None
+        self.asked.add(peer)
+        if peer not in self.host.connected():
+            record = self.source.book.get(peer)
             known = record.addrs if record else []
             relayed = [a for a in known if "/p2p-circuit/" in a]
             others = [a for a in [*addrs, *known] if a not in relayed]
-            if not self._connect(host, peer, list(dict.fromkeys(relayed + others))[:3], problems):
+            if not self._connect(peer, list(dict.fromkeys(relayed + others))[:3]):
                 return None
-        return self._ask(host, peer, cid, max_size, problems)
-
-    def _connect(self, host: P2PHost, peer: str, addrs: list[str], problems: list[str]) -> bool:
-        problem = f"{peer[:16]}… (a holder not connected): no address"
-        for addr in addrs:
-            try:
-                host.connect(addr, 5.0)
-                return True
-            except P2PError as e:
-                problem = f"{peer[:16]}… (a holder not connected): {e}"
-        problems.append(problem)
-        return False
-
-    def _ask(self, host: P2PHost, peer: str, cid: str, max_size: int, problems: list[str]) -> bytes | None:
-        """`peer`'s bytes for `cid` once verified, else None with the reason appended to `problems`."""
         started = time.monotonic()
         try:
             # p2p.fetch_timeout_s: the caller's timeout is the IPFS one.
-            data = host.fetch(peer, cid, max_size, self.timeout_s)
+            data = self.host.fetch(peer, self.cid, self.max_size, self.source.timeout_s)
         except P2PError as e:
-            problems.append(f"{peer[:16]}…: {e}")
+            if isinstance(e, ContentBusy):
+                self.busy.add(peer)
+            self.problems.append(f"{peer[:16]}…: {e}")
             seconds = round(time.monotonic() - started, 3)
             log.info(
-                "library content not served by a peer", cid=cid, peer=peer, error=str(e), seconds=seconds
+                "library content not served by a peer", cid=self.cid, peer=peer, error=str(e), seconds=seconds
             )
             return None
         try:
-            self.verify(cid, data)
+            self.source.verify(self.cid, data)
         except ValidationError as e:  # a CID this node cannot check: nobody's fault, nothing taken
-            raise P2PError(f"cannot check content for {cid}: {e}") from None
+            raise P2PError(f"cannot check content for {self.cid}: {e}") from None
         except IntegrityError as e:
-            self.book.penalise(peer, "tampered_content")
-            problems.append(f"{peer[:16]}…: sent content that fails verification ({e})")
+            self.source.book.penalise(peer, "tampered_content")
+            self.problems.append(f"{peer[:16]}…: sent content that fails verification ({e})")
             return None
-        self.book.reward(peer)
+        self.source.book.reward(peer)
         seconds = round(time.monotonic() - started, 3)
-        log.info("library content fetched from a peer", cid=cid, peer=peer, size=len(data), seconds=seconds)
+        log.info(
+            "library content fetched from a peer", cid=self.cid, peer=peer, size=len(data), seconds=seconds
+        )
         return data
+
+    def _connect(self, peer: str, addrs: list[str]) -> bool:
+        problem = f"{peer[:16]}… (a holder not connected): no address"
+        for addr in addrs:
+            try:
+                self.host.connect(addr, 5.0)
+                return True
+            except P2PError as e:
+                problem = f"{peer[:16]}… (a holder not connected): {e}"
+        self.problems.append(problem)
+        return False
 
 
 class FirstThatServes:

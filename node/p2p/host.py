@@ -15,7 +15,8 @@ dials to keep a mesh of its own (`discover`, `routing_peers`). `provide` and `fi
 find holders of a library CID.
 
 Content protocol `/zoo/library-bytes/1.0.0`: the client writes one JSON line `{"cid": CID}`; the server
-answers one JSON line `{"size": N}` and N bytes, or `{"error": MESSAGE}`. The client refuses a size over
+answers one JSON line `{"size": N}` and N bytes, or `{"error": MESSAGE}` (a MESSAGE that begins "busy:"
+means it serves its limit of requests at once: ask again shortly). The client refuses a size over
 its limit before reading any content and bounds the whole exchange by a deadline.
 """
 
@@ -61,6 +62,10 @@ class P2PError(ZooError):
 
 class ContentRefused(P2PError):
     """The peer answered, but not with content we can take (it lacks it, or announced too much)."""
+
+
+class ContentBusy(ContentRefused):
+    """The peer holds its limit of content requests at once (MAX_SERVING): ask again shortly."""
 
 
 def load_identity(path: Path) -> bytes:
@@ -429,8 +434,9 @@ class P2PHost:
                 except ValueError:
                     raise P2PError("the peer's answer header is not JSON") from None
                 if size is None:
-                    error = header.get("error") if isinstance(header, dict) else None
-                    raise ContentRefused(f"the peer refused: {str(error)[:200]}")
+                    error = str(header.get("error") if isinstance(header, dict) else None)[:200]
+                    refused = ContentBusy if error.startswith("busy:") else ContentRefused
+                    raise refused(f"the peer refused: {error}")
                 if not isinstance(size, int) or size < 0:
                     raise P2PError(f"the peer announced a bad size {size!r}")
                 if size > max_bytes:

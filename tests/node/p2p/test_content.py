@@ -159,3 +159,34 @@ def test_a_peer_that_had_nothing_when_asked_is_asked_again_once_it_announces(hos
     source = PeerContent(lambda: me, book, content_verifier(), holder_wait_s=5.0)
     assert source.fetch_verified(CID, timeout=10) == BYTES
     assert book.score(late.peer_id) == 1
+
+
+def test_a_peer_that_answers_busy_is_asked_again(hosts, tmp_path: Path, monkeypatch) -> None:
+    """Five nodes' worth of fetches at once from the one peer that holds the bytes: it serves MAX_SERVING
+    (4) at a time and answers the others "busy"; they ask again instead of giving up on it."""
+    slow = hosts("slow", lambda cid: (time.sleep(0.5), BYTES)[1] if cid == CID else None)
+    me = hosts("me", lambda _cid: None)
+    me.connect(slow.addrs[0])
+    book = PeerBook(tmp_path / "peers.json")
+
+    def five_at_once() -> list[bytes | str]:
+        source = PeerContent(lambda: me, book, content_verifier(), holder_wait_s=0.5)
+        results: list[bytes | str] = []
+
+        def one() -> None:
+            try:
+                results.append(source.fetch_verified(CID, timeout=10))
+            except P2PError as e:
+                results.append(str(e))
+
+        threads = [threading.Thread(target=one) for _ in range(5)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        return results
+
+    assert five_at_once() == [BYTES] * 5
+    monkeypatch.setattr("zoo.node.p2p.content.BUSY_RETRIES", 0)  # what the fetch did before
+    refused = [r for r in five_at_once() if r != BYTES]
+    assert refused and all("busy" in str(r) for r in refused)
