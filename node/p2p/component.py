@@ -23,6 +23,7 @@ disconnected (a connection cut without a FIN or RST, as in a partition, otherwis
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from typing import Any, Protocol
 from zoo.node.config import P2PConfig
 from zoo.node.lifecycle import Component, State
 from zoo.node.logs import get_logger
+from zoo.node.p2p.backoff import Backoff
 from zoo.node.p2p.host import ContentLookup, P2PError, P2PHost, load_identity
 from zoo.node.p2p.messages import (
     CAPABILITIES_TOPIC,
@@ -49,6 +51,7 @@ log = get_logger(__name__)
 
 TOPICS = {LIBRARY_TOPIC: Announcement, CAPABILITIES_TOPIC: Capabilities}
 REPROVIDE_S = 600.0
+PROVIDE_SPREAD_S = 30.0  # a version's provider records, by the nodes that did not announce it
 LIVENESS_S = 15.0  # how often connected peers are pinged
 MAX_DIALS_PER_ROUND = 16  # bootstrap peers first, then the book's best: a big book cannot stall a round
 
@@ -101,7 +104,10 @@ class P2PComponent(Component):
         self.current_version = 0  # the version this node serves (set by the daemon on activation)
         self._hints: asyncio.Queue[tuple[str, bytes]] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._verdicts: OrderedDict[tuple[int, str], bool] = OrderedDict()
+        # version -> its root on chain (immutable once approved): one chain call per version answers every
+        # claim about it, so liars announcing several wrong roots first cost one call, not one each.
+        self._onchain_roots: OrderedDict[int, str] = OrderedDict()
+        self._accepted: OrderedDict[tuple[int, str], None] = OrderedDict()  # announcements that checked out
         self._woken: dict[int, float] = {}  # version -> when a hint last woke the library for it
         self._chain_tried = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
@@ -109,8 +115,7 @@ class P2PComponent(Component):
         self.current_cid = ""  # the library CID this node holds (provided on the DHT)
         self._provided: tuple[str, float] = ("", -1e9)  # what was last provided, and when
         self._silent: set[str] = set()  # peers that missed the last liveness ping
-        self._next_dial: dict[str, float] = {}  # address -> monotonic time of the next attempt
-        self._backoff: dict[str, float] = {}
+        self._dials = Backoff(settings.redial_interval_s, 300.0)  # per address
         self.connected: list[str] = []
 
     # -- lifecycle ------------------------------------------------------------------------------------
@@ -257,9 +262,8 @@ class P2PComponent(Component):
         if hint.chain_id != chain.chain_id or hint.registry.lower() != chain.registry.lower():
             self._count(LIBRARY_TOPIC, "other_network")
             return
-        key = (hint.version, hint.root)
-        verdict = self._verdicts.get(key)
-        if verdict is None:
+        onchain = self._onchain_roots.get(hint.version)
+        if onchain is None:
             try:
                 onchain = await asyncio.to_thread(chain.root_of, hint.version)
             except Exception as e:  # the chain is unreachable: no verdict on the peer, nothing done
@@ -271,10 +275,9 @@ class P2PComponent(Component):
                 # nothing done; the version arrives by polling if it is real.
                 self._count(LIBRARY_TOPIC, "unknown_version")
                 return
-            verdict = onchain.lower() == hint.root
-            self._verdicts[key] = verdict
-            while len(self._verdicts) > 1024:
-                self._verdicts.popitem(last=False)
+            onchain = onchain.lower()
+            _remember(self._onchain_roots, hint.version, onchain)
+        verdict = onchain == hint.root
         if not verdict:
             self._count(LIBRARY_TOPIC, "bad_hint")
             score = self.book.penalise(publisher, "bad_hint")
@@ -287,6 +290,7 @@ class P2PComponent(Component):
             )
             return
         self._count(LIBRARY_TOPIC, "accepted")
+        _remember(self._accepted, (hint.version, hint.root), None)
         self.book.note_holder(publisher, hint.cid)  # content asks it first
         now = time.monotonic()
         # One wake-up per version and second at most: replaying an honest announcement cannot make the
@@ -318,6 +322,7 @@ class P2PComponent(Component):
         """Tell peers this node activated a version (called on the event loop; publishes in background)."""
         if version >= self.current_version:
             self.current_cid = cid
+        _remember(self._onchain_roots, version, root.lower())  # activated: checked against the chain
         self.current_version = max(self.current_version, version)
         if self.host is not None and self._loop is not None:
             task = self._loop.create_task(self._announce(version, root, cid))
@@ -330,11 +335,17 @@ class P2PComponent(Component):
             return
         # A version this node heard of from a peer (an announcement that checked out) is news to nobody:
         # only the nodes that found it on chain first say so, instead of every node once more.
-        if not self._verdicts.get((version, root.lower())):
+        if (version, root.lower()) not in self._accepted:
             message = Announcement(
                 version=version, root=root, cid=cid, chain_id=chain.chain_id, registry=chain.registry
             )
             await self._publish(LIBRARY_TOPIC, encode(message))
+        else:
+            # Every node activates a version within a second or two of the others, and a provider record
+            # is a DHT walk and a signed record for each of the k closest peers: all at once, that load is
+            # what slowed the last nodes' own activation at N = 16. Holders that announced are the ones
+            # asked first; the others' records are spread over the next PROVIDE_SPREAD_S.
+            await asyncio.sleep(random.uniform(0, PROVIDE_SPREAD_S))
         await self._provide()
 
     async def _provide(self) -> None:
@@ -440,8 +451,17 @@ class P2PComponent(Component):
             except P2PError as e:
                 log.info("p2p liveness check failed", error=str(e))
                 continue
-            silent, self._silent = silent & self._silent, silent
-            for peer in silent:
+            connected = len(await asyncio.to_thread(host.connected))
+            drop = silent_to_drop(silent, self._silent, connected)
+            if not drop and silent & self._silent:
+                log.warning(
+                    "p2p: most peers missed two pings running; this node is overloaded or cut off, so none "
+                    "is dropped for it (a cut connection is dropped by the kernel: node/p2p/sockets.py)",
+                    silent=len(silent & self._silent),
+                    connected=connected,
+                )
+            self._silent = silent
+            for peer in drop:
                 log.info("p2p peer does not answer pings; disconnecting", peer=peer)
                 try:
                     await asyncio.to_thread(host.disconnect, peer)
@@ -463,26 +483,20 @@ class P2PComponent(Component):
         if len(connected) < self.settings.target_peers:
             targets += [(a, peer) for peer, addrs in self._found for a in addrs[:1] if peer not in connected]
         targets = targets[:MAX_DIALS_PER_ROUND]
-        now = time.monotonic()
-        current = {a for a, _ in targets}
-        self._next_dial = {a: t for a, t in self._next_dial.items() if a in current}
-        self._backoff = {a: b for a, b in self._backoff.items() if a in current}
+        self._dials.keep_only(a for a, _ in targets)
         tried: set[str] = set()
         for addr, peer in targets:
             if peer in connected or peer in tried or peer == host.peer_id or self.book.banned(peer):
                 continue
-            if self._next_dial.get(addr, 0.0) > now:
+            if not self._dials.due(addr):
                 continue
             tried.add(peer)
             try:
                 got = await asyncio.to_thread(host.connect, addr, 5.0)
             except P2PError as e:
-                backoff = min(300.0, 2 * self._backoff.get(addr, self.settings.redial_interval_s / 2))
-                self._backoff[addr], self._next_dial[addr] = backoff, now + backoff
-                log.info("p2p dial failed", addr=addr, error=str(e), retry_in_s=backoff)
+                log.info("p2p dial failed", addr=addr, error=str(e), retry_in_s=self._dials.failed(addr))
                 continue
-            self._next_dial.pop(addr, None)
-            self._backoff.pop(addr, None)
+            self._dials.succeeded(addr)
             connected.add(got)
             self.book.seen(got, [addr], connected=True)
             log.info("p2p peer connected", peer=got, addr=addr)
@@ -512,6 +526,22 @@ class P2PComponent(Component):
                 }
             )
         return out
+
+
+def silent_to_drop(silent: set[str], silent_before: set[str], connected: int) -> set[str]:
+    """The peers the liveness check disconnects: silent on this check and the one before (one miss can be a
+    busy peer), unless they are most of the connected peers. Then the likelier story is this node: its
+    own loop too starved to see the answers (at N = 16 on two cores, a node under a flood dropped all
+    its peers at once, and with them its way to the library bytes) or its own network gone, where
+    dropping everyone helps nothing; connections that are really cut are dropped by the kernel."""
+    missed_twice = silent & silent_before
+    return set() if len(missed_twice) * 2 > connected else missed_twice
+
+
+def _remember(memory: OrderedDict[Any, Any], key: Any, value: Any, limit: int = 1024) -> None:
+    memory[key] = value
+    while len(memory) > limit:
+        memory.popitem(last=False)
 
 
 def _peer_of(addr: str) -> str:

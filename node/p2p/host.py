@@ -422,12 +422,19 @@ class P2PHost:
         async def exchange() -> bytes:
             # A peer that has not begun to answer within HEADER_TIMEOUT_S is skipped (the next one is
             # asked): a connection cut without a FIN looks open, and would hold the whole deadline.
-            with trio.fail_after(min(timeout, HEADER_TIMEOUT_S)):
+            header_s = min(timeout, HEADER_TIMEOUT_S)
+            stream: Any = None
+            with trio.move_on_after(header_s):
                 stream = await self._host.new_stream(ID.from_base58(peer_id), [CONTENT_PROTOCOL])
+            if stream is None:
+                raise P2PError(f"no stream to the peer within {header_s:.0f} s")
             try:
-                with trio.fail_after(min(timeout, HEADER_TIMEOUT_S)):
+                head: bytes | None = None
+                with trio.move_on_after(header_s):
                     await stream.write(json.dumps({"cid": cid}).encode() + b"\n")
                     head, _, rest = (await _read_line(stream, MAX_REQUEST_LINE)).partition(b"\n")
+                if head is None:
+                    raise P2PError(f"the peer did not answer within {header_s:.0f} s")
                 try:
                     header = untrusted_json.loads(head)
                     size = header.get("size") if isinstance(header, dict) else None

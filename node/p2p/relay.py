@@ -26,6 +26,7 @@ import trio
 from multiaddr import Multiaddr
 
 from zoo.node.logs import get_logger
+from zoo.node.p2p.backoff import Backoff
 from zoo.node.p2p.streams import close_stream
 
 log = get_logger(__name__)
@@ -112,8 +113,7 @@ class Relaying:
 
         held: dict[str, list[Any]] = {}  # relay -> the connections its slot was reserved over (kept, not
         # their ids: a closed connection's id can be a new one's)
-        retry_at: dict[str, float] = {}
-        backoff: dict[str, float] = {}
+        retries = Backoff(CHECK_EVERY_S, MAX_BACKOFF_S)
         while True:
             network = host.get_network()
             for relay in self.relays:
@@ -124,18 +124,17 @@ class Relaying:
                     continue
                 if relay in self.reserved:
                     self.reserved = {k: v for k, v in self.reserved.items() if k != relay}
-                if time.monotonic() < retry_at.get(relay, 0.0):
+                if not retries.due(relay):
                     continue
                 ok = await self._reserve(host, dial, relay, info.peer_id, nursery)
                 if ok:
                     self.reserved = {**self.reserved, relay: time.monotonic()}
                     self.refused = self.refused - {relay}
                     held[relay] = list(network.get_connections(info.peer_id))
-                    backoff.pop(relay, None)
+                    retries.succeeded(relay)
                     log.info("p2p relay slot reserved", relay=relay)
                 else:
-                    backoff[relay] = min(MAX_BACKOFF_S, 2 * backoff.get(relay, CHECK_EVERY_S / 2))
-                    retry_at[relay] = time.monotonic() + backoff[relay]
+                    retries.failed(relay)
             await trio.sleep(CHECK_EVERY_S)
 
     async def _reserve(

@@ -28,7 +28,9 @@ from tests.registry.test_sync import Chain
 from zoo.devnet.info import DevnetInfo
 from zoo.devnet.manager import Devnet
 from zoo.node.client import NodeClient
-from zoo.node.config import ModelConfig
+from zoo.node.config import ModelConfig, P2PConfig
+from zoo.node.p2p.chain import RegistryChainView
+from zoo.node.p2p.component import P2PComponent
 from zoo.node.p2p.host import P2PError, P2PHost, load_identity
 from zoo.node.p2p.messages import LIBRARY_TOPIC, Announcement, Capabilities, encode
 from zoo.node.p2p.peers import PeerBook
@@ -434,6 +436,37 @@ def test_a_fake_announcement_is_checked_ignored_and_scores_the_peer_down(net: Ne
     wait_until("the rogue banned", banned, 15, a)
     wait_until("the rogue disconnected", lambda: rogue.peer_id not in connected(a), 15, a)
     assert status(a).library == before
+
+
+def test_claims_about_one_version_cost_one_chain_call(net: Net, tmp_path: Path) -> None:
+    """The component's check of announcements against the real chain, counted: liars announcing several
+    wrong roots for a version first, then the honest announcement, are all judged by one eth_call."""
+
+    class Counted(RegistryChainView):
+        calls = 0
+
+        def root_of(self, version: int) -> str | None:
+            Counted.calls += 1
+            return super().root_of(version)
+
+    current = status(net.nodes["a"]).library
+    woken: list[int] = []
+    component = P2PComponent(P2PConfig(), tmp_path, content=lambda _cid: None, on_newer_version=woken.append,
+                             chain=lambda: chain)  # fmt: skip
+    chain = Counted(net.info.rpc_url, net.info.registry_address)
+    chain_id = int(net.chain.w3.eth.chain_id)
+    claim = Announcement(version=current.version, root=current.root, cid=current.cid, chain_id=chain_id,
+                         registry=net.info.registry_address)  # fmt: skip
+
+    async def hear() -> None:
+        for j in range(3):
+            await component._hint(f"liar{j}", claim.model_copy(update={"root": "0x" + f"{j + 1:02x}" * 32}))
+        await component._hint("honest", claim)
+
+    asyncio.run(hear())
+    assert Counted.calls == 1
+    assert [component.book.score(f"liar{j}") for j in range(3)] == pytest.approx([-10.0] * 3, abs=0.01)
+    assert component.book.holders(current.cid) == ["honest"] and woken == [current.version]
 
 
 def test_oversized_malformed_and_flooding_messages_are_dropped_and_counted(net: Net, rogue: P2PHost) -> None:

@@ -105,3 +105,27 @@ def test_holders_of_a_cid_are_remembered_latest_first_and_bounded(tmp_path: Path
     assert book.holders("cid1") == []  # the oldest CIDs are forgotten first
     book.flush()
     assert PeerBook(tmp_path / "peers.json").holders(f"new{MAX_HOLDER_CIDS - 1}") == []  # memory only
+
+
+def test_backoff_doubles_to_its_cap_and_a_success_forgets() -> None:
+    from zoo.node.p2p.backoff import Backoff
+
+    b = Backoff(first_s=10.0, max_s=30.0)
+    assert b.due("x", now=0.0)
+    assert [b.failed("x", now=0.0) for _ in range(4)] == [10.0, 20.0, 30.0, 30.0]
+    assert not b.due("x", now=29.0) and b.due("x", now=30.0)
+    b.succeeded("x")
+    assert b.due("x", now=0.0) and b.failed("x", now=0.0) == 10.0
+    b.failed("y", now=0.0)
+    b.keep_only(["y"])
+    assert b.due("x", now=0.0) and not b.due("y", now=0.0)
+
+
+def test_liveness_drops_a_minority_of_silent_peers_only() -> None:
+    from zoo.node.p2p.component import silent_to_drop
+
+    assert silent_to_drop({"a", "b"}, {"a"}, connected=8) == {"a"}  # two misses running: dropped
+    assert silent_to_drop({"a"}, set(), connected=8) == set()  # one miss: a busy peer, kept
+    # Most peers silent twice: this node is the likelier culprit (overloaded, or its network gone).
+    assert silent_to_drop(set("abcde"), set("abcde"), connected=8) == set()
+    assert silent_to_drop(set("abcd"), set("abcd"), connected=8) == set("abcd")  # half: a partition
