@@ -53,6 +53,7 @@ TOPICS = {LIBRARY_TOPIC: Announcement, CAPABILITIES_TOPIC: Capabilities}
 REPROVIDE_S = 600.0
 PROVIDE_SPREAD_S = 30.0  # a version's provider records, by the nodes that did not announce it
 LIVENESS_S = 15.0  # how often connected peers are pinged
+CROWD_PATIENCE = 3  # checks most peers may stay silent before this node's own connections are reset
 MAX_DIALS_PER_ROUND = 16  # bootstrap peers first, then the book's best: a big book cannot stall a round
 
 
@@ -115,6 +116,7 @@ class P2PComponent(Component):
         self.current_cid = ""  # the library CID this node holds (provided on the DHT)
         self._provided: tuple[str, float] = ("", -1e9)  # what was last provided, and when
         self._silent: set[str] = set()  # peers that missed the last liveness ping
+        self._crowd_checks = 0  # liveness checks running in which most peers had missed two pings
         self._dials = Backoff(settings.redial_interval_s, 300.0)  # per address
         self.connected: list[str] = []
 
@@ -452,14 +454,16 @@ class P2PComponent(Component):
                 log.info("p2p liveness check failed", error=str(e))
                 continue
             connected = len(await asyncio.to_thread(host.connected))
-            drop = silent_to_drop(silent, self._silent, connected)
-            if not drop and silent & self._silent:
+            drop = silent_to_drop(silent, self._silent, connected, self._crowd_checks)
+            missed_twice = silent & self._silent
+            if not drop and missed_twice:
                 log.warning(
                     "p2p: most peers missed two pings running; this node is overloaded or cut off, so none "
-                    "is dropped for it (a cut connection is dropped by the kernel: node/p2p/sockets.py)",
-                    silent=len(silent & self._silent),
+                    "is dropped for it yet (a cut connection is dropped by the kernel: node/p2p/sockets.py)",
+                    silent=len(missed_twice),
                     connected=connected,
                 )
+            self._crowd_checks = self._crowd_checks + 1 if len(missed_twice) * 2 > connected else 0
             self._silent = silent
             for peer in drop:
                 log.info("p2p peer does not answer pings; disconnecting", peer=peer)
@@ -528,14 +532,17 @@ class P2PComponent(Component):
         return out
 
 
-def silent_to_drop(silent: set[str], silent_before: set[str], connected: int) -> set[str]:
+def silent_to_drop(silent: set[str], silent_before: set[str], connected: int, crowd_checks: int) -> set[str]:
     """The peers the liveness check disconnects: silent on this check and the one before (one miss can be a
-    busy peer), unless they are most of the connected peers. Then the likelier story is this node: its
-    own loop too starved to see the answers (at N = 16 on two cores, a node under a flood dropped all
-    its peers at once, and with them its way to the library bytes) or its own network gone, where
-    dropping everyone helps nothing; connections that are really cut are dropped by the kernel."""
+    busy peer), unless they are most of the connected peers and have been for fewer than CROWD_PATIENCE
+    checks before this one. A crowd going silent at once is likelier this node: its own loop too starved to
+    see the answers (at N = 16 on two cores, a node under a flood dropped all its peers at once, and with
+    them its way to the library bytes), and connections that are really cut are dropped by the kernel. A
+    crowd silent for longer is this node's connections broken while TCP is fine (seen at N = 24 on a node
+    restarted under churn: every stream open timed out for minutes): those are dropped and redialled."""
     missed_twice = silent & silent_before
-    return set() if len(missed_twice) * 2 > connected else missed_twice
+    crowd = len(missed_twice) * 2 > connected
+    return set() if crowd and crowd_checks < CROWD_PATIENCE else missed_twice
 
 
 def _remember(memory: OrderedDict[Any, Any], key: Any, value: Any, limit: int = 1024) -> None:
