@@ -4,20 +4,22 @@ like the other components (setup, a real health probe, background work, stop).
 Inbound gossip is validated on the libp2p thread before it is delivered or relayed (size, JSON shape,
 banned or flooding publisher); accepted messages cross to the asyncio loop through a queue. There:
 - an announcement of a newer library version is a hint. Its root is checked against this node's own
-  chain client (one bounded call, cached per (version, root)); a match wakes the library follower at
-  once, a mismatch scores the publisher down. Nothing is fetched on a peer's word.
+  chain client (one bounded call per version: the on-chain root is cached); a match wakes the library
+  follower at once, a mismatch scores the publisher down. Nothing is fetched on a peer's word.
 - capabilities go into the peer book, which routing and `zoo-node peers` read; they expire.
-Outbound: an announcement whenever this node activates a version, capabilities every
+Outbound: an announcement whenever this node finds a version on chain first, capabilities every
 `capabilities_interval_s`. The peer book is re-dialled (with backoff per address) so a restarted node
 finds its peers again, and banned peers are disconnected.
 Discovery: a Kademlia walk every `discovery_interval_s` (every `redial_interval_s` while the node has no
 peer, or is below `target_peers` with peers found and not connected) learns the network beyond this
 node's connections; below the target, the peers it found are dialled too. Whoever the node is connected
 to is remembered in the book, so it rejoins through any of them after a restart, not only through its
-bootstrap list. The library CID it holds is announced as a DHT provider record on activation and every
-ten minutes, so nodes that are not connected to it can find it.
+bootstrap list. The library CID it holds is announced as a DHT provider record on activation (within
+PROVIDE_SPREAD_S when another node announced the version) and every ten minutes, so nodes that are not
+connected to it can find it.
 Liveness: every LIVENESS_S the connected peers are pinged; a peer that misses two pings running is
-disconnected (a connection cut without a FIN or RST, as in a partition, otherwise looks open for minutes).
+disconnected, unless most peers did (silent_to_drop). A connection cut without a FIN or RST, as in a
+partition, is also dropped by the kernel (node/p2p/sockets.py).
 """
 
 from __future__ import annotations
