@@ -465,7 +465,7 @@ class P2PComponent(Component):
                     silent=len(missed_twice),
                     connected=connected,
                 )
-            self._crowd_checks = self._crowd_checks + 1 if len(missed_twice) * 2 > connected else 0
+            self._crowd_checks = self._crowd_checks + 1 if _crowd(missed_twice, connected) else 0
             self._silent = silent
             for peer in drop:
                 log.info("p2p peer does not answer pings; disconnecting", peer=peer)
@@ -543,8 +543,12 @@ def silent_to_drop(silent: set[str], silent_before: set[str], connected: int, cr
     crowd silent for longer is this node's connections broken while TCP is fine (seen at N = 24 on a node
     restarted under churn: every stream open timed out for minutes): those are dropped and redialled."""
     missed_twice = silent & silent_before
-    crowd = len(missed_twice) * 2 > connected
-    return set() if crowd and crowd_checks < CROWD_PATIENCE else missed_twice
+    return set() if _crowd(missed_twice, connected) and crowd_checks < CROWD_PATIENCE else missed_twice
+
+
+def _crowd(missed_twice: set[str], connected: int) -> bool:
+    """Whether the peers that missed two pings running are most of the connected peers."""
+    return len(missed_twice) * 2 > connected
 
 
 def _remember(memory: OrderedDict[Any, Any], key: Any, value: Any, limit: int = 1024) -> None:
