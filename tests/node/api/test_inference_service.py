@@ -162,10 +162,15 @@ def test_unknown_pinned_root_is_not_found(node: NodeProcess) -> None:
 
 def test_deadline_exceeded_and_node_recovers(node: NodeProcess) -> None:
     with NodeClient(node.address) as c:
+        # The prompt's prefill alone outlasts the deadline (about 5 s for 1,200 tokens on 2 Zen 3 cores; 0.3 s
+        # would need 4,000 tokens/s), where a short prompt's answer may end in under a second on its own.
+        long_prompt = "word " * 1200
         with pytest.raises(grpc.RpcError) as e:
             c.inference.Infer(
-                pb.InferRequest(prompt="Count to one hundred.", sampling=pb.SamplingParams(max_tokens=400)),
-                timeout=1.0,
+                pb.InferRequest(
+                    prompt=long_prompt, disable_experiences=True, sampling=pb.SamplingParams(max_tokens=64)
+                ),
+                timeout=0.3,
             )
         assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         t0 = time.monotonic()

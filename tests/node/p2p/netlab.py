@@ -54,10 +54,11 @@ def available() -> str | None:
     """None when this machine can build the lab, else why not."""
     if os.geteuid() != 0:
         return "network namespaces need root"
-    probe = ip("netns", "add", "zlprobe", check=False)
+    name = f"zlprobe{os.getpid()}"  # per process: test workers probe at the same moment when they collect
+    probe = ip("netns", "add", name, check=False)
     if probe.returncode != 0:
         return f"cannot create a network namespace: {probe.stderr.strip()}"
-    ip("netns", "del", "zlprobe", check=False)
+    ip("netns", "del", name, check=False)
     return None
 
 
