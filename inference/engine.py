@@ -30,6 +30,7 @@ from zoo.inference.defaults import (
     LessonPosition,
 )
 from zoo.inference.prompt import Assembled, assemble, check_fits, parse_citations
+from zoo.inference.provenance.documents import prompt_document, sha256_hex
 from zoo.inference.tools import ToolCall, ToolSpec, parse_answer, render_turns, template_messages
 from zoo.registry.errors import ValidationError, ZooError
 
@@ -67,6 +68,7 @@ class InferParams:
     # their calls constrained where the backend constrains decoding, and read out of each answer. The
     # messages may carry earlier calls ("tool_calls": [{id, name, arguments}]) and results (role "tool").
     tools: ToolSpec | None = None
+    receipt: bool = False  # the client asks for the node's signed receipt of the answer (node.provenance)
 
 
 @dataclass
@@ -116,6 +118,10 @@ class InferOutcome:
     # Every choice, the first being the one the fields above describe (its logprobs and tool calls are
     # there); completion_tokens counts them all, and an experience is cited when any choice cites it.
     choices: list[Choice] = field(default_factory=list)
+    # The SHA-256 (0x hex) of the prompt as the model saw it (zoo.inference.provenance.documents).
+    prompt_sha256: str = ""
+    # The node's signed receipt of this answer (its JSON), when the request asked for one (node.provenance).
+    receipt: dict[str, Any] | None = None
 
 
 def _choice(text: str, finish: str, tokens: int, seed: int, logprobs: Any, tools: ToolSpec | None) -> Choice:
@@ -204,6 +210,7 @@ class InferenceEngine:
             for r in requests:
                 r.cancel.set()
         outcome = self._outcome(p, assembled, requests, results, root, version, seed, retrieval_ms, t1)
+        outcome.prompt_sha256 = sha256_hex(prompt_document(assembled.messages, tool_dicts, p.prompt))
         if self.on_answered is not None:  # before the answer goes out: metering commits what it answered
             await self.on_answered(outcome, p)
         yield outcome

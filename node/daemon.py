@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from zoo.inference.adapters import AdapterDirectory
+from zoo.inference.provenance.weights import WEIGHT_HASHES_FILE, WeightHashes
 from zoo.node import __version__
 from zoo.node.api.admission import Admission
 from zoo.node.api.grpc_server import BindError, HealthBridge, build_server
@@ -49,6 +50,7 @@ from zoo.node.datadir import DataDir, DataDirLocked
 from zoo.node.endpoints import EndpointsUnavailable, Wiring, wire
 from zoo.node.logs import configure_logging, get_logger
 from zoo.node.metrics import NodeMetrics
+from zoo.node.provenance.receipts import Notary
 from zoo.registry.errors import ZooError
 from zoo.v1 import inference_pb2_grpc, jobs_pb2_grpc, library_pb2_grpc, node_pb2_grpc
 
@@ -87,6 +89,8 @@ class NodeRun:
     """One run of the node, its steps in the order serve takes them: each sets up what the next ones use."""
 
     model_path: Path | None
+    weight_hashes: WeightHashes
+    model_sha256: str  # the served weights' SHA-256 (zoo.inference.provenance.weights); "" when unknown
     metrics: NodeMetrics
     metrics_url: str
     meter: UsageMeter
@@ -123,6 +127,16 @@ class NodeRun:
             self.model_path = await asyncio.to_thread(resolve_model_path, self.cfg)
         except ModelUnavailable as e:
             raise StartupError(str(e)) from None
+        self.weight_hashes = WeightHashes(self.cfg.cache_dir / WEIGHT_HASHES_FILE)
+        self.model_sha256 = ""  # a remote (openai) backend's weights, or a light node's none: unknown here
+        if self.model_path is not None:
+            started = time.monotonic()
+            try:
+                self.model_sha256 = await asyncio.to_thread(self.weight_hashes.of, self.model_path)
+            except (OSError, ZooError) as e:
+                raise StartupError(f"cannot hash the model's weights: {e}") from None
+            log.info("model identity", path=str(self.model_path), sha256=self.model_sha256,
+                     seconds=round(time.monotonic() - started, 2))  # fmt: skip
 
     def serve_metrics(self) -> None:
         cfg = self.cfg
@@ -141,7 +155,9 @@ class NodeRun:
         self.meter = UsageMeter(
             self.data_dir.path / "usage.sqlite", self.wiring.epoch_s or cfg.credits.epoch_s
         )
-        self.parts = build_components(cfg, self.data_dir, self.model_path, self.wiring, metrics, self.meter)
+        self.parts = build_components(
+            cfg, self.data_dir, self.model_path, self.wiring, metrics, self.meter, self.model_sha256
+        )
         self.model_id = model_id(cfg, self.model_path)
         self.supervisor = Supervisor(self.parts.all())
         self.supervisor.on_change(metrics.component_changed)
@@ -169,6 +185,7 @@ class NodeRun:
             serving=lambda: serving_stats(admission, lambda: getattr(model, "backend", None)),
             min_similarity=cfg.inference.min_similarity,
             role="light" if cfg.light else "full",
+            model_sha256=self.model_sha256,
         )
         metrics.watch_serving(self.servicer.serving)
         metering = answer_metering(meter, credits, metrics)
@@ -184,6 +201,8 @@ class NodeRun:
             adapters=AdapterDirectory(cfg.adapters_dir).names,
             router=router(cfg, parts.p2p),
             credits=credits,
+            model_sha256=self.model_sha256,
+            notary=Notary(self.data_dir.node_key(), node_address, self.model_sha256, self._adapter_sha256),
         )
         servicers: list[Any] = [
             (node_pb2_grpc.add_NodeServiceServicer_to_server, self.servicer),
@@ -209,6 +228,10 @@ class NodeRun:
         except BindError as e:
             metrics.shutdown()
             raise StartupError(str(e)) from None
+
+    def _adapter_sha256(self, name: str) -> str:
+        """The SHA-256 of adapter `name`'s files (hashed once per file: zoo.inference.provenance.weights)."""
+        return self.weight_hashes.of(AdapterDirectory(self.cfg.adapters_dir).root / name)
 
     def _admit(self, credits: CreditBook | None, node_address: str) -> Admission:
         """Who a request is (signed, with credits, or anonymous) and when it may run (admission)."""
@@ -249,6 +272,8 @@ class NodeRun:
             "" if cfg.light else embedder_model_id(cfg.embedder.path),
             api_key=cfg.server.api_key.get_secret_value() if cfg.server.api_key else None,
             identify=self.identify,
+            model_sha256=self.model_sha256,
+            adapter_sha256=self._adapter_sha256,
         )
         self.http = None
         if cfg.http.enabled:
@@ -269,6 +294,7 @@ class NodeRun:
         p2p.capabilities = capabilities(
             cfg,
             self.model_id,
+            self.model_sha256,
             self.parts.library,
             self.admission,
             lambda: advertised_grpc(cfg, self.host, self.bound_port),

@@ -82,21 +82,28 @@ class DataDir:
 
     def node_address(self) -> str:
         """The address of the node's own Ethereum account, whose key is created (0600) on first use: signed
-        requests name it, and it will sign this node's usage reports. Keep the file: a new key is a new
-        node to clients and to the chain. (coincurve, not eth_account: that import costs the daemon half a
-        second before its port opens.)"""
+        requests name it, and it signs this node's usage reports and answer receipts. Keep the file: a new
+        key is a new node to clients and to the chain. (coincurve, not eth_account: that import costs the
+        daemon half a second before its port opens.)"""
         import coincurve
         from eth_hash.auto import keccak
         from eth_utils import to_checksum_address
+
+        key = coincurve.PrivateKey(self.node_key())
+        return to_checksum_address(keccak(key.public_key.format(compressed=False)[1:])[12:])
+
+    def node_key(self) -> bytes:
+        """The node account's private key (32 bytes), created on first use; ValueError for a damaged file."""
+        import coincurve
 
         self.create()
         if not self.key_file.exists():
             write_atomic(self.key_file, coincurve.PrivateKey().secret.hex().encode(), mode=0o600)
         try:
-            key = coincurve.PrivateKey(bytes.fromhex(self.key_file.read_text().strip().removeprefix("0x")))
+            secret = bytes.fromhex(self.key_file.read_text().strip().removeprefix("0x"))
+            return coincurve.PrivateKey(secret).secret
         except ValueError as e:
             raise ValueError(f"{self.key_file} does not hold a secp256k1 private key in hex: {e}") from None
-        return to_checksum_address(keccak(key.public_key.format(compressed=False)[1:])[12:])
 
     def write_node_info(self, info: dict[str, Any]) -> None:
         write_atomic(self.node_file, json.dumps(info, indent=2).encode())

@@ -96,6 +96,12 @@ class NodeMetrics:
         self.library_experiences = Gauge(
             "zoo_library_experiences", "Experiences in the active library", registry=r
         )
+        self.library_model_mismatch = Gauge(
+            "zoo_library_model_mismatch",
+            "1 while the active library names other model weights (by SHA-256) than this node serves: its "
+            "experiences stay out of prompts",
+            registry=r,
+        )
         self.library_refused = Counter(
             "zoo_library_refused",
             "Approved library versions refused by verification, by reason",

@@ -14,7 +14,9 @@ Rules (the encoding is a JSON text):
   "zoo.experience-library/1", exactly as before worked examples existed; one that holds an example is
   "zoo.experience-library/2" (a reader of format 1 must refuse it: it cannot show examples); one whose
   example answers with a code block that keeps its lines is "zoo.experience-library/3" (a reader of format 2
-  must refuse it: it holds answers only single-spaced). A lesson's
+  must refuse it: it holds answers only single-spaced); one that names its base model's weights by SHA-256
+  ("base_model_sha256") is "zoo.experience-library/4" (a reader of format 3 must refuse the field). The
+  field is written only in format 4, so older libraries keep their bytes and CIDs. A lesson's
   document is the same in both, so its Merkle leaf, and the root of every format-1 library, never change;
   an example's document adds "kind": "example", "answer" and "reasoning" (null when it has none).
 
@@ -45,10 +47,10 @@ import msgspec
 from zoo.registry.errors import ValidationError
 from zoo.registry.experience import CONFIDENCE_SCALE, Experience, format_confidence
 from zoo.registry.gc_pause import gc_paused
-from zoo.registry.library import SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, Library
+from zoo.registry.library import SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, Library
 from zoo.registry.validation import Problem, problem_at
 
-SCHEMA = SCHEMA_V3  # the newest; a library is written in the oldest format that can hold it
+SCHEMA = SCHEMA_V4  # the newest; a library is written in the oldest format that can hold it
 DEFAULT_MAX_LIBRARY_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_EXPERIENCE_BYTES = 256 * 1024
 _CONFIDENCE_RE = re.compile(r"(0\.[0-9]{6}|1\.000000)")
@@ -57,10 +59,11 @@ _LIBRARY = msgspec.json.Decoder(Library)
 _EXPERIENCE = msgspec.json.Decoder(Experience)
 
 
-class _LibraryOfRaw(msgspec.Struct, forbid_unknown_fields=True):
+class _LibraryOfRaw(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True):
     """A library document whose experiences are left as their raw bytes (see decode_library_parts)."""
 
     base_model: str
+    base_model_sha256: str = ""
     description: str
     experiences: tuple[msgspec.Raw, ...]
     parent_root: str
@@ -77,6 +80,7 @@ __all__ = [
     "SCHEMA_V1",
     "SCHEMA_V2",
     "SCHEMA_V3",
+    "SCHEMA_V4",
     "canonical_json",
     "decode_experience",
     "decode_library",
@@ -182,6 +186,7 @@ def decode_library_parts(
                         raise _at_experience(err, i) from err.__cause__
                 lib = Library(
                     base_model=doc.base_model,
+                    base_model_sha256=doc.base_model_sha256,
                     description=doc.description,
                     experiences=tuple(found),  # type: ignore[arg-type]
                     parent_root=doc.parent_root,
@@ -216,9 +221,8 @@ def _in_canonical_frame(doc: _LibraryOfRaw, data: bytes) -> bool:
     match and the lengths add up to len(data) exactly when the experiences sit in the list with single
     commas between them and nothing else: the same test as re-encoding the library, without doing it.
     """
-    frame = _ENCODER.encode(
-        _LibraryOfRaw(doc.base_model, doc.description, (), doc.parent_root, doc.schema, doc.version)
-    )
+    empty = msgspec.structs.replace(doc, experiences=())
+    frame = _ENCODER.encode(empty)
     # A string value cannot hold this needle: its quotes would be escaped.
     cut = frame.index(b'"experiences":[]') + len(b'"experiences":[')
     prefix, suffix = frame[:cut], frame[cut:]
@@ -271,10 +275,9 @@ def _check_size(data: Any, max_size: int, what: str) -> None:
 def _library_input(doc: Any) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise ValidationError("library", "must be a JSON object")
-    if doc.get("schema") not in (SCHEMA_V1, SCHEMA_V2, SCHEMA_V3):
-        message = (
-            f"must be {SCHEMA_V1!r}, {SCHEMA_V2!r} or {SCHEMA_V3!r} (got {str(doc.get('schema'))[:80]!r})"
-        )
+    if doc.get("schema") not in (SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4):
+        known = ", ".join(repr(s) for s in (SCHEMA_V1, SCHEMA_V2, SCHEMA_V3))
+        message = f"must be {known} or {SCHEMA_V4!r} (got {str(doc.get('schema'))[:80]!r})"
         raise ValidationError("schema", message)
     experiences = doc.get("experiences")
     if not isinstance(experiences, list):

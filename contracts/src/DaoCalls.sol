@@ -3,7 +3,8 @@ pragma solidity ^0.8.24;
 
 /**
  * @notice A call proposal's selector is not one the DAO may call on this target: on another contract only
- * the {ILedgerGovernance} functions, on the registry itself only `cancel(uint256)`.
+ * the {ILedgerGovernance} functions, on the registry itself only `cancel(uint256)` and
+ * `setBaseModel(bytes32,bool)`.
  * @param target The contract the proposal would call.
  * @param selector The calldata's first four bytes.
  */
@@ -44,13 +45,15 @@ interface ILedgerGovernance {
  * the registry cannot know the argument types of an arbitrary function.
  */
 library DaoCalls {
-    /// @notice `cancel(uint256)`, the only call a call proposal may make on the registry itself.
+    /// @notice `cancel(uint256)`, one of the two calls a call proposal may make on the registry itself.
     bytes4 internal constant CANCEL = bytes4(keccak256("cancel(uint256)"));
+    /// @notice `setBaseModel(bytes32,bool)`, the other: the DAO's list of approved base models.
+    bytes4 internal constant SET_BASE_MODEL = bytes4(keccak256("setBaseModel(bytes32,bool)"));
 
     /**
-     * @notice Reverts with {CallNotAllowed} unless `data` calls an allowed function (`cancel(uint256)` when
-     * `onSelf`, an {ILedgerGovernance} function otherwise), and with {NonCanonicalCall} unless it is that
-     * call's canonical encoding.
+     * @notice Reverts with {CallNotAllowed} unless `data` calls an allowed function (`cancel(uint256)` or
+     * `setBaseModel(bytes32,bool)` when `onSelf`, an {ILedgerGovernance} function otherwise), and with
+     * {NonCanonicalCall} unless it is that call's canonical encoding.
      * @param target The contract to be called (for the errors).
      * @param data The calldata, at least four bytes.
      * @param onSelf Whether `target` is the registry itself.
@@ -59,8 +62,13 @@ library DaoCalls {
         bytes4 selector = bytes4(data[:4]);
         bytes memory canonical;
         if (onSelf) {
-            if (selector != CANCEL) revert CallNotAllowed(target, selector);
-            canonical = abi.encodeWithSelector(selector, _word(data, 0));
+            if (selector == CANCEL) {
+                canonical = abi.encodeWithSelector(selector, _word(data, 0));
+            } else if (selector == SET_BASE_MODEL) {
+                canonical = abi.encodeWithSelector(selector, bytes32(_word(data, 0)), _word(data, 1) != 0);
+            } else {
+                revert CallNotAllowed(target, selector);
+            }
         } else if (
             selector == ILedgerGovernance.registerNode.selector || selector == ILedgerGovernance.deregisterNode.selector
         ) {

@@ -50,7 +50,8 @@ import {RFC9162} from "./RFC9162.sol";
  *   versions executed meanwhile never make it stale; the rest (threshold, snapshot, quorum, supermajority,
  *   delay, grace period, one execution) is a library proposal's.
  * - A call proposal makes only the calls the DAO has: a {UsageLedger} governor's `registerNode`,
- *   `deregisterNode` and `resolveChallenge` ({ILedgerGovernance}) on another contract, `cancel` on this one,
+ *   `deregisterNode` and `resolveChallenge` ({ILedgerGovernance}) on another contract, `cancel` and
+ *   `setBaseModel` (the approved base models, by their weights' SHA-256) on this one,
  *   and its calldata must be the canonical encoding of its call ({DaoCalls}): the target's decoder ignores
  *   appended bytes, so without this one call had many calldatas, and the binding below would not see a
  *   padded `registerNode(N)` as the call it is.
@@ -66,8 +67,8 @@ import {RFC9162} from "./RFC9162.sol";
  *   final: anyone may execute, so an executor could give the inner call too little gas to make it fail and
  *   thereby kill a proposal the DAO passed.
  * - A proposal can be canceled ({cancel}): by its proposer while it is Pending or Active, or by the DAO
- *   itself (a passed call proposal whose target is this registry and whose calldata is `cancel(id)`, the
- *   only call a call proposal may make on this registry) at any time before it is executed, which is how
+ *   itself (a passed call proposal whose target is this registry and whose calldata is `cancel(id)`) at
+ *   any time before it is executed, which is how
  *   the DAO withdraws a passed proposal it no longer wants. A canceled proposal can never be voted on or
  *   executed.
  *
@@ -180,6 +181,12 @@ contract ExperienceRegistry {
     /// @notice How many times each call ({hashCall}) was executed through a call proposal; only ever increases.
     mapping(bytes32 callHash => uint256) public callExecutions;
 
+    /// @notice Whether the DAO approved the model weights with this SHA-256 as a base model: one a library
+    /// (format 4) may name, so that nodes serving those weights put its experiences into their prompts.
+    mapping(bytes32 modelHash => bool) public baseModelApproved;
+    bytes32[] private _baseModels;
+    mapping(bytes32 modelHash => uint256) private _baseModelSlot; // index in _baseModels, plus one
+
     /// @notice What a call proposal calls ({proposeCall}).
     struct ProposedCall {
         // The contract called.
@@ -279,6 +286,22 @@ contract ExperienceRegistry {
      * @param cid IPFS CID of the new library's content.
      */
     event LibraryUpdated(uint256 indexed version, bytes32 indexed root, uint256 treeSize, string cid);
+
+    /**
+     * @notice The DAO approved (or withdrew) a base model.
+     * @param modelHash The SHA-256 of the model's weights (a GGUF file, or a weights directory's manifest).
+     * @param approved Whether it is approved now.
+     */
+    event BaseModelSet(bytes32 indexed modelHash, bool approved);
+
+    /// @notice Only the DAO (this registry, executing a passed call proposal) may call this.
+    error OnlyDao(address caller);
+
+    /// @notice The base model is already in the state asked for; nothing would change.
+    error BaseModelUnchanged(bytes32 modelHash, bool approved);
+
+    /// @notice A zero hash names no weights.
+    error ZeroModelHash();
 
     /**
      * @notice A call proposal's target has no code (nothing could be called), or is this registry with a
@@ -611,17 +634,21 @@ contract ExperienceRegistry {
      * bound to the call's current {callExecutions}: it becomes Stale once the same call is executed by
      * another proposal. Only the DAO's calls, each in its one encoding, are accepted ({DaoCalls}), so
      * identical calls have identical calldata.
-     * @param target A contract; this registry only with {cancel}'s calldata.
+     * @param target A contract; this registry only with {cancel}'s or {setBaseModel}'s calldata.
      * @param data The calldata: exactly `abi.encodeWithSelector` of an {ILedgerGovernance} function (or, on this
-     * registry, `cancel`) and its arguments; {CallNotAllowed} or {NonCanonicalCall} otherwise.
+     * registry, `cancel` or `setBaseModel`) and its arguments; {CallNotAllowed} or {NonCanonicalCall} otherwise.
      * @param salt Any value; this proposer's proposals of the same call need distinct salts.
      * @return proposalId The new proposal's id ({hashCallProposal} with `msg.sender` as proposer).
      */
     function proposeCall(address target, bytes calldata data, bytes32 salt) external returns (uint256 proposalId) {
         if (target.code.length == 0) revert InvalidCallTarget(target);
         if (data.length < 4) revert EmptyCall();
-        // On itself the DAO may only cancel proposals: anything else would let a vote bypass the rules here.
-        if (target == address(this) && bytes4(data[:4]) != this.cancel.selector) revert InvalidCallTarget(target);
+        // On itself the DAO may only cancel proposals and keep its base models: anything else would let a vote
+        // bypass the rules here.
+        if (
+            target == address(this) && bytes4(data[:4]) != this.cancel.selector
+                && bytes4(data[:4]) != this.setBaseModel.selector
+        ) revert InvalidCallTarget(target);
         DaoCalls.requireCanonical(target, data, target == address(this));
         proposalId = hashCallProposal(target, data, msg.sender, salt);
         Proposal storage p = _open(proposalId);
@@ -684,6 +711,36 @@ contract ExperienceRegistry {
         }
         p.canceled = true;
         emit ProposalCanceled(proposalId, msg.sender);
+    }
+
+    /**
+     * @notice Approves the model weights hashed `modelHash` as a base model (or withdraws them): the DAO's
+     * list, kept only by passed call proposals ({proposeCall} on this registry).
+     * @param modelHash The SHA-256 of the weights; not zero.
+     * @param approved True to approve, false to withdraw.
+     */
+    function setBaseModel(bytes32 modelHash, bool approved) external {
+        if (msg.sender != address(this)) revert OnlyDao(msg.sender);
+        if (modelHash == bytes32(0)) revert ZeroModelHash();
+        if (baseModelApproved[modelHash] == approved) revert BaseModelUnchanged(modelHash, approved);
+        baseModelApproved[modelHash] = approved;
+        if (approved) {
+            _baseModels.push(modelHash);
+            _baseModelSlot[modelHash] = _baseModels.length;
+        } else {
+            uint256 slot = _baseModelSlot[modelHash];
+            bytes32 last = _baseModels[_baseModels.length - 1];
+            _baseModels[slot - 1] = last;
+            _baseModelSlot[last] = slot;
+            _baseModels.pop();
+            delete _baseModelSlot[modelHash];
+        }
+        emit BaseModelSet(modelHash, approved);
+    }
+
+    /// @notice The approved base models' hashes, in no particular order.
+    function baseModels() external view returns (bytes32[] memory) {
+        return _baseModels;
     }
 
     /**

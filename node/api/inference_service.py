@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 
 from zoo.inference.engine import InferOutcome, InferParams
+from zoo.inference.provenance.documents import sha256_hex
 from zoo.inference.structured import parse_response_format
 from zoo.inference.tools import Tool, render_turns
 from zoo.node.api.admission import Admission
@@ -25,12 +26,14 @@ from zoo.node.api.serving import (
     ServingRules,
     check_field,
     check_tool_history,
+    receipt_to_proto,
     sampling_to_proto,
     tool_spec_of,
     validate_params,
 )
 from zoo.node.config import InferenceConfig
 from zoo.node.credits.identity import CLIENT
+from zoo.node.provenance.receipts import REQUEST_SHA256
 from zoo.registry import untrusted_json
 from zoo.registry.errors import ValidationError
 from zoo.registry.experience import DOMAIN_RE
@@ -103,6 +106,7 @@ def params_from_request(req: Any, cfg: InferenceConfig) -> InferParams:
         response_format=parse_response_format(req.response_format.type, req.response_format.json_schema),
         adapter=req.adapter,
     )
+    params = dataclasses.replace(params, receipt=req.receipt)
     if turns:  # the engine renders calls and results (by the model's template where it knows tools)
         params = dataclasses.replace(params, messages=turns)
     if tools is not None and tools.calls:
@@ -148,7 +152,13 @@ def outcome_to_proto(o: InferOutcome, queue_ms: float) -> inference_pb2.InferRes
         finish_reason=o.finish_reason,
         adapter=o.adapter,
         tool_calls=[inference_pb2.ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in calls],
+        receipt=receipt_to_proto(o.receipt) if o.receipt is not None else None,
     )
+
+
+def _request_sha256(request: inference_pb2.InferRequest) -> str:
+    """The request's bytes as received (kept by the interceptor), else as this node serialises it."""
+    return REQUEST_SHA256.get() or sha256_hex(request.SerializeToString())
 
 
 class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
@@ -205,6 +215,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                 if isinstance(item, InferOutcome):
                     outcome = item
             assert outcome is not None
+            self.rules.attest(outcome, params, _request_sha256(request))
             response = outcome_to_proto(outcome, queue_ms)
             response.served_by = self.peer_id()
             return response
@@ -226,6 +237,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         async with self.admission.slot(await self.rules.prioritise(params)) as queue_ms:
             async for item in engine.stream(params):
                 if isinstance(item, InferOutcome):
+                    self.rules.attest(item, params, _request_sha256(request))
                     final = outcome_to_proto(item, queue_ms)
                     final.served_by = self.peer_id()
                     yield inference_pb2.InferChunk(final=final)

@@ -16,11 +16,13 @@ from typing import Any
 import grpc
 from grpc.aio import AbortError
 
+from zoo.inference.provenance.documents import sha256_hex
 from zoo.node.api.status_codes import status_for
 from zoo.node.credits.identity import CLIENT, Identify
 from zoo.node.credits.signing import HEADER, SPEND_HEADER, SignatureError
 from zoo.node.logs import get_logger
 from zoo.node.metrics import NodeMetrics
+from zoo.node.provenance.receipts import REQUEST_SHA256
 from zoo.registry.errors import ValidationError
 
 log = get_logger(__name__)
@@ -84,7 +86,8 @@ class NodeInterceptor(grpc.aio.ServerInterceptor):
         if method.startswith(UNLIMITED_PREFIXES):
             return handler
         signature = spend = None
-        if self._identify is not None and method.startswith(PUBLIC_PREFIXES):
+        public = self._identify is not None and method.startswith(PUBLIC_PREFIXES)
+        if public:
             signature = _metadata(details.invocation_metadata, HEADER)
             spend = _metadata(details.invocation_metadata, SPEND_HEADER)
             if signature is None and not self._identify.allow_anonymous:
@@ -93,7 +96,8 @@ class NodeInterceptor(grpc.aio.ServerInterceptor):
                 except SignatureError as e:
                     self.metrics.rpc_rejected.labels(method, "unauthenticated").inc()
                     return _replace(handler, _deny(grpc.StatusCode.UNAUTHENTICATED, str(e)))
-        keep_raw = signature is not None or spend is not None
+        # A public call's bytes are kept: a signature covers them, and an answer's receipt names them.
+        keep_raw = public
         return _replace(handler, self._wrap(method, handler, signature, spend), keep_raw=keep_raw)
 
     @contextlib.asynccontextmanager
@@ -133,6 +137,7 @@ class NodeInterceptor(grpc.aio.ServerInterceptor):
                 _check_decoded(request.message, method)
                 assert self._identify is not None
                 CLIENT.set(self._identify(signature, method, request.raw, spend))
+                REQUEST_SHA256.set(sha256_hex(request.raw))
                 return request.message
             _check_decoded(request, method)
             return request

@@ -48,6 +48,7 @@ def version_to_proto(v: StoredVersion) -> library_pb2.LibraryVersion:
         parent_root=lib.parent_root,
         cid=v.cid,
         base_model=lib.base_model,
+        base_model_sha256=lib.base_model_sha256,
         description=lib.description,
         experience_count=len(lib.experiences),
     )

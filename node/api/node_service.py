@@ -38,7 +38,8 @@ class NodeServicer(node_pb2_grpc.NodeServiceServicer):
 
     usage: the UsageMeter; node_address: the node's account; ledger_address and credit_epoch_s: the
     UsageLedger whose credits the node takes ("" and 0: none); serving: the generation load now;
-    min_similarity: the relevance gate retrieval applies; role: "full", or "light" (it serves no model)."""
+    min_similarity: the relevance gate retrieval applies; role: "full", or "light" (it serves no model);
+    model_sha256: the served weights' SHA-256 ("" when unknown: a remote backend, a light node)."""
 
     supervisor: Supervisor
     data_dir: str
@@ -53,6 +54,7 @@ class NodeServicer(node_pb2_grpc.NodeServiceServicer):
     serving: Callable[[], node_pb2.ServingStats] | None = None
     min_similarity: float = -1.0
     role: str = "full"  # "light": model.backend = 'none'
+    model_sha256: str = ""
     started: float = field(default_factory=time.monotonic, init=False)
     # Known once the HTTP API has bound and p2p has started: set by the daemon then.
     http_address: Callable[[], str] = field(default_factory=lambda: _no_address, init=False)
@@ -103,6 +105,7 @@ class NodeServicer(node_pb2_grpc.NodeServiceServicer):
             credit_epoch_seconds=self.credit_epoch_s,
             min_similarity=self.min_similarity,
             role=self.role,
+            model_sha256=self.model_sha256 if isinstance(model, ModelComponent) else "",
         )
 
     def _peer_counts(self) -> node_pb2.PeerCounts:
@@ -149,6 +152,7 @@ def _peer(p: dict[str, Any]) -> node_pb2.Peer:
             http_address=caps["http"],
             load=caps["load"],
             sent_at=_timestamp(caps["sent_at"]),
+            model_sha256=caps.get("model_sha256", ""),
         )
     return node_pb2.Peer(
         peer_id=p["peer_id"],

@@ -2,7 +2,8 @@
 apply, in one place so they cannot drift: request validation (validate_params, naming fields as each door's
 client sent them), placement (here, with an adapter, or at a peer), readiness and credit priority.
 
-Placement is one rule. A request names the base model (or none): here. One of this node's adapters: here,
+Placement is one rule. A request names the base model (by its id, by "sha256:" and its weights' hash, or
+none): here. One of this node's adapters: here,
 decoding with it. Any other model: at a peer that advertises it (p2p routing on; the router then picks one
 that serves the pinned library root, or answers UNAVAILABLE saying so); a request a peer forwarded is never
 forwarded again (UNAVAILABLE, so the forwarder tries another peer); and a model no peer advertises is not
@@ -20,10 +21,11 @@ from typing import Any, NamedTuple
 
 from zoo.inference.adapters import check_adapter_name
 from zoo.inference.backend_protocol import BackendUnavailable, ResponseFormat
-from zoo.inference.engine import InferenceEngine, InferOutcome, InferParams, UsedExperience
+from zoo.inference.engine import InferenceEngine, InferOutcome, InferParams, Unsupported, UsedExperience
 from zoo.inference.tools import Tool, ToolSpec, check_tools
 from zoo.node.config import InferenceConfig
 from zoo.node.credits.book import CreditBook
+from zoo.node.provenance.receipts import Notary
 from zoo.registry import untrusted_json
 from zoo.registry.errors import NotFound, ValidationError
 from zoo.registry.experience import DOMAIN_RE
@@ -236,9 +238,14 @@ class ServingRules:
         adapters: Callable[[], list[str]] = list,
         router: Any = None,
         credits: CreditBook | None = None,
+        model_sha256: str = "",
+        notary: Notary | None = None,
     ) -> None:
         self._engine = engine
+        self.notary = notary  # signs answer receipts (node.provenance.receipts)
         self.base_model = base_model
+        # The served weights' SHA-256: a request may name the model as "sha256:<hex>" (by its weights).
+        self.model_sha256 = model_sha256
         self.adapters = adapters
         self.router = router  # a p2p Router when routing is on
         self.credits = credits  # credit holders wait ahead of everyone (node.credits); None: no ledger
@@ -249,7 +256,8 @@ class ServingRules:
         ModelNotServed when nobody serves it."""
         if not self.base_model and not model:  # a light node has no model of its own to run it on
             raise ModelNotServed(model, [], self.router is not None)
-        if not model or model == self.base_model:
+        by_hash = bool(self.model_sha256) and model == f"sha256:{self.model_sha256}"
+        if not model or model == self.base_model or by_hash:
             return Placement()
         check_field(
             len(model) <= 256 and model.isprintable(), field, "must be a printable name of at most 256"
@@ -278,8 +286,24 @@ class ServingRules:
         )
         return params.priority
 
+    def attest(self, outcome: InferOutcome, params: InferParams, request_sha256: str) -> None:
+        """Sign the receipt of this node's own answer, when the request asked for one: `outcome.receipt`."""
+        if params.receipt:
+            if self.notary is None:
+                raise Unsupported("this node signs no receipts")
+            outcome.receipt = self.notary.receipt(outcome, request_sha256, params.client).to_json()
+
 
 # -- routed: what a peer is asked, and what its answer becomes
+
+
+def receipt_to_proto(receipt: dict[str, Any]) -> inference_pb2.Receipt:
+    return inference_pb2.Receipt(**receipt)
+
+
+def receipt_from_proto(r: inference_pb2.Receipt) -> dict[str, Any]:
+    """A peer's receipt as it signed it (zoo-node verify-receipt checks it; nothing here trusts it)."""
+    return {f.name: getattr(r, f.name) for f in inference_pb2.Receipt.DESCRIPTOR.fields}
 
 
 def sampling_to_proto(s: InferParams | InferOutcome) -> inference_pb2.SamplingParams:
@@ -304,6 +328,7 @@ def params_to_request(params: InferParams, model: str) -> inference_pb2.InferReq
         if rf is not None
         else None,
         model=model,
+        receipt=params.receipt,
     )
 
 
@@ -329,4 +354,5 @@ def outcome_from_proto(r: inference_pb2.InferResponse) -> InferOutcome:
         seed=r.sampling.seed,
         stop=list(r.sampling.stop),
         adapter=r.adapter,
+        receipt=receipt_from_proto(r.receipt) if r.HasField("receipt") else None,
     )

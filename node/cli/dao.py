@@ -6,18 +6,19 @@ Keys are never printed or logged. Reverts are shown as the contract's custom err
 
 The group's commands live in modules by job and are added here, in the order `zoo-node dao --help` lists
 them: proposals of library versions and what every proposal goes through (dao_proposals.py), the DAO's
-call proposals (dao_calls.py), the review of a proposal's content (dao_review.py) and KEEPER voting power
-(dao_voting_power.py); what they share is in dao_lookup.py.
+call proposals (dao_calls.py) and its approved base models (dao_models.py), the review of a proposal's
+content (dao_review.py) and KEEPER voting power (dao_voting_power.py); what they share is in dao_lookup.py.
 """
 
 from __future__ import annotations
 
 import typer
 
-from zoo.node.cli import dao_calls, dao_proposals, dao_review, dao_voting_power
+from zoo.node.cli import dao_calls, dao_models, dao_proposals, dao_review, dao_voting_power
 
 app = typer.Typer(
-    help="Governance: propose, vote on and execute library versions and the DAO's calls (node registration).",
+    help="Governance: propose, vote on and execute library versions and the DAO's calls (node registration, "
+    "base models).",
     no_args_is_help=True,
 )
 
@@ -26,6 +27,8 @@ app.command("propose-node")(dao_calls.propose_node)
 app.command("propose-resolve")(dao_calls.propose_resolve)
 app.command()(dao_proposals.cancel)
 app.command("propose-cancel")(dao_calls.propose_cancel)
+app.command("propose-model")(dao_models.propose_model)
+app.command("models")(dao_models.models)
 app.command()(dao_proposals.vote)
 app.command()(dao_proposals.execute)
 app.command("review")(dao_review.review_cmd)

@@ -19,7 +19,7 @@ from zoo.node.cli.dao_lookup import existing, parse_root, resolve, utc_time
 from zoo.node.cli.options import ConfigOpt, DataDirOpt, KeyOpt
 
 
-def _print_call_proposal(tx: Any, prop: Any, what: str) -> None:
+def print_call_proposal(tx: Any, prop: Any, what: str) -> None:
     """A call proposal just made: its id, what it calls, its transaction and its voting window."""
     from zoo.registry.chain import format_proposal_id
 
@@ -48,7 +48,7 @@ def _ledger_proposer(
 def _propose_ledger_call(dao: Dao, ledger: Any, data: bytes, salt_bytes: bytes | None) -> None:
     """Propose that the DAO make one UsageLedger call (`data`), and say what was proposed."""
     tx = dao.registry.propose_call(dao.ledger_address, data, salt=salt_bytes)
-    _print_call_proposal(tx, dao.registry.proposal(tx.proposal_id), ledger.describe_call(data))
+    print_call_proposal(tx, dao.registry.proposal(tx.proposal_id), ledger.describe_call(data))
 
 
 def propose_node(
@@ -133,4 +133,4 @@ def propose_cancel(
             raise typer.Exit(1)
         tx = dao.registry.propose_cancel(pid, salt=salt_bytes)
         prop = dao.registry.proposal(tx.proposal_id)
-    _print_call_proposal(tx, prop, f"cancel({format_proposal_id(pid)})")
+    print_call_proposal(tx, prop, f"cancel({format_proposal_id(pid)})")

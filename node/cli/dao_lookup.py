@@ -54,7 +54,8 @@ def existing(dao: Dao, pid: int) -> Any:
 
 def describe_call(dao: Dao, pid: int, *, short: bool = False) -> str:
     """What a call proposal calls, in words: the ledger's functions by name, the registry's `cancel` with the
-    proposal it cancels (its id cut short with `short`, for a table), anything else by its target."""
+    proposal it cancels and its `setBaseModel` with the model (cut short with `short`, for a table),
+    anything else by its target."""
     from zoo.registry.chain import LedgerClient, format_proposal_id
 
     found = dao.registry.proposed_call(pid)
@@ -75,6 +76,10 @@ def describe_call(dao: Dao, pid: int, *, short: bool = False) -> str:
                 if bytes(data) != dao.registry.cancel_call(params["proposalId"]):  # an older registry took it
                     shown += ", NOT canonically encoded"
                 return f"{shown} on the registry"
+            if function.fn_name == "setBaseModel":
+                model_hash = bytes(params["modelHash"]).hex()
+                verb = "approve" if params["approved"] else "withdraw"
+                return f"{verb} base model {model_hash[:16] + '…' if short else model_hash} on the registry"
     return f"a call to {target} (selector 0x{data[:4].hex()}, {len(data)} bytes of calldata)"
 
 

@@ -19,7 +19,8 @@ from zoo.node.cli.options import ConfigOpt, DataDirOpt
 
 
 def check_content(dao: Dao, proposal: Any, timeout_s: float | None = None, *, with_diff: bool = False) -> Any:
-    """Fetch the proposal's content from IPFS and check it against its root, size and parent version.
+    """Fetch the proposal's content from IPFS and check it against its root, size and parent version, and
+    that the base model it names by hash (format 4) is one the DAO approved.
 
     The parent version's library (another fetch) is read only `with_diff`, for what `dao review` prints;
     voting, proposing and listing need the verdict alone.
@@ -49,7 +50,23 @@ def check_content(dao: Dao, proposal: Any, timeout_s: float | None = None, *, wi
             timeout_s=timeout,
             max_bytes=dao.cfg.ipfs.max_library_bytes,
         )
+    if result.verified and result.library is not None:
+        problem = unapproved_model(dao, result.library)
+        if problem is not None:
+            result = replace(result, verified=False, problem=problem)
     return result if with_diff else replace(result, diff=None)
+
+
+def unapproved_model(dao: Dao, library: Any) -> str | None:
+    """Why `library` cannot become current: it names a base model (by hash) the DAO has not approved; None
+    when it names none (an older format) or an approved one."""
+    model_hash = library.base_model_sha256
+    if not model_hash or dao.registry.base_model_approved(model_hash):
+        return None
+    return (
+        f"it names a base model the DAO has not approved (sha256 {model_hash}): propose the model first, "
+        f"`zoo-node dao propose-model {model_hash}`"
+    )
 
 
 def _library_of_version(dao: Dao, ipfs: Any, version: int, root: bytes, timeout: float) -> Any:

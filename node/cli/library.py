@@ -65,6 +65,7 @@ def _draft(store: Any) -> Any:
         version=lib.version + 1,
         parent_root=cur.root,
         base_model=lib.base_model,
+        base_model_sha256=lib.base_model_sha256,  # a draft keeps the model its parent was made for
         experiences=lib.experiences,
         description=lib.description,
     )
@@ -101,6 +102,7 @@ def _replace_experiences(lib: Any, experiences: Any) -> Any:
         version=lib.version,
         parent_root=lib.parent_root,
         base_model=lib.base_model,
+        base_model_sha256=lib.base_model_sha256,
         experiences=experiences,
         description=lib.description,
     )
@@ -413,16 +415,24 @@ def propose(
     data_dir: Path | None = DataDirOpt,
 ) -> None:
     """Publish the draft (or a job's learned library) and propose it on chain in one step."""
+    from zoo.node.cli.dao_review import unapproved_model
     from zoo.registry.chain import format_proposal_id
 
     cfg = _cfg(config, data_dir)
     store = _store(cfg)
     try:
         library = _job_library(cfg, store, from_job) if from_job else None
-        draft, root, cid = _publish(cfg, store, library)
     except _domain_errors() as e:
         raise _fail(f"publish failed: {e}") from None
     dao = connect(config, data_dir, key, need_key=True)
+    with reverts():
+        problem = unapproved_model(dao, library if library is not None else _draft(store))
+    if problem is not None:
+        raise _fail(f"refused: {problem}")
+    try:
+        draft, root, cid = _publish(cfg, store, library)
+    except _domain_errors() as e:
+        raise _fail(f"publish failed: {e}") from None
     with reverts():
         tx = dao.registry.propose(
             root, cid, tree_size=len(draft.experiences), parent_version=draft.version - 1

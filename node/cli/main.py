@@ -37,6 +37,7 @@ def _add_groups() -> None:
     # Imported here so that `zoo-node --help` stays fast and each group lives in its own module.
     from zoo.node.cli import credits, dao, devnet, job, library, train, usage
     from zoo.node.cli.eval import eval_command
+    from zoo.node.cli.receipts import verify_receipt
 
     app.add_typer(devnet.app, name="devnet")
     app.add_typer(dao.app, name="dao")
@@ -46,6 +47,7 @@ def _add_groups() -> None:
     app.add_typer(usage.app, name="usage")
     app.add_typer(credits.app, name="credits")
     app.command("eval")(eval_command)
+    app.command("verify-receipt")(verify_receipt)
 
 
 _add_groups()
@@ -117,6 +119,7 @@ def status(
         out.print("role      light node: serves no model; gossip, library content and routing to peers")
     else:
         out.print(f"model     {st.model_id or '-'}")
+        out.print(f"sha256    {st.model_sha256 or 'unknown (a remote backend: its weights are not here)'}")
     out.print(f"chain id  {st.chain_id or '-'}")
     out.print(
         f"library   version {lib.version} root {lib.root} ({lib.experience_count} experiences)"
@@ -174,13 +177,21 @@ def peers(
             p.peer_id,
             state,
             f"{p.score:+.0f}",
-            ", ".join(caps.models) if caps else "[dim]expired[/]",
+            _models(caps) if caps else "[dim]expired[/]",
             f"v{caps.library_version}" if caps else "-",
             f"{caps.load:.2f}" if caps else "-",
             caps.grpc_address if caps else "-",
             f"{seen:.0f} s ago" if seen is not None else "never",
         )
     out.print(table if answer.peers else "no peers known yet (see p2p.bootstrap)")
+
+
+def _models(caps: Any) -> str:
+    """A peer's models; the first (its base model) with the start of the weights' hash it claims."""
+    names = list(caps.models)
+    if names and caps.model_sha256:
+        names[0] += f" (sha256 {caps.model_sha256[:12]}…)"
+    return ", ".join(names)
 
 
 def _ask_node(config: Path | None, data_dir: Path | None, address: str | None, call: Any) -> Any:

@@ -19,22 +19,27 @@ from zoo.node.credits.meter import Served, UsageMeter
 from zoo.node.lifecycle import Component, State, in_background_thread
 from zoo.node.logs import get_logger
 from zoo.node.metrics import NodeMetrics
+from zoo.node.provenance.binding import binding_note, binding_problem
 from zoo.registry.library_store import StoredVersion
 
 log = get_logger(__name__)
 
 
 class NodeLibraryView:
-    """The engine's LibraryView: current index (one consistent snapshot per request) or a pinned root."""
+    """The engine's LibraryView: current index (one consistent snapshot per request) or a pinned root. A
+    version made for other weights than this node's (node.provenance.binding) resolves with no index: its
+    experiences stay out of the prompt, and the answer still names the version it was asked under."""
 
-    def __init__(self, library: LibraryComponent, retriever: Any) -> None:
+    def __init__(self, library: LibraryComponent, retriever: Any, model_sha256: str = "") -> None:
         self.library = library
         self.retriever = retriever
+        self.model_sha256 = model_sha256
 
     def resolve(self, root: str) -> tuple[Any, str, int, StoredVersion | None]:
         if root:
             stored = self.library.store.get(root=root)  # NotFound when this node does not hold it
-            return self.retriever.index_for(stored), stored.root, stored.version, stored
+            index = None if self._unbound(stored) else self.retriever.index_for(stored)
+            return index, stored.root, stored.version, stored
         index, index_root = self.retriever.snapshot()
         if index is None or not index_root:
             return None, "", 0, None
@@ -44,7 +49,10 @@ class NodeLibraryView:
             if active is not None and active.root == index_root
             else self.library.store.get(root=index_root)
         )
-        return index, stored.root, stored.version, stored
+        return None if self._unbound(stored) else index, stored.root, stored.version, stored
+
+    def _unbound(self, stored: StoredVersion) -> bool:
+        return binding_problem(stored.library, self.model_sha256) is not None
 
 
 async def keep_index_current(
@@ -100,8 +108,10 @@ class RetrievalComponent(Component):
         ann_threshold: int,
         index_dir: Path | None = None,
         defer: bool = False,
+        model_sha256: str = "",
     ):
         self.library = library
+        self.model_sha256 = model_sha256  # the served weights' (node.provenance.binding); "" if unknown
         # Deferred: the embedder (sentence-transformers, so torch) loads only once something needs it: a
         # library with experiences, an embeddings request or a learning job. A llama.cpp node with an
         # empty library answers without ever importing torch.
@@ -162,11 +172,15 @@ class RetrievalComponent(Component):
         active = self.library.active
         if active is None:
             return State.DEGRADED, "no library to index yet"
+        problem = binding_problem(active.library, self.model_sha256)
+        if problem is not None:
+            return State.DEGRADED, problem
         if root != active.root:
             return State.DEGRADED, f"indexing version {active.version}; serving the previous index meanwhile"
+        note = binding_note(active.library, self.model_sha256)
         return (
             State.SERVING,
-            f"index of version {active.version} ({len(active.library.experiences)} experiences)",
+            f"index of version {active.version} ({len(active.library.experiences)} experiences){note}",
         )
 
     async def stop(self) -> None:
@@ -269,4 +283,5 @@ class LoadingLibraryView:
                 self.retrieval.want()
                 raise BackendUnavailable("the retrieval index is still loading; retry shortly")
             return None, "", 0, None
-        return NodeLibraryView(self.library, self.retrieval.retriever).resolve(root)
+        view = NodeLibraryView(self.library, self.retrieval.retriever, self.retrieval.model_sha256)
+        return view.resolve(root)

@@ -26,8 +26,12 @@ from zoo.node.endpoints import Wiring
 from zoo.node.jobs.runner import JobRunner, Resources
 from zoo.node.jobs.store import JobState, JobStore
 from zoo.node.lifecycle import Component, DisabledComponent
+from zoo.node.logs import get_logger
 from zoo.node.metrics import NodeMetrics
+from zoo.node.provenance.binding import binding_problem
 from zoo.registry.library_store import LibraryStore
+
+log = get_logger(__name__)
 
 LIGHT = "a light node (model.backend = 'none') serves no model"
 
@@ -69,6 +73,7 @@ def build_components(
     wiring: Wiring,
     metrics: NodeMetrics,
     meter: UsageMeter,
+    model_sha256: str = "",
 ) -> Parts:
     chain: ChainComponent | DisabledComponent = (
         ChainComponent(wiring.rpc_url, wiring.registry_address, cfg.chain.probe_interval_s)
@@ -89,6 +94,12 @@ def build_components(
     def activated(stored: Any) -> None:
         metrics.library_version.set(stored.version)
         metrics.library_experiences.set(len(stored.library.experiences))
+        problem = None if cfg.light else binding_problem(stored.library, model_sha256)
+        metrics.library_model_mismatch.set(problem is not None)
+        if problem is not None:
+            wanted = stored.library.base_model_sha256
+            log.warning("library made for other model weights", problem=problem, library_model=wanted,
+                        served_model=model_sha256)  # fmt: skip
         if p2p is not None:
             p2p.announce(stored.version, stored.root, stored.cid)
 
@@ -119,11 +130,12 @@ def build_components(
         cfg.inference.ann_threshold,
         index_dir=data_dir.path / "retrieval",
         defer=cfg.model.backend == "llamacpp",
+        model_sha256=model_sha256,
     )
     library.on_change = retrieval.library_changed
     return Parts(
         chain, ipfs, model, p2p, library, retrieval,
-        _job_runner(cfg, data_dir, model, library, retrieval, metrics), settlement,
+        _job_runner(cfg, data_dir, model, library, retrieval, metrics, model_sha256), settlement,
     )  # fmt: skip
 
 
@@ -157,6 +169,7 @@ def _job_runner(
     library: LibraryComponent,
     retrieval: RetrievalComponent,
     metrics: NodeMetrics,
+    model_sha256: str,
 ) -> JobRunner:
     from zoo.inference.bundled_models import ModelUnavailable, is_prepared
 
@@ -182,8 +195,9 @@ def _job_runner(
             return None
         local = trained_weights()
         return Resources(
-            model.backend, retrieval.retriever.embedder, lambda: library.active, local, cfg.model.device
-        )
+            model.backend, retrieval.retriever.embedder, lambda: library.active, local, cfg.model.device,
+            model_sha256,
+        )  # fmt: skip
 
     store = JobStore(data_dir.path / "jobs.sqlite")
     return JobRunner(
@@ -327,6 +341,7 @@ def router(cfg: NodeConfig, p2p: P2PComponent | None) -> Any:
 def capabilities(
     cfg: NodeConfig,
     base_model: str,
+    model_sha256: str,
     library: LibraryComponent,
     admission: Any,
     grpc_address: Any,
@@ -343,6 +358,7 @@ def capabilities(
         stats = admission.stats()
         return Capabilities(
             models=[m for m in [base_model, *adapters.names()] if m][:64],  # a light node: none
+            model_sha256=model_sha256,
             backend=cfg.model.backend,
             gpu=cfg.model.device.startswith("cuda"),
             library_version=library.version,

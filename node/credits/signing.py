@@ -41,6 +41,7 @@ HEADER = "zoo-signature"
 SPEND_HEADER = "zoo-spend"
 _SPEND_FIELDS = ("epoch", "units", "signature")
 DOMAIN = {"name": "zoo-node", "version": "1"}
+DOMAIN_TYPE = [{"name": "name", "type": "string"}, {"name": "version", "type": "string"}]
 REQUEST_TYPE = [
     {"name": "node", "type": "address"},
     {"name": "method", "type": "string"},
@@ -117,7 +118,7 @@ def typed_request(node: str, method: str, body: bytes, timestamp: int, nonce: in
     """The request as a full EIP-712 document (what a wallet is asked to sign)."""
     return {
         "types": {
-            "EIP712Domain": [{"name": "name", "type": "string"}, {"name": "version", "type": "string"}],
+            "EIP712Domain": DOMAIN_TYPE,
             "Request": REQUEST_TYPE,
         },
         "primaryType": "Request",

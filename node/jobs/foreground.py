@@ -74,6 +74,14 @@ async def run_foreground(
         path = await asyncio.to_thread(resolve_model_path, cfg)
     except ModelUnavailable as e:
         raise TrainingError(str(e)) from None
+    model_sha256 = ""  # a remote backend's weights are not here to hash
+    if path is not None:
+        from zoo.inference.provenance.weights import WEIGHT_HASHES_FILE, WeightHashes
+
+        try:
+            model_sha256 = await asyncio.to_thread(WeightHashes(cfg.cache_dir / WEIGHT_HASHES_FILE).of, path)
+        except (OSError, ZooError) as e:
+            raise TrainingError(f"cannot hash the model's weights: {e}") from None
     view.console.print(f"loading the model ({cfg.model.backend}) and the embedder…")
     backend = await asyncio.to_thread(
         load_backend, cfg.model, path, model_id(cfg, path), cfg.inference.max_batch_size, cfg.cache_dir
@@ -109,6 +117,7 @@ async def run_foreground(
                 emit=emit,
                 save=save,
                 resume=checkpoint["state"] if checkpoint else None,
+                model_sha256=model_sha256,
             )
             view.handle("completed", result)
     except ZooError as e:  # a limit the run met (the context, say): its one line, naming what to change

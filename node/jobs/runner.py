@@ -44,6 +44,7 @@ class Resources:
     current: Callable[[], Any]  # -> StoredVersion | None
     model_path: Path | None = None  # None: a remote (openai) backend, which GSPO cannot train
     device: str = "cpu"
+    model_sha256: str = ""  # the served weights' (a TF-GRPO draft is bound to them); "" when unknown
 
 
 class StopRequested(Exception):
@@ -281,6 +282,7 @@ class JobRunner(Component):
             emit=emit,
             save=save,
             resume=self.store.load_checkpoint(job_id),
+            model_sha256=resources.model_sha256,
         )
 
     def library_file(self, experiences: str | None, out_dir: Path | None, current: Any = None) -> Path:

@@ -61,6 +61,9 @@ class Capabilities(_Message):
     """What a node serves and accepts, refreshed periodically; stale ones expire (see PeerBook)."""
 
     models: list[Name] = Field(default_factory=list, max_length=64)
+    # The SHA-256 of the weights its first model names (zoo.inference.provenance.weights); "" when the node
+    # cannot know it (a remote backend) or serves none. A claim, as all of this is, until an answer proves it.
+    model_sha256: Annotated[str, StringConstraints(pattern=r"^([0-9a-f]{64})?$")] = ""
     backend: Name
     gpu: bool = False
     library_version: int = Field(0, ge=0, le=2**63)

@@ -71,10 +71,13 @@ class Router:
         self._closing: set[asyncio.Task[None]] = set()
 
     def candidates(self, model: str, library_root: str = "") -> list[tuple[str, Capabilities]]:
+        """Peers that advertise `model` (by name, or "sha256:<hex>": by the hash of the weights they claim),
+        and `library_root` when given; least loaded first."""
+        by_hash = model.removeprefix("sha256:") if model.startswith("sha256:") else ""
         found = [
             (record.peer_id, caps)
             for record, caps in self.book.capable()
-            if model in caps.models
+            if (model in caps.models or (by_hash and caps.model_sha256 == by_hash))
             and (caps.grpc or (caps.grpc_over_p2p and self.tunnel is not None))
             and (not library_root or caps.library_root == library_root)
         ]

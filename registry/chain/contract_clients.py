@@ -165,6 +165,26 @@ class RegistryClient(_ContractClient):
             self.contract.encode_abi("cancel", args=[parse_proposal_id(proposal)]).removeprefix("0x")
         )
 
+    def propose_base_model(
+        self, model_sha256: str, *, approve: bool = True, salt: bytes | str | None = None
+    ) -> ProposalTx:
+        """Propose that the DAO approve (or, `approve` False, withdraw) the model weights hashed
+        `model_sha256` (64 hex digits) as a base model libraries may name: a call proposal of the registry's
+        own `setBaseModel`. `salt` as for `propose`."""
+        return self.propose_call(self.address, self.base_model_call(model_sha256, approve), salt=salt)
+
+    def base_model_call(self, model_sha256: str, approve: bool = True) -> bytes:
+        """The calldata of `setBaseModel(model_sha256, approve)` on this registry."""
+        data = self.contract.encode_abi("setBaseModel", args=[to_bytes32(model_sha256), bool(approve)])
+        return bytes.fromhex(data.removeprefix("0x"))
+
+    def base_models(self) -> list[str]:
+        """The SHA-256s (64 lower-case hex digits) of the base models the DAO approved, sorted."""
+        return sorted(bytes(h).hex() for h in self._call("baseModels"))
+
+    def base_model_approved(self, model_sha256: str) -> bool:
+        return bool(self._call("baseModelApproved", to_bytes32(model_sha256)))
+
     def cancel(self, proposal: int | str) -> TxResult:
         """Cancel the signer's own proposal while it is pending or active (the DAO cancels others, and passed
         ones, through `propose_cancel`)."""

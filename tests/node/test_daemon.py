@@ -16,6 +16,8 @@ from google.protobuf.descriptor_pool import DescriptorPool
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from tests.conftest import REPO, NodeProcess, base_config, launch, write_config
+from zoo.inference.bundled_models import bundled_gguf
+from zoo.inference.provenance.weights import file_sha256
 from zoo.node.client import NodeClient
 from zoo.v1 import jobs_pb2, node_pb2
 
@@ -164,6 +166,7 @@ def test_status_cli(node: NodeProcess) -> None:
     assert out.returncode == 0, out.stderr
     assert node.address in out.stdout
     assert re.search(r"model\s+│\s+serving", out.stdout)
+    assert f"sha256    {file_sha256(bundled_gguf())}" in out.stdout
     assert re.search(r"chain\s+│\s+disabled", out.stdout)
     assert f"openai    {node.info['http']}/v1" in out.stdout
     assert re.search(r"serving   0/\d+ running, 0/\d+ waiting", out.stdout)

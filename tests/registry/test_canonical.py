@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from zoo.registry.canonical import (
     SCHEMA_V1,
+    SCHEMA_V4,
     canonical_json,
     decode_experience,
     decode_library,
@@ -383,3 +384,45 @@ def test_whatever_decodes_re_encodes_to_the_same_bytes(name: str, data: st.DataO
         assert encode_library(lib) == bytes(raw)
         outcomes.append(("accepted", lib))
     assert all(outcome == outcomes[0] for outcome in outcomes)
+
+
+MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+
+def test_a_library_that_names_its_models_hash_is_format_4(library: Library) -> None:
+    bound = Library.create(version=library.version, base_model=library.base_model, description="bound",
+                           experiences=library.experiences, base_model_sha256=MODEL_SHA256)  # fmt: skip
+    assert bound.schema == SCHEMA_V4 and bound.base_model_sha256 == MODEL_SHA256
+    data = encode_library(bound)
+    doc = json.loads(data)
+    assert list(doc) == sorted(doc) and doc["base_model_sha256"] == MODEL_SHA256
+    assert decode_library(data) == bound
+    assert decode_library_leaves(data)[0] == bound  # the experience-by-experience path agrees
+    # The hash names no experience: the Merkle root over them is the same, the bytes (and CID) are not.
+    unbound = Library.create(version=library.version, base_model=library.base_model, description="bound",
+                             experiences=library.experiences)  # fmt: skip
+    assert library_root(unbound) == library_root(bound) and encode_library(unbound) != data
+    # A library without it is written as it always was: no such key, and its older format.
+    assert b"base_model_sha256" not in encode_library(unbound) and unbound.schema != SCHEMA_V4
+
+
+def test_a_model_hash_is_refused_outside_format_4_and_when_malformed(library: Library) -> None:
+    bound = Library.create(version=library.version, base_model=library.base_model,
+                           experiences=library.experiences, base_model_sha256=MODEL_SHA256)  # fmt: skip
+    doc = json.loads(encode_library(bound))
+    cases = [
+        ({**doc, "schema": library.schema}, "schema", "must be 'zoo.experience-library/4'"),
+        ({k: v for k, v in doc.items() if k != "base_model_sha256"}, "schema", f"must be {library.schema!r}"),
+        ({**doc, "base_model_sha256": MODEL_SHA256.upper()}, "base_model_sha256", "lower-case hex"),
+        ({**doc, "base_model_sha256": MODEL_SHA256[:-2]}, "base_model_sha256", "64 lower-case hex"),
+        ({**doc, "base_model_sha256": 7}, "base_model_sha256", ""),
+    ]
+    for bad, field, words in cases:
+        data = canonical_json(bad)
+        with pytest.raises(ValidationError) as e:
+            decode_library(data)
+        assert e.value.field == field and words in str(e.value), (bad.get("schema"), str(e.value))
+        with pytest.raises(ValidationError):
+            decode_library_leaves(data)
+    with pytest.raises(ValidationError, match="base_model_sha256"):
+        Library.create(version=1, base_model="m", base_model_sha256="sha256:" + MODEL_SHA256)

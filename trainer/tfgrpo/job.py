@@ -106,8 +106,10 @@ async def run_tf_grpo(
     emit: Emit,
     save: Save,
     resume: dict[str, Any] | None = None,
+    model_sha256: str = "",
 ) -> dict[str, Any]:
-    """Run (or resume) the job; returns its result summary (paths, version, root, scores)."""
+    """Run (or resume) the job; returns its result summary (paths, version, root, scores). The draft names
+    the weights it was made on by `model_sha256` (a format-4 library) when the caller knows it."""
     train, validation = load_tasks(spec)
     if resume is not None and "train" in resume:
         base = Base(**resume["base"])
@@ -146,6 +148,7 @@ async def run_tf_grpo(
         version=base.version + 1,
         parent_root=base.root,
         base_model=llm.model_id,
+        base_model_sha256=model_sha256,
         experiences=final.library,
         description=f"{spec.description or summary} "
         f"(validated with {validated_with(run.serving, spec.distill_factors)})",

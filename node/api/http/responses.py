@@ -287,7 +287,8 @@ def usage(o: InferOutcome) -> dict[str, int]:
 
 
 def zoo_extension(o: InferOutcome, queue_ms: float) -> dict[str, Any]:
-    """What the answer was built from: the library version, the experiences used, timings, the seed."""
+    """What the answer was built from: the library version, the experiences used, timings, the seed; and
+    the node's signed receipt when the request asked for one."""
     return {
         "library_root": o.library_root,
         "library_version": o.library_version,
@@ -299,6 +300,7 @@ def zoo_extension(o: InferOutcome, queue_ms: float) -> dict[str, Any]:
         "retrieval_ms": float(o.retrieval_ms),
         "generation_ms": float(o.generation_ms),
         "seed": o.seed,
+        **({"receipt": o.receipt} if o.receipt is not None else {}),
     }
 
 

@@ -22,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from zoo.inference.backend_protocol import BackendError, Chunk
 from zoo.inference.engine import InferOutcome, InferParams
+from zoo.inference.provenance.documents import sha256_hex
 from zoo.inference.tools import render_turns
 from zoo.node.api.admission import Admission
 from zoo.node.api.http.error_bodies import ApiError, api_error_for, invalid, unsupported
@@ -60,6 +61,7 @@ from zoo.node.credits.identity import Identify
 from zoo.node.credits.signing import HEADER, SPEND_HEADER, SignatureError
 from zoo.node.credits.verifier import ANONYMOUS, Client, TooManyNonces
 from zoo.node.metrics import NodeMetrics
+from zoo.node.provenance.receipts import REQUEST_SHA256
 from zoo.registry.errors import Overloaded, ValidationError
 
 T = TypeVar("T")
@@ -90,6 +92,8 @@ class ApiDeps:
     api_key: str | None = None
     max_body_bytes: int = 4 * 1024 * 1024
     identify: Identify | None = None  # signed requests (node.credits); None: every client is anonymous
+    model_sha256: str = ""  # the served weights' SHA-256; "" when unknown (a remote backend)
+    adapter_sha256: Callable[[str], str] | None = None  # an adapter's SHA-256 by name (hashed once)
 
 
 class OpenAIApi:
@@ -106,6 +110,7 @@ class OpenAIApi:
         """The JSON body and the client that sent it: its signer (and consent to spend), or anonymous (see
         node.credits). A signature covers the body's bytes as sent, so they are checked before parsing."""
         raw = await read_body(request, self.deps.max_body_bytes)
+        REQUEST_SHA256.set(sha256_hex(raw))  # what an answer's receipt names as its request
         client = ANONYMOUS
         if self.deps.identify is not None:
             where = f"{request.method} {request.url.path}"
@@ -216,7 +221,7 @@ class OpenAIApi:
             names=names,
             **fields,
         )
-        return dataclasses.replace(params, client=client.address, spend=client.spend)
+        return dataclasses.replace(params, client=client.address, spend=client.spend, receipt=zoo.receipt)
 
     async def _answer(
         self,
@@ -274,6 +279,8 @@ class OpenAIApi:
             contextlib.aclosing(engine.stream(params)) as items,
         ):
             async for item in items:
+                if isinstance(item, InferOutcome):
+                    self.deps.rules.attest(item, params, REQUEST_SHA256.get())
                 yield queue_ms, item
 
     async def _complete(self, params: InferParams, remote: str = "") -> tuple[InferOutcome, float]:
@@ -351,22 +358,37 @@ class OpenAIApi:
         return self.deps.rules.adapters()
 
     def _cards(self) -> list[dict[str, Any]]:
+        """The models' cards; the served model's and each adapter's carry their weights' SHA-256 (an extra
+        field OpenAI's clients ignore). Run in a thread: an adapter seen for the first time is hashed."""
         card = {"object": "model", "created": self.started, "owned_by": "zoo-node"}
+        model, embedder = self.deps.model_id, self.deps.embedder_id
+        sha256 = {"sha256": self.deps.model_sha256} if self.deps.model_sha256 else {}
+        adapters = self._adapter_names()
         return [
-            *({"id": model, **card} for model in (self.deps.model_id, self.deps.embedder_id) if model),
+            *([{"id": model, **card, **sha256}] if model else []),
+            *([{"id": embedder, **card}] if embedder else []),
             # Adapters are models of their own, as OpenAI-compatible servers list LoRA adapters.
-            *({"id": name, **card, "parent": self.deps.model_id} for name in self._adapter_names()),
+            *({"id": name, **card, "parent": model, **self._adapter_hash(name)} for name in adapters),
         ]
 
+    def _adapter_hash(self, name: str) -> dict[str, str]:
+        if self.deps.adapter_sha256 is None:
+            return {}
+        try:
+            return {"sha256": self.deps.adapter_sha256(name)}
+        except (OSError, ValidationError):
+            return {}  # removed while the list was read: its card goes without a hash
+
     async def list_models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": self._cards()})
+        return JSONResponse({"object": "list", "data": await asyncio.to_thread(self._cards)})
 
     async def get_model(self, request: Request) -> Response:
         wanted = request.path_params["model"]
-        for card in self._cards():
+        cards = await asyncio.to_thread(self._cards)
+        for card in cards:
             if card["id"] == wanted:
                 return JSONResponse(card)
-        raise _model_not_found(wanted, [c["id"] for c in self._cards()])
+        raise _model_not_found(wanted, [c["id"] for c in cards])
 
     def _placement(self, model: str) -> tuple[str, str]:
         """(adapter, remote model) by serving.py's placement rule; a model nobody serves is OpenAI's 404

@@ -64,6 +64,7 @@ class ZooOptions(BaseModel):
     library_root: str = ""
     disable_experiences: bool = False
     use_expert_factors: bool = False
+    receipt: bool = False  # the node's signed receipt of the answer, in the answer's zoo extension
 
 
 class StreamOptions(_Body):

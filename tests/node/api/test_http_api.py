@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import hashlib
 import json
 import socket
 import time
@@ -18,6 +19,7 @@ import pytest
 
 from tests.conftest import NodeProcess, devnet_serving_node
 from zoo.devnet.genesis import genesis_library
+from zoo.inference.bundled_models import bundled_gguf
 from zoo.node.client import NodeClient
 from zoo.node.config import ConfigError, effective_config, load_config
 from zoo.registry.merkle import library_root
@@ -69,10 +71,16 @@ def test_models(client: openai.OpenAI, node: NodeProcess) -> None:
     assert set(models) == {MODEL, EMBEDDER}
     assert all(m.owned_by == "zoo-node" for m in models.values())
     assert client.models.retrieve(MODEL).id == MODEL  # the id holds a slash
+    # The served model's card names its weights by SHA-256 (an extra field), the GGUF's own bytes: what
+    # `sha256sum` says of the file, and what GetStatus reports.
+    gguf_sha256 = hashlib.sha256(bundled_gguf().read_bytes()).hexdigest()
+    assert models[MODEL].model_extra == {"sha256": gguf_sha256}
+    assert not (models[EMBEDDER].model_extra or {}).get("sha256")
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("gpt-4o")
     with NodeClient(node.address) as c:
-        assert c.status().http_address == base_url(node)
+        st = c.status()
+    assert st.http_address == base_url(node) and st.model_sha256 == gguf_sha256
 
 
 def test_chat_completion_with_experiences(client: openai.OpenAI) -> None:

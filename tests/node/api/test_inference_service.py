@@ -4,7 +4,9 @@ and the real embedder, over a real gRPC socket."""
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -20,6 +22,7 @@ from tests.conftest import NodeProcess, devnet_serving_node
 from tests.lora import random_adapter
 from tests.node.approve import approve, next_version
 from zoo.devnet.genesis import genesis_library
+from zoo.inference.provenance.weights import file_sha256
 from zoo.node.client import NodeClient
 from zoo.registry.chain import LedgerClient
 from zoo.registry.merkle import library_root
@@ -427,6 +430,11 @@ def test_named_adapter_over_grpc_and_http(node: NodeProcess, tmp_path: Path) -> 
     http = str(node.info["http"]) + "/v1"
     models = httpx.get(f"{http}/models").json()["data"]
     assert {m["id"]: m.get("parent") for m in models}["tuned"] == base.model_id
+    # The adapter's card carries its weights' hash: the manifest of its directory's files, each by content.
+    installed = node.data_dir / "adapters" / "tuned"
+    manifest = "".join(f"{file_sha256(installed / f)}  {f}\n" for f in sorted(os.listdir(installed)))
+    adapter_card = next(m for m in models if m["id"] == "tuned")
+    assert adapter_card["sha256"] == hashlib.sha256(manifest.encode()).hexdigest()
     body = {"model": "tuned", "messages": [{"role": "user", "content": GEOMETRY}], "max_tokens": 8,
             "zoo": {"disable_experiences": True}}  # fmt: skip
     r = httpx.post(f"{http}/chat/completions", json=body, timeout=120)

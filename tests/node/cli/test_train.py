@@ -30,7 +30,7 @@ from zoo.devnet.genesis import genesis_library
 from zoo.devnet.manager import Devnet
 from zoo.inference.embedder import SentenceTransformerEmbedder
 from zoo.node.jobs.store import JobState, JobStore
-from zoo.registry.canonical import decode_library
+from zoo.registry.canonical import SCHEMA_V4, decode_library
 from zoo.registry.library_store import LibraryStore, StoredVersion
 from zoo.trainer.tfgrpo.job import run_tf_grpo
 from zoo.trainer.tfgrpo.llm import LLM
@@ -249,7 +249,9 @@ def embedder() -> SentenceTransformerEmbedder:
     return SentenceTransformerEmbedder()
 
 
-def learn(data_dir: Path, tmp: Path, embedder: Any, base: StoredVersion | None) -> tuple[str, dict[str, Any]]:
+def learn(
+    data_dir: Path, tmp: Path, embedder: Any, base: StoredVersion | None, model_sha256: str = ""
+) -> tuple[str, dict[str, Any]]:
     """A TF-GRPO job run in process on `base`, recorded as SUCCEEDED with its files in DATA/jobs/<id>/."""
     spec = TfGrpoSpec.parse(
         {
@@ -283,6 +285,7 @@ def learn(data_dir: Path, tmp: Path, embedder: Any, base: StoredVersion | None) 
                 out_dir=data_dir / "jobs" / job.id,
                 emit=emit,
                 save=save,
+                model_sha256=model_sha256,
             )
         )
         jobs.finish(job.id, JobState.SUCCEEDED, result=result)
@@ -351,9 +354,37 @@ def test_propose_from_job_on_a_devnet_becomes_the_next_version(
     genesis = store.current()
     assert genesis is not None and genesis.version == 1
 
-    job_id, result = learn(devnet_dir, tmp_path, embedder, genesis)
+    # The job's draft names the weights it was made on (a node passes its served model's hash): a library
+    # of format 4, proposed, voted, executed and synced like any other.
+    job_id, result = learn(devnet_dir, tmp_path, embedder, genesis, model_sha256="cd" * 32)
     job_lib = decode_library((devnet_dir / "jobs" / job_id / "library.json").read_bytes())
     assert job_lib.version == 2 and job_lib.parent_root == genesis.root == result["parent_root"]
+    assert job_lib.schema == SCHEMA_V4 and job_lib.base_model_sha256 == "cd" * 32
+
+    # Its model is no base model the DAO approved yet: refused, naming the command that proposes it.
+    model = "cd" * 32
+    unapproved = zoo("library", "propose", "--from-job", job_id, "--config", str(config))
+    assert unapproved.returncode == 1 and "has not approved" in unapproved.stderr
+    assert f"zoo-node dao propose-model {model}" in unapproved.stderr
+    settings = Devnet(devnet_dir).info().settings
+
+    def passed(proposal: str) -> None:
+        cli("devnet", "warp", "1")
+        for key in ("dev0", "dev1", "dev2"):
+            cli("dao", "vote", proposal, "--for", "--key", key)
+        cli("devnet", "warp", str(settings["voting_period_s"] + settings["execution_delay_s"] + 1))
+        cli("dao", "execute", proposal)
+
+    assert "no base model approved yet" in cli("dao", "models").stdout
+    made = re.search(
+        rf"proposed (0x[0-9a-f]{{64}}): approve base model {model} ",
+        cli("dao", "propose-model", model).stdout,
+    )
+    assert made, "propose-model printed no proposal"
+    passed(made.group(1))
+    assert cli("dao", "models").stdout.split() == [model]
+    again = zoo("dao", "propose-model", model, "--config", str(config))
+    assert again.returncode == 1 and "already approved" in again.stderr
 
     proposed = cli("library", "propose", "--from-job", job_id)
     root = result["root"]
@@ -361,17 +392,13 @@ def test_propose_from_job_on_a_devnet_becomes_the_next_version(
     assert match, proposed.stdout
     proposal = match.group(1)
 
-    settings = Devnet(devnet_dir).info().settings
-    cli("devnet", "warp", "1")
-    for key in ("dev0", "dev1", "dev2"):
-        cli("dao", "vote", proposal, "--for", "--key", key)
-    cli("devnet", "warp", str(settings["voting_period_s"] + settings["execution_delay_s"] + 1))
-    cli("dao", "execute", proposal)
+    passed(proposal)
 
     synced = cli("library", "sync")
     assert f"activated version 2 root {root}" in synced.stdout
     current = LibraryStore(devnet_dir).current()
     assert current is not None and current.version == 2 and current.root == root
+    assert current.library.base_model_sha256 == "cd" * 32
     assert [e.id for e in current.library.experiences] == [e.id for e in job_lib.experiences]
     # What it learned: the genesis lessons, untouched, plus the scripted critic's lesson.
     learned = {e.text for e in current.library.experiences} - {e.text for e in genesis.library.experiences}

@@ -27,6 +27,9 @@ from tests.node.test_node_sync import chain_of, metric, status, wait_until
 from tests.registry.test_sync import Chain
 from zoo.devnet.info import DevnetInfo
 from zoo.devnet.manager import Devnet
+from zoo.inference.bundled_models import bundled_gguf
+from zoo.inference.provenance.weights import file_sha256
+from zoo.node.api.serving import receipt_from_proto
 from zoo.node.client import NodeClient
 from zoo.node.config import ModelConfig, P2PConfig
 from zoo.node.p2p.chain import RegistryChainView
@@ -35,6 +38,7 @@ from zoo.node.p2p.host import P2PError, P2PHost, load_identity
 from zoo.node.p2p.messages import LIBRARY_TOPIC, Announcement, Capabilities, encode
 from zoo.node.p2p.peers import PeerBook
 from zoo.node.p2p.routing import Router
+from zoo.node.provenance.receipts import check, parse
 from zoo.registry.library_store import LibraryStore, root_hex
 from zoo.registry.merkle import library_root
 from zoo.v1 import inference_pb2, node_pb2
@@ -146,6 +150,7 @@ def test_capabilities_are_listed_and_counted(net: Net) -> None:
 
     caps = wait_until("B's current capabilities at A", b_capabilities, 20, a)
     assert list(caps.models) == [BUNDLED] and caps.backend == ModelConfig().backend and not caps.gpu
+    assert caps.model_sha256 == status(b).model_sha256 == file_sha256(bundled_gguf())
     assert caps.grpc_address == b.address and caps.library_root == status(b).library.root
     assert set(caps.job_types) == {"tf-grpo", "gspo"}
     counts = status(a).peers
@@ -277,6 +282,22 @@ def test_a_request_for_a_model_only_b_serves_is_answered_by_b_through_a(net: Net
         with pytest.raises(grpc.RpcError) as e:  # bad input is refused before anything is forwarded
             client.inference.Infer(inference_pb2.InferRequest(model=BUNDLED), timeout=30)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        # A model named by its weights' hash goes to the peer that advertises those weights, and B takes
+        # the name as its own; weights nobody advertises are not found.
+        by_hash = f"sha256:{status(b).model_sha256}"
+        sampling = inference_pb2.SamplingParams(max_tokens=4)
+        routed = inference_pb2.InferRequest(prompt="hi", model=by_hash, sampling=sampling, receipt=True)
+        answer = client.inference.Infer(routed)
+        assert answer.served_by == b_id and answer.text
+        # The routed answer carries B's receipt as B signed it: B's account, B's weights.
+        receipt = parse(receipt_from_proto(answer.receipt))
+        check(receipt)
+        assert (receipt.node, receipt.model) == (status(b).node_address, "0x" + status(b).model_sha256)
+        with pytest.raises(grpc.RpcError) as e:
+            client.inference.Infer(
+                inference_pb2.InferRequest(prompt="hi", model="sha256:" + "ef" * 32), timeout=30
+            )
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND and "no peer advertises it" in e.value.details()
 
 
 def test_openai_clients_reach_b_s_model_through_a(net: Net) -> None:

@@ -1,0 +1,214 @@
+"""Provenance on a real node (its devnet, the bundled llama.cpp model, the real embedder, gRPC and HTTP over
+sockets): signed receipts of answers, checked by `zoo-node verify-receipt`; and a library bound to model
+weights by hash (format 4): a version made for other weights stays out of the prompts, and the node says so
+in its status, metrics and log; one made for the served weights is used; older formats as before."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+from eth_account import Account
+
+from tests.conftest import NodeProcess, devnet_serving_node
+from tests.node.api.test_inference_service import GEOMETRY, infer
+from tests.node.approve import approve, next_version
+from zoo.devnet.genesis import genesis_library
+from zoo.inference.bundled_models import bundled_gguf
+from zoo.inference.provenance.documents import output_document, sha256_hex
+from zoo.inference.provenance.weights import file_sha256
+from zoo.node.api.serving import receipt_from_proto
+from zoo.node.client import NodeClient
+from zoo.node.provenance.receipts import ZERO32, ZERO_ADDRESS, check, parse
+from zoo.registry.library import Library
+from zoo.registry.merkle import library_root
+from zoo.v1 import inference_pb2 as pb
+from zoo.v1 import library_pb2, node_pb2
+
+OTHER_WEIGHTS = "ab" * 32
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    with devnet_serving_node(tmp_path_factory.mktemp("binding-node")) as n:
+        yield n
+
+
+def bound(library: Library, sha256: str) -> Library:
+    kept = ("version", "parent_root", "base_model", "experiences", "description")
+    return Library.create(**{f: getattr(library, f) for f in kept}, base_model_sha256=sha256)
+
+
+def retrieval(node: NodeProcess) -> tuple[str, str]:
+    with NodeClient(node.address) as c:
+        found = next(x for x in c.status().components if x.name == "retrieval")
+    return node_pb2.ComponentState.Name(found.state).removeprefix("COMPONENT_STATE_"), found.detail
+
+
+def mismatch_gauge(node: NodeProcess) -> float:
+    text = httpx.get(str(node.info["metrics"]), timeout=10).text
+    return float(
+        next(line.split()[1] for line in text.splitlines() if line.startswith("zoo_library_model_mismatch "))
+    )
+
+
+def activate(node: NodeProcess, library: Library) -> str:
+    root = approve(node.data_dir, library)
+    deadline = time.monotonic() + 90
+    with NodeClient(node.address) as c:
+        while c.status().library.root != root:
+            assert time.monotonic() < deadline, node.log()[-3000:]
+            time.sleep(0.2)
+    return root
+
+
+def test_a_library_for_other_weights_stays_out_of_prompts(node: NodeProcess) -> None:
+    served = file_sha256(bundled_gguf())
+    genesis = genesis_library()
+    genesis_root = "0x" + library_root(genesis).hex()
+    # The genesis library (format 1) names its model by name only: used, and the status says unchecked.
+    state, detail = retrieval(node)
+    assert state == "SERVING" and "by name only" in detail and "unchecked" in detail
+    with NodeClient(node.address) as c:
+        assert infer(c, prompt=GEOMETRY, k=3, sampling={"max_tokens": 2}).experiences
+
+    other = bound(
+        next_version(
+            genesis,
+            genesis_root,
+            ("math.geometry", "When a triangle has a base and height, halve their product."),
+        ),
+        OTHER_WEIGHTS,
+    )
+    other_root = activate(node, other)
+    with NodeClient(node.address) as c:
+        answer = infer(c, prompt=GEOMETRY, k=3, sampling={"max_tokens": 2})
+        # The answer names the version it was asked under, and carries none of its experiences.
+        assert answer.library_root == other_root and list(answer.experiences) == []
+        # An older version pinned by root is still used: the binding is per version.
+        pinned = infer(c, prompt=GEOMETRY, k=3, library_root=genesis_root, sampling={"max_tokens": 2})
+        assert pinned.experiences
+    state, detail = retrieval(node)
+    assert state == "DEGRADED" and f"sha256 {OTHER_WEIGHTS[:16]}" in detail and served[:16] in detail
+    assert mismatch_gauge(node) == 1
+    assert "library made for other model weights" in node.log()
+    with NodeClient(node.address) as c:  # GetLibrary says which weights the version names
+        listed = c.library.GetLibrary(library_pb2.GetLibraryRequest(page_size=1)).library
+    assert (listed.root, listed.base_model_sha256) == (other_root, OTHER_WEIGHTS)
+
+    mine = bound(
+        next_version(
+            other,
+            other_root,
+            ("math.geometry", "When asked for a triangle area, multiply base by height and halve it."),
+        ),
+        served,
+    )
+    mine_root = activate(node, mine)
+    deadline = time.monotonic() + 90
+    with NodeClient(node.address) as c:
+        while (
+            answer := infer(c, prompt=GEOMETRY, k=3, sampling={"max_tokens": 2})
+        ).library_root != mine_root:
+            assert time.monotonic() < deadline  # the index of the new version swaps in after its activation
+            time.sleep(0.2)
+    assert answer.experiences and {e.id for e in answer.experiences} <= {e.id for e in mine.experiences}
+    wait = time.monotonic() + 30
+    while retrieval(node)[0] != "SERVING" and time.monotonic() < wait:
+        time.sleep(0.2)
+    state, detail = retrieval(node)
+    assert state == "SERVING" and "unchecked" not in detail and mismatch_gauge(node) == 0
+
+
+# ------------------------------------------------------------------------------------------------ receipts
+
+
+def verify(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "zoo.node.cli", "verify-receipt", str(path), *args],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+def test_a_grpc_answer_carries_a_receipt_its_node_signed_on_request(node: NodeProcess) -> None:
+    request = pb.InferRequest(prompt=GEOMETRY, k=3, receipt=True, sampling=pb.SamplingParams(max_tokens=6))
+    with NodeClient(node.address) as c:
+        st = c.status()
+        answer = c.inference.Infer(request, timeout=120)
+        chunks = list(c.inference.InferStream(request, timeout=120))
+        plain = c.inference.Infer(pb.InferRequest(prompt=GEOMETRY, sampling=pb.SamplingParams(max_tokens=2)))
+    assert not plain.HasField("receipt")  # only on request
+    for response in (answer, chunks[-1].final):
+        receipt = parse(receipt_from_proto(response.receipt))
+        check(receipt)  # signed by the node it names
+        assert receipt.node == st.node_address and receipt.model == "0x" + st.model_sha256
+        assert receipt.library == (response.library_root or ZERO32) and receipt.adapter == ZERO32
+        assert receipt.output == sha256_hex(output_document([response.text]))
+        assert (receipt.prompt_tokens, receipt.completion_tokens) == (
+            response.usage.prompt_tokens, response.usage.completion_tokens,
+        )  # fmt: skip
+        assert receipt.request == sha256_hex(request.SerializeToString())  # the bytes the client sent
+        assert receipt.client == ZERO_ADDRESS and abs(receipt.timestamp - time.time()) < 300
+    # A signed request's receipt names its signer.
+    account = Account.create()
+    with NodeClient(node.address, signer=account) as c:
+        signed = c.inference.Infer(request, timeout=120)
+    assert parse(receipt_from_proto(signed.receipt)).client == account.address
+
+
+def test_an_http_answer_carries_a_receipt_that_verify_receipt_checks(
+    node: NodeProcess, tmp_path: Path
+) -> None:
+    http = str(node.info["http"]) + "/v1"
+    body = {"model": "HuggingFaceTB/SmolLM2-135M-Instruct", "max_tokens": 6, "zoo": {"receipt": True},
+            "messages": [{"role": "user", "content": GEOMETRY}]}  # fmt: skip
+    r = httpx.post(f"{http}/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    receipt = answer["zoo"]["receipt"]
+    assert receipt["output"] == sha256_hex(output_document([answer["choices"][0]["message"]["content"]]))
+    good = tmp_path / "answer.json"
+    good.write_text(json.dumps(answer))
+    ok = verify(good, "--node", receipt["node"])
+    assert ok.returncode == 0 and "matches the answer's text" in ok.stdout, ok.stderr
+    # The answer altered: its text is no longer what the node signed.
+    altered = json.loads(good.read_text())
+    altered["choices"][0]["message"]["content"] += " (edited)"
+    (tmp_path / "altered.json").write_text(json.dumps(altered))
+    refused = verify(tmp_path / "altered.json")
+    assert refused.returncode == 1 and "not the output the receipt names" in refused.stderr
+    # The receipt altered (more tokens billed): it no longer recovers to its node.
+    inflated = json.loads(good.read_text())
+    inflated["zoo"]["receipt"]["completion_tokens"] += 100
+    (tmp_path / "inflated.json").write_text(json.dumps(inflated))
+    refused = verify(tmp_path / "inflated.json")
+    assert refused.returncode == 1 and "forged or altered" in refused.stderr
+    # A receipt replayed with another answer does not name its text.
+    other = httpx.post(f"{http}/chat/completions", json={**body, "max_tokens": 3}, timeout=120).json()
+    other["zoo"]["receipt"] = receipt
+    (tmp_path / "replayed.json").write_text(json.dumps(other))
+    if other["choices"][0]["message"]["content"] != answer["choices"][0]["message"]["content"]:
+        assert verify(tmp_path / "replayed.json").returncode == 1
+    # Another node or other weights asked for: refused, naming them.
+    assert "not 0x" in verify(good, "--node", "0x" + "11" * 20).stderr
+    assert verify(good, "--model", "ab" * 32).returncode == 1
+    # Not a receipt at all: usage error.
+    (tmp_path / "junk.json").write_text('{"zoo": {"receipt": {"node": 1}}}')
+    assert verify(tmp_path / "junk.json").returncode == 2
+    assert verify(tmp_path / "missing.json").returncode == 2
+
+
+def test_a_request_for_a_receipt_is_refused_where_it_is_malformed(node: NodeProcess) -> None:
+    http = str(node.info["http"]) + "/v1"
+    body = {"model": "HuggingFaceTB/SmolLM2-135M-Instruct", "max_tokens": 2, "zoo": {"receipt": "yes please"},
+            "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+    r = httpx.post(f"{http}/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400 and "receipt" in r.text
+    with NodeClient(node.address) as c, pytest.raises(grpc.RpcError) as e:
+        c.inference.Infer(pb.InferRequest(receipt=True), timeout=30)  # no prompt: refused before anything
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
