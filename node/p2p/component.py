@@ -17,9 +17,8 @@ to is remembered in the book, so it rejoins through any of them after a restart,
 bootstrap list. The library CID it holds is announced as a DHT provider record on activation (within
 PROVIDE_SPREAD_S when another node announced the version) and every ten minutes, so nodes that are not
 connected to it can find it.
-Liveness: every LIVENESS_S the connected peers are pinged; a peer that misses two pings running is
-disconnected, unless most peers did (silent_to_drop). A connection cut without a FIN or RST, as in a
-partition, is also dropped by the kernel (node/p2p/sockets.py).
+Liveness is the kernel's: a connection cut without a FIN or RST, as in a partition, is probed and dropped
+by TCP keepalive and the user timeout (node/p2p/sockets.py); a slow peer is never dropped for being slow.
 """
 
 from __future__ import annotations
@@ -54,8 +53,6 @@ log = get_logger(__name__)
 TOPICS = {LIBRARY_TOPIC: Announcement, CAPABILITIES_TOPIC: Capabilities}
 REPROVIDE_S = 600.0
 PROVIDE_SPREAD_S = 30.0  # a version's provider records, by the nodes that did not announce it
-LIVENESS_S = 15.0  # how often connected peers are pinged
-CROWD_PATIENCE = 3  # checks most peers may stay silent before this node's own connections are reset
 MAX_DIALS_PER_ROUND = 16  # bootstrap peers first, then the book's best: a big book cannot stall a round
 
 
@@ -117,8 +114,6 @@ class P2PComponent(Component):
         self._found: list[tuple[str, list[str]]] = []  # the DHT's routing table after the last walk
         self.current_cid = ""  # the library CID this node holds (provided on the DHT)
         self._provided: tuple[str, float] = ("", -1e9)  # what was last provided, and when
-        self._silent: set[str] = set()  # peers that missed the last liveness ping
-        self._crowd_checks = 0  # liveness checks running in which most peers had missed two pings
         self._dials = Backoff(settings.redial_interval_s, 300.0)  # per address
         self.connected: list[str] = []
 
@@ -168,7 +163,6 @@ class P2PComponent(Component):
             tg.create_task(self._handle_hints())
             tg.create_task(self._advertise())
             tg.create_task(self._dial())
-            tg.create_task(self._liveness())
             if self.settings.discovery:
                 tg.create_task(self._discover())
 
@@ -433,47 +427,6 @@ class P2PComponent(Component):
             interval = self.settings.redial_interval_s if short else self.settings.discovery_interval_s
             await asyncio.sleep(interval)
 
-    async def _liveness(self) -> None:
-        """Every LIVENESS_S, close the connections whose peer missed two pings running (P2PHost.unresponsive;
-        one miss can be a busy peer); the dialler opens fresh ones once the peer is reachable again. A
-        check that overruns (a ping stuck on a dead connection) is waited for here, never stacked."""
-        check: asyncio.Future[list[str]] | None = None
-        while True:
-            await asyncio.sleep(LIVENESS_S)
-            host = self.host
-            if host is None or not host.running:
-                continue
-            if check is None or check.done():
-                if check is not None and not check.cancelled():
-                    check.exception()  # an overrun check's failure was logged as the overrun: retrieved
-                check = asyncio.ensure_future(asyncio.to_thread(host.unresponsive))
-            try:
-                silent = set(await asyncio.wait_for(asyncio.shield(check), 2 * LIVENESS_S))
-            except TimeoutError:
-                log.warning("p2p liveness check overran; still waiting for it", seconds=2 * LIVENESS_S)
-                continue
-            except P2PError as e:
-                log.info("p2p liveness check failed", error=str(e))
-                continue
-            connected = len(await asyncio.to_thread(host.connected))
-            drop = silent_to_drop(silent, self._silent, connected, self._crowd_checks)
-            missed_twice = silent & self._silent
-            if not drop and missed_twice:
-                log.warning(
-                    "p2p: most peers missed two pings running; this node is overloaded or cut off, so none "
-                    "is dropped for it yet (a cut connection is dropped by the kernel: node/p2p/sockets.py)",
-                    silent=len(missed_twice),
-                    connected=connected,
-                )
-            self._crowd_checks = self._crowd_checks + 1 if _crowd(missed_twice, connected) else 0
-            self._silent = silent
-            for peer in drop:
-                log.info("p2p peer does not answer pings; disconnecting", peer=peer)
-                try:
-                    await asyncio.to_thread(host.disconnect, peer)
-                except P2PError as e:
-                    log.info("p2p disconnect failed", peer=peer, error=str(e))
-
     async def _dial_once(self, host: P2PHost) -> None:
         connected = set(await asyncio.to_thread(host.connected))
         for peer in connected:
@@ -532,23 +485,6 @@ class P2PComponent(Component):
                 }
             )
         return out
-
-
-def silent_to_drop(silent: set[str], silent_before: set[str], connected: int, crowd_checks: int) -> set[str]:
-    """The peers the liveness check disconnects: silent on this check and the one before (one miss can be a
-    busy peer), unless they are most of the connected peers and have been for fewer than CROWD_PATIENCE
-    checks before this one. A crowd going silent at once is likelier this node: its own loop too starved to
-    see the answers (at N = 16 on two cores, a node under a flood dropped all its peers at once, and with
-    them its way to the library bytes), and connections that are really cut are dropped by the kernel. A
-    crowd silent for longer is this node's connections broken while TCP is fine (seen at N = 24 on a node
-    restarted under churn: every stream open timed out for minutes): those are dropped and redialled."""
-    missed_twice = silent & silent_before
-    return set() if _crowd(missed_twice, connected) and crowd_checks < CROWD_PATIENCE else missed_twice
-
-
-def _crowd(missed_twice: set[str], connected: int) -> bool:
-    """Whether the peers that missed two pings running are most of the connected peers."""
-    return len(missed_twice) * 2 > connected
 
 
 def _remember(memory: OrderedDict[Any, Any], key: Any, value: Any, limit: int = 1024) -> None:

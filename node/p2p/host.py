@@ -35,7 +35,7 @@ from multiaddr import Multiaddr
 
 from zoo.node.logs import get_logger
 from zoo.node.p2p.relay import Relaying
-from zoo.node.p2p.sockets import USER_TIMEOUT_S, UnacknowledgedGiveUp
+from zoo.node.p2p.sockets import KEEPALIVE_IDLE_S, USER_TIMEOUT_S, UnacknowledgedGiveUp
 from zoo.node.p2p.streams import close_stream, read_some
 from zoo.node.p2p.tunnel import GRPC_PROTOCOL, Tunnels
 from zoo.registry import untrusted_json
@@ -115,9 +115,10 @@ class P2PHost:
         relaying: Relaying | None = None,
         grpc_target: Callable[[], str | None] | None = None,
         user_timeout_s: float = USER_TIMEOUT_S,
+        keepalive_idle_s: int = KEEPALIVE_IDLE_S,
     ) -> None:
         self.seed = seed
-        self.user_timeout_s = user_timeout_s
+        self.sockets = UnacknowledgedGiveUp(user_timeout_s, keepalive_idle_s)
         self.listen = listen
         self.topics = topics
         self.validator = validator
@@ -189,7 +190,7 @@ class P2PHost:
 
         _route_libp2p_logs()
         # Only this trio run's sockets (node/p2p/sockets.py).
-        trio.socket.set_custom_socket_factory(UnacknowledgedGiveUp(self.user_timeout_s))
+        trio.socket.set_custom_socket_factory(self.sockets)
         self._token = trio.lowlevel.current_trio_token()
         self._stop = trio.Event()
         self._serving = trio.Semaphore(MAX_SERVING)
@@ -386,29 +387,6 @@ class P2PHost:
             return [(p.peer_id.to_base58(), _dialable(p.peer_id, p.addrs)) for p in found]
 
         return self._guarded(find, f"finding holders of {cid}", timeout)
-
-    def unresponsive(self, timeout: float = 10.0) -> list[str]:
-        """Connected peers that do not answer a libp2p ping within `timeout`: a connection cut without a
-        FIN or RST (a partition, a peer's machine gone) looks open for minutes, and gossip, content and the
-        DHT would keep using it."""
-        from libp2p.host.ping import PingService
-
-        async def check() -> list[str]:
-            service = PingService(self._host)
-            silent: list[str] = []
-
-            async def one(peer: Any) -> None:
-                with trio.move_on_after(timeout), contextlib.suppress(Exception):
-                    await service.ping(peer, 1)
-                    return
-                silent.append(peer.to_base58())  # it failed, or did not answer in time
-
-            async with trio.open_nursery() as nursery:
-                for peer in self._host.get_connected_peers():
-                    nursery.start_soon(one, peer)
-            return silent
-
-        return self._guarded(check, "pinging the connected peers", timeout + 5.0)
 
     def disconnect(self, peer_id: str) -> None:
         from libp2p.peer.id import ID

@@ -119,16 +119,3 @@ def test_backoff_doubles_to_its_cap_and_a_success_forgets() -> None:
     b.failed("y", now=0.0)
     b.keep_only(["y"])
     assert b.due("x", now=0.0) and not b.due("y", now=0.0)
-
-
-def test_liveness_drops_a_minority_of_silent_peers_and_a_crowd_only_when_it_stays_silent() -> None:
-    from zoo.node.p2p.component import CROWD_PATIENCE, silent_to_drop
-
-    assert silent_to_drop({"a", "b"}, {"a"}, 8, 0) == {"a"}  # two misses running: dropped
-    assert silent_to_drop({"a"}, set(), 8, 0) == set()  # one miss: a busy peer, kept
-    assert silent_to_drop(set("abcd"), set("abcd"), 8, 0) == set("abcd")  # half: a partition
-    # Most peers silent twice: at first this node is the likelier culprit (overloaded, or its network gone);
-    # if it stays so, its own connections are broken, and they are reset.
-    assert silent_to_drop(set("abcde"), set("abcde"), 8, 0) == set()
-    assert silent_to_drop(set("abcde"), set("abcde"), 8, CROWD_PATIENCE - 1) == set()
-    assert silent_to_drop(set("abcde"), set("abcde"), 8, CROWD_PATIENCE) == set("abcde")
