@@ -371,8 +371,9 @@ def partition(chain: Chain, net: Network) -> None:
         t_noticed = wait_for("no connection across the cut", lambda: max(across()) == 0, 180, 1.0)
         runs = propagate(chain, net, 1)
         say(f"  partition (even | odd nodes cut apart): connections across the cut dropped "
-            f"{t_noticed:.0f} s later (unanswered pings); both halves then activated a new version within "
-            f"{max(runs[0]):.2f} s of its execution (chain polling and gossip within each half)")  # fmt: skip
+            f"{t_noticed:.0f} s later (kernel keepalive and user timeout); both halves then activated a new "
+            f"version within {max(runs[0]):.2f} s of its execution (chain polling and gossip within each "
+            "half)")  # fmt: skip
     finally:
         lab.heal()
     t_join = wait_for("a connection across the healed cut on every node", lambda: min(across()) > 0, 300, 1.0)
