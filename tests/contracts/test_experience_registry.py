@@ -916,6 +916,7 @@ def test_event_signatures_and_indexed_fields(artifacts_abi: dict[str, str]) -> N
         ),
         "CallExecuted": "uint256 indexed proposalId,address indexed target",
         "ProposalCanceled": "uint256 indexed proposalId,address indexed by",
+        "BaseModelSet": "bytes32 indexed modelHash,bool approved",
     }
 
 
