@@ -95,6 +95,9 @@ def test_a_library_for_other_weights_stays_out_of_prompts(node: NodeProcess) -> 
         # An older version pinned by root is still used: the binding is per version.
         pinned = infer(c, prompt=GEOMETRY, k=3, library_root=genesis_root, sampling={"max_tokens": 2})
         assert pinned.experiences
+    wait = time.monotonic() + 30  # the component's probe (every second) sees the new version after it
+    while retrieval(node)[0] != "DEGRADED" and time.monotonic() < wait:
+        time.sleep(0.2)
     state, detail = retrieval(node)
     assert state == "DEGRADED" and f"sha256 {OTHER_WEIGHTS[:16]}" in detail and served[:16] in detail
     assert mismatch_gauge(node) == 1
