@@ -118,7 +118,8 @@ class InferOutcome:
     # Every choice, the first being the one the fields above describe (its logprobs and tool calls are
     # there); completion_tokens counts them all, and an experience is cited when any choice cites it.
     choices: list[Choice] = field(default_factory=list)
-    # The SHA-256 (0x hex) of the prompt as the model saw it (zoo.inference.provenance.documents).
+    # The SHA-256 (0x hex) of the prompt as the model saw it (zoo.inference.provenance.documents); set
+    # only when the request asked for a receipt.
     prompt_sha256: str = ""
     # The node's signed receipt of this answer (its JSON), when the request asked for one (node.provenance).
     receipt: dict[str, Any] | None = None
@@ -210,7 +211,8 @@ class InferenceEngine:
             for r in requests:
                 r.cancel.set()
         outcome = self._outcome(p, assembled, requests, results, root, version, seed, retrieval_ms, t1)
-        outcome.prompt_sha256 = sha256_hex(prompt_document(assembled.messages, tool_dicts, p.prompt))
+        if p.receipt:  # only a receipt names it: no JSON dump of the prompt on every other answer
+            outcome.prompt_sha256 = sha256_hex(prompt_document(assembled.messages, tool_dicts, p.prompt))
         if self.on_answered is not None:  # before the answer goes out: metering commits what it answered
             await self.on_answered(outcome, p)
         yield outcome
