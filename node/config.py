@@ -389,9 +389,14 @@ class P2PConfig(_Section):
     """Walk the Kademlia DHT to learn and connect peers beyond the bootstrap list and the peer book. Off:
     the node connects only to those (a fixed set of peers; `./zoo bench network`'s baseline)."""
     target_peers: int = Field(8, ge=0, le=1000)
-    """Connected peers the node keeps: below this it dials peers the DHT found (its routing table), and
-    walks the DHT every redial_interval_s instead of every discovery_interval_s while it knows peers it
-    is not connected to."""
+    """Connected peers the node keeps: below this it dials its bootstrap peers, its book and the peers the
+    DHT found (its routing table), and walks the DHT every redial_interval_s instead of every
+    discovery_interval_s while it knows peers it is not connected to. At or above it, one known peer it is
+    not connected to is dialled after each DHT walk (the mesh keeps mixing, and a healed partition joins)."""
+    max_peers: int = Field(12, ge=1, le=1000)
+    """Connected peers (inbound ones and those a DHT walk opened included) above which the node closes the
+    surplus down to target_peers, at random among those that are not in its gossip mesh, bootstrap peers or
+    relays. Every connection costs a node CPU and bytes; a full mesh of 24 light nodes saturated two cores."""
     discovery_interval_s: float = Field(120.0, gt=0, le=86_400)
     """How often the node walks the Kademlia DHT (looks up its own id and a random one) to learn peers
     beyond those it is connected to, once it has its target of peers; the walk also re-announces the
@@ -431,7 +436,16 @@ class P2PConfig(_Section):
     """HOST:PORT peers use to reach this node's gRPC API (routing). Default: the bound server.listen
     address, unless that is a wildcard (0.0.0.0, ::), which is not advertised: set this instead."""
     route_timeout_s: float = Field(120.0, gt=0, le=3600)
-    """Deadline of one routed request at the peer (one other peer is tried after a transport failure)."""
+    """Deadline of one routed request at the peer (up to two other peers are tried after transport
+    failures)."""
+
+    @model_validator(mode="after")
+    def _peer_limits(self) -> P2PConfig:
+        if self.max_peers < self.target_peers:
+            raise ValueError(
+                f"max_peers ({self.max_peers}) must be at least target_peers ({self.target_peers})"
+            )
+        return self
 
     @field_validator("listen")
     @classmethod

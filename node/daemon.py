@@ -299,6 +299,7 @@ class NodeRun:
             self.admission,
             lambda: advertised_grpc(cfg, self.host, self.bound_port),
             self.http_url,
+            lambda: self.supervisor.statuses["model"].state.usable,
         )
         # Peers reach this node's gRPC over libp2p only when it has a model to answer for (a light node has
         # nothing to route to), and not with TLS on (the tunnel's far end speaks plain gRPC).

@@ -8,6 +8,7 @@ builds, in the order of its lifecycle.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -346,9 +347,11 @@ def capabilities(
     admission: Any,
     grpc_address: Any,
     http_url: str,
+    answering: Callable[[], bool],
 ) -> Any:
-    """What this node advertises to peers: the models it answers for, its library, its load (from the front
-    doors' admission: zoo.node.api.admission), addresses."""
+    """What this node advertises to peers: the models it answers for (none while its model component cannot
+    answer: a node still loading, or whose upstream is down, is no routing target), its library, its load
+    (from the front doors' admission: zoo.node.api.admission), addresses."""
     from zoo.node.p2p.messages import Capabilities
 
     adapters = AdapterDirectory(cfg.adapters_dir)
@@ -357,7 +360,7 @@ def capabilities(
     def now() -> Capabilities:
         stats = admission.stats()
         return Capabilities(
-            models=[m for m in [base_model, *adapters.names()] if m][:64],  # a light node: none
+            models=[m for m in [base_model, *adapters.names()] if m][:64] if answering() else [],
             model_sha256=model_sha256,
             backend=cfg.model.backend,
             gpu=cfg.model.device.startswith("cuda"),

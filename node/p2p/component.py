@@ -10,12 +10,13 @@ banned or flooding publisher); accepted messages cross to the asyncio loop throu
 Outbound: an announcement whenever this node finds a version on chain first, capabilities every
 `capabilities_interval_s`. The peer book is re-dialled (with backoff per address) so a restarted node
 finds its peers again, and banned peers are disconnected.
-Discovery: a Kademlia walk every `discovery_interval_s` (every `redial_interval_s` while the node has no
-peer, or is below `target_peers` with peers found and not connected) learns the network beyond this
-node's connections; below the target, the peers it found are dialled too. Whoever the node is connected
-to is remembered in the book, so it rejoins through any of them after a restart, not only through its
-bootstrap list. The library CID it holds is announced as a DHT provider record on activation (within
-PROVIDE_SPREAD_S when another node announced the version) and every ten minutes, so nodes that are not
+Discovery: a Kademlia walk every `discovery_interval_s` (every `redial_interval_s` while the node has no peer,
+or is below `target_peers` with peers found and not connected) learns the network beyond this node's
+connections. Below the target, the node dials its bootstrap peers, its book and the peers it found; at or
+above it, one known peer after each walk; above `max_peers` it closes the surplus (p2p/limits.py). Whoever the
+node is connected to is remembered in the book, so it rejoins through any of them after a restart, not only
+through its bootstrap list. The library CID it holds is announced as a DHT provider record on activation
+(within PROVIDE_SPREAD_S when another node announced the version) and every ten minutes, so nodes that are not
 connected to it can find it.
 Liveness is the kernel's: a connection cut without a FIN or RST, as in a partition, is probed and dropped
 by TCP keepalive and the user timeout (node/p2p/sockets.py); a slow peer is never dropped for being slow.
@@ -36,6 +37,7 @@ from zoo.node.lifecycle import Component, State
 from zoo.node.logs import get_logger
 from zoo.node.p2p.backoff import Backoff
 from zoo.node.p2p.host import ContentLookup, P2PError, P2PHost, load_identity
+from zoo.node.p2p.limits import GRACE_S, ConnectionAges, surplus
 from zoo.node.p2p.messages import (
     CAPABILITIES_TOPIC,
     LIBRARY_TOPIC,
@@ -115,6 +117,9 @@ class P2PComponent(Component):
         self.current_cid = ""  # the library CID this node holds (provided on the DHT)
         self._provided: tuple[str, float] = ("", -1e9)  # what was last provided, and when
         self._dials = Backoff(settings.redial_interval_s, 300.0)  # per address
+        self._ages = ConnectionAges()
+        self.grace_s = GRACE_S  # a new connection is never closed as surplus sooner
+        self._rng = random.Random()
         self.connected: list[str] = []
 
     # -- lifecycle ------------------------------------------------------------------------------------
@@ -139,6 +144,8 @@ class P2PComponent(Component):
             max_content_bytes=self.max_content_bytes,
             relaying=Relaying(hop=hop, relays=list(s.relays)),
             grpc_target=self.grpc_target,
+            target_peers=s.target_peers,
+            max_peers=s.max_peers,
         )
         await asyncio.to_thread(host.start)
         self.host = host
@@ -419,6 +426,7 @@ class P2PComponent(Component):
                     log.debug("p2p DHT walk", routing_table=size, connected=len(connected))
                 except P2PError as e:
                     log.info("p2p DHT walk failed", error=str(e))
+                await self._explore(host)
                 if time.monotonic() - self._provided[1] > REPROVIDE_S:
                     await self._provide()
             # Walk again soon only while there is no peer, or the routing table knows peers this node is
@@ -432,33 +440,76 @@ class P2PComponent(Component):
         for peer in connected:
             if self.book.banned(peer):
                 log.warning("disconnecting a banned peer", peer=peer)
-                try:
-                    await asyncio.to_thread(host.disconnect, peer)
-                except P2PError as e:
-                    log.info("p2p disconnect failed", peer=peer, error=str(e))
+                await self._disconnect(host, peer)
+        self._ages.update(connected, time.monotonic())
+        await self._trim(host, connected)
+        if len(connected) >= max(1, self.settings.target_peers):
+            return  # enough: the walks' exploration (_explore) keeps the mesh mixing
         targets = [(a, _peer_of(a)) for a in self.settings.bootstrap]
         targets += [(a, r.peer_id) for r in self.book.dialable() for a in r.addrs[:2]]
         # The DHT's peers (none with discovery off): what keeps a mesh of its own.
-        if len(connected) < self.settings.target_peers:
-            targets += [(a, peer) for peer, addrs in self._found for a in addrs[:1] if peer not in connected]
+        targets += [(a, peer) for peer, addrs in self._found for a in addrs[:1] if peer not in connected]
         targets = targets[:MAX_DIALS_PER_ROUND]
         self._dials.keep_only(a for a, _ in targets)
         tried: set[str] = set()
         for addr, peer in targets:
+            if len(connected) >= self.settings.target_peers > 0:
+                break
             if peer in connected or peer in tried or peer == host.peer_id or self.book.banned(peer):
                 continue
             if not self._dials.due(addr):
                 continue
             tried.add(peer)
-            try:
-                got = await asyncio.to_thread(host.connect, addr, 5.0)
-            except P2PError as e:
-                log.info("p2p dial failed", addr=addr, error=str(e), retry_in_s=self._dials.failed(addr))
-                continue
-            self._dials.succeeded(addr)
-            connected.add(got)
-            self.book.seen(got, [addr], connected=True)
-            log.info("p2p peer connected", peer=got, addr=addr)
+            if (got := await self._connect(host, addr)) is not None:
+                connected.add(got)
+
+    async def _connect(self, host: P2PHost, addr: str) -> str | None:
+        try:
+            got = await asyncio.to_thread(host.connect, addr, 5.0)
+        except P2PError as e:
+            log.info("p2p dial failed", addr=addr, error=str(e), retry_in_s=self._dials.failed(addr))
+            return None
+        self._dials.succeeded(addr)
+        self.book.seen(got, [addr], connected=True)
+        log.info("p2p peer connected", peer=got, addr=addr)
+        return got
+
+    async def _disconnect(self, host: P2PHost, peer: str) -> None:
+        try:
+            await asyncio.to_thread(host.disconnect, peer)
+        except P2PError as e:
+            log.info("p2p disconnect failed", peer=peer, error=str(e))
+
+    async def _trim(self, host: P2PHost, connected: set[str]) -> None:
+        """Above max_peers, close the surplus down to target_peers (node/p2p/limits.py)."""
+        s = self.settings
+        if len(connected) <= s.max_peers:
+            return
+        protected = set(await asyncio.to_thread(host.gossip_mesh))
+        protected |= {_peer_of(a) for a in [*s.bootstrap, *s.relays]} | self._ages.young(time.monotonic(), self.grace_s)
+        closing = surplus(connected, protected, s.target_peers, s.max_peers, self._rng)
+        if closing:
+            log.info("p2p closing surplus connections", closing=len(closing), connected=len(connected))
+        for peer in closing:
+            await self._disconnect(host, peer)
+            connected.discard(peer)
+
+    async def _explore(self, host: P2PHost) -> None:
+        """At or above target_peers, one known peer this node is not connected to is dialled after each walk:
+        without it a node that has its target never meets anyone new, and two halves of a healed partition,
+        each at its target, would never join again."""
+        connected = set(await asyncio.to_thread(host.connected))
+        if len(connected) < self.settings.target_peers:
+            return  # the dial rounds are at work
+        known = [(a, r.peer_id) for r in self.book.dialable() for a in r.addrs[:1]]
+        known += [(a, peer) for peer, addrs in self._found for a in addrs[:1]]
+        known = [
+            (a, peer)
+            for a, peer in known
+            if peer not in connected and peer != host.peer_id and not self.book.banned(peer)
+        ]
+        if known:
+            await self._connect(host, self._rng.choice(known)[0])
 
     def tunnel(self, peer_id: str, addrs: list[str]) -> str:
         """A loopback address reaching `peer_id`'s gRPC API over libp2p (blocking; P2PHost.tunnel)."""

@@ -34,6 +34,7 @@ import trio
 from multiaddr import Multiaddr
 
 from zoo.node.logs import get_logger
+from zoo.node.p2p.limits import GRACE_S
 from zoo.node.p2p.relay import Relaying
 from zoo.node.p2p.sockets import KEEPALIVE_IDLE_S, USER_TIMEOUT_S, UnacknowledgedGiveUp
 from zoo.node.p2p.streams import close_stream, read_some
@@ -116,8 +117,11 @@ class P2PHost:
         grpc_target: Callable[[], str | None] | None = None,
         user_timeout_s: float = USER_TIMEOUT_S,
         keepalive_idle_s: int = KEEPALIVE_IDLE_S,
+        target_peers: int = 8,
+        max_peers: int = 12,
     ) -> None:
         self.seed = seed
+        self.target_peers, self.max_peers = target_peers, max_peers
         self.sockets = UnacknowledgedGiveUp(user_timeout_s, keepalive_idle_s)
         self.listen = listen
         self.topics = topics
@@ -184,6 +188,7 @@ class P2PHost:
         from libp2p import new_host
         from libp2p.crypto.ed25519 import create_new_key_pair
         from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
+        from libp2p.network.config import ConnectionConfig
         from libp2p.pubsub.gossipsub import GossipSub
         from libp2p.pubsub.pubsub import Pubsub
         from libp2p.tools.anyio_service import background_trio_service
@@ -194,7 +199,18 @@ class P2PHost:
         self._token = trio.lowlevel.current_trio_token()
         self._stop = trio.Event()
         self._serving = trio.Semaphore(MAX_SERVING)
-        host = new_host(key_pair=create_new_key_pair(self.seed))
+        # py-libp2p's connection manager (go-libp2p's watermarks): its auto-connector dials the peerstore's
+        # peers up to half-way between the marks; left at its defaults (100 and 300) it connected every
+        # node to every other. Its pruner never closes a connection with an open stream, and gossipsub holds
+        # one on every connection, so the component closes the surplus itself (p2p/limits.py).
+        limits = ConnectionConfig(
+            min_connections=self.target_peers // 2,
+            low_watermark=self.target_peers,
+            high_watermark=self.max_peers,
+            max_connections=max(64, 4 * self.max_peers),
+            grace_period=GRACE_S,
+        )
+        host = new_host(key_pair=create_new_key_pair(self.seed), connection_config=limits)
         # The router's own spam filter drops floods silently and unattributed; the validator's per-peer
         # limits (counted in metrics, scored, configurable) take its place.
         gossip = GossipSub(
@@ -340,6 +356,15 @@ class P2PHost:
             return [p.to_base58() for p in self._pubsub.peer_topics.get(topic, set())]
 
         return self._guarded(peers, f"listing peers on {topic}")
+
+    def gossip_mesh(self) -> list[str]:
+        """Peers in gossipsub's mesh of any of this node's topics: the ones full messages flow through."""
+
+        async def peers() -> list[str]:
+            mesh = self._pubsub.router.mesh
+            return sorted({p.to_base58() for topic in self.topics for p in mesh.get(topic, ())})
+
+        return self._guarded(peers, "listing the gossip mesh")
 
     def discover(self, timeout: float = 20.0) -> int:
         """One Kademlia walk: look up this node's own id and a random one, starting from the peers it is

@@ -1,17 +1,20 @@
 """Routing (HLLM §5.4): answer a request for a model this node does not serve through a peer that does.
 
 Candidates are peers with live capabilities naming the model, not banned, least loaded first (then best
-score). A request pinned to a library root goes only to peers whose current root is that root, and a
-peer's answer built on any other root is refused. The request is forwarded over the peer's public gRPC
-API with a deadline (over libp2p, p2p/tunnel.py, to a peer behind NAT with no public gRPC address); a
-transport failure (UNAVAILABLE, DEADLINE_EXCEEDED) tries one other peer, any other status is the
-peer's verdict on the request and is passed back as it is. A forwarded request carries the metadata
+score). A request pinned to a library root goes only to peers whose current root is that root, and a peer's
+answer built on any other root is refused. The request is forwarded over the peer's public gRPC API with a
+deadline (over libp2p, p2p/tunnel.py, to a peer behind NAT with no public gRPC address); a transport failure
+(UNAVAILABLE, DEADLINE_EXCEEDED) tries the next peer, up to MAX_ATTEMPTS peers in all, and any other status is
+the peer's verdict on the request and is passed back as it is. A peer that failed in transport is asked after
+every other candidate until it advertises its capabilities again (a killed node's capabilities outlive it by
+up to their TTL; a restarted one re-advertises at once). A forwarded request carries the metadata
 `zoo-forwarded`, and a node never forwards such a request again: no loops.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -29,7 +32,7 @@ log = get_logger(__name__)
 
 FORWARDED = "zoo-forwarded"
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-MAX_ATTEMPTS = 2  # the least-loaded peer, then one other
+MAX_ATTEMPTS = 3  # the least-loaded peer, then two others
 MAX_CHANNELS = 32  # open gRPC channels to peers, least recently used closed first
 
 
@@ -69,19 +72,29 @@ class Router:
         self.tunnel = tunnel  # (peer id, its addrs) -> loopback address reaching its gRPC over libp2p
         self._channels: OrderedDict[str, grpc.aio.Channel] = OrderedDict()
         self._closing: set[asyncio.Task[None]] = set()
+        self._failed: OrderedDict[str, float] = OrderedDict()  # peer -> when it last failed in transport
 
     def candidates(self, model: str, library_root: str = "") -> list[tuple[str, Capabilities]]:
         """Peers that advertise `model` (by name, or "sha256:<hex>": by the hash of the weights they claim),
-        and `library_root` when given; least loaded first."""
+        and `library_root` when given; least loaded first, those that failed since they last advertised
+        last."""
         by_hash = model.removeprefix("sha256:") if model.startswith("sha256:") else ""
         found = [
-            (record.peer_id, caps)
+            (record, caps)
             for record, caps in self.book.capable()
             if (model in caps.models or (by_hash and caps.model_sha256 == by_hash))
             and (caps.grpc or (caps.grpc_over_p2p and self.tunnel is not None))
             and (not library_root or caps.library_root == library_root)
         ]
-        return sorted(found, key=lambda pc: (pc[1].load, -self.book.score(pc[0])))
+        failed = lambda record: self._failed.get(record.peer_id, 0.0) >= record.capabilities_at  # noqa: E731
+        found.sort(key=lambda rc: (failed(rc[0]), rc[1].load, -rc[0].score))
+        return [(record.peer_id, caps) for record, caps in found]
+
+    def _transport_failed(self, peer_id: str) -> None:
+        self._failed[peer_id] = time.time()
+        self._failed.move_to_end(peer_id)
+        while len(self._failed) > MAX_CHANNELS:
+            self._failed.popitem(last=False)
 
     async def _stub_for(self, peer_id: str, caps: Capabilities) -> inference_pb2_grpc.InferenceServiceStub:
         """A stub on the peer's public gRPC address, or on a tunnel to it over libp2p."""
@@ -144,8 +157,12 @@ class Router:
                 if e.code() not in RETRYABLE:
                     raise PeerRefused(peer_id, e.code(), e.details() or "") from None
                 problems.append(f"{peer_id}: {e.code().name}")
+                self._transport_failed(peer_id)
                 log.info("routed request failed; trying another peer", peer=peer_id, code=e.code().name)
-            except (_WrongRoot, _Unreachable) as e:
+            except _Unreachable as e:
+                problems.append(f"{peer_id}: {e}")
+                self._transport_failed(peer_id)
+            except _WrongRoot as e:
                 problems.append(f"{peer_id}: {e}")
         raise NoCapablePeer(f"no peer serving model {request.model!r} answered: " + "; ".join(problems))
 
@@ -159,6 +176,7 @@ class Router:
                 stub = await self._stub_for(peer_id, caps)
             except _Unreachable as e:
                 problems.append(f"{peer_id}: {e}")
+                self._transport_failed(peer_id)
                 continue
             call = stub.InferStream(request, timeout=self._timeout(remaining), metadata=((FORWARDED, "1"),))
             started = False
@@ -173,6 +191,7 @@ class Router:
                 if started or e.code() not in RETRYABLE:
                     raise PeerRefused(peer_id, e.code(), e.details() or "") from None
                 problems.append(f"{peer_id}: {e.code().name}")
+                self._transport_failed(peer_id)
             except _WrongRoot as e:
                 if started:
                     raise IntegrityError(str(e)) from None

@@ -361,18 +361,27 @@ def test_the_same_request_is_placed_alike_through_grpc_and_http(net: Net) -> Non
             assert by_grpc[1] == by_http[1] and by_grpc[1]
 
 
-def test_routing_tries_one_other_peer_after_a_transport_failure(net: Net, tmp_path: Path) -> None:
+def test_routing_tries_other_peers_after_transport_failures(net: Net, tmp_path: Path) -> None:
     b = net.nodes["b"]
     b_id = peers(b).peer_id
     book = PeerBook(tmp_path / "peers.json", ttl_s=60)
-    dead = "12D3KooWDeadDeadDeadDeadDeadDeadDeadDeadDeadDeadDead"
+    dead = [
+        "12D3KooWDeadDeadDeadDeadDeadDeadDeadDeadDeadDeadDead",
+        "12D3KooWGoneGoneGoneGoneGoneGoneGoneGoneGoneGoneGone",
+    ]
     serving = {"models": [BUNDLED], "backend": "transformers"}
-    book.set_capabilities(dead, Capabilities(**serving, grpc=f"127.0.0.1:{free_port()}", load=0.0))
+    for j, peer in enumerate(dead):
+        book.set_capabilities(peer, Capabilities(**serving, grpc=f"127.0.0.1:{free_port()}", load=j / 10))
     book.set_capabilities(b_id, Capabilities(**serving, grpc=b.address, load=3.0))
 
     router = Router(book, timeout_s=60)
-    assert [p for p, _ in router.candidates(BUNDLED)] == [dead, b_id]  # least loaded first
-    assert routed_once(router).served_by == b_id
+    assert [p for p, _ in router.candidates(BUNDLED)] == [*dead, b_id]  # least loaded first
+    assert routed_once(router).served_by == b_id  # two dead peers, then B
+    # Peers that failed are asked last until they advertise again (a killed node's capabilities outlive it).
+    assert [p for p, _ in router.candidates(BUNDLED)] == [b_id, *dead]
+    time.sleep(0.01)
+    book.set_capabilities(dead[1], Capabilities(**serving, grpc=f"127.0.0.1:{free_port()}", load=0.1))
+    assert [p for p, _ in router.candidates(BUNDLED)] == [dead[1], b_id, dead[0]]
 
 
 def test_routing_reaches_a_peer_without_a_grpc_address_through_its_tunnel(net: Net, tmp_path: Path) -> None:
