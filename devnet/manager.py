@@ -1,5 +1,6 @@
 """`zoo-node devnet up|down|status`: a local chain (anvil) and IPFS daemon with the contracts deployed,
-KEEPER minted to the dev accounts and a genesis library published and approved on chain. A node in
+KEEPER minted to the dev accounts, a genesis library published and approved on chain, and the base models
+the settings name (the node passes its bundled model's hash) approved by the DAO. A node in
 devnet mode has its own account registered on the UsageLedger by the devnet's DAO (`register_node`).
 
 State lives in DATA_DIR/devnet/: devnet.json (endpoints, addresses, accounts, the processes it
@@ -59,6 +60,7 @@ class DevnetSettings:
     challenge_window_s: int = 300  # how long a usage report can be challenged before claims open
     anvil_port: int = 0
     ipfs_api_port: int = 0
+    base_models: tuple[str, ...] = ()  # weights (64-hex SHA-256s) the genesis DAO approves as base models
 
 
 class Devnet:
@@ -446,6 +448,15 @@ class Devnet:
             proposed.proposal_id
         )
         info.genesis = {"version": 1, "root": "0x" + root.hex(), "cid": cid, "block": result.block_number}
+        # Base models the way any is approved: a call proposal of setBaseModel, voted through and executed.
+        from zoo.devnet.dev_dao import DevDao
+
+        registry = RegistryClient(w3, info.registry_address, dev_account(0), artifacts=artifacts)
+        for model in s.base_models:
+            DevDao(w3, info.registry_address, info.settings).call(
+                info.registry_address, registry.base_model_call(model)
+            )
+        info.genesis["base_models"] = registry.base_models()
 
 
 def _rpc_answers(url: str) -> bool:

@@ -87,7 +87,20 @@ def devnet_settings(cfg: NodeConfig) -> Any:
         challenge_window_s=d.challenge_window_s,
         anvil_port=d.anvil_port,
         ipfs_api_port=d.ipfs_api_port,
+        base_models=bundled_model_sha256(cfg),
     )
+
+
+def bundled_model_sha256(cfg: NodeConfig) -> tuple[str, ...]:
+    """The bundled GGUF's hash, which a new devnet's DAO approves as a base model (so a library a job drafts
+    on the default node can be proposed there at once); none when the model package is not installed."""
+    from zoo.inference.bundled_models import ModelUnavailable, bundled_gguf
+    from zoo.inference.provenance.weights import WEIGHT_HASHES_FILE, WeightHashes
+
+    try:
+        return (WeightHashes(cfg.cache_dir / WEIGHT_HASHES_FILE).of(bundled_gguf()),)
+    except ModelUnavailable:
+        return ()
 
 
 def wire(cfg: NodeConfig) -> Wiring:

@@ -486,7 +486,9 @@ class P2PComponent(Component):
         if len(connected) <= s.max_peers:
             return
         protected = set(await asyncio.to_thread(host.gossip_mesh))
-        protected |= {_peer_of(a) for a in [*s.bootstrap, *s.relays]} | self._ages.young(time.monotonic(), self.grace_s)
+        protected |= {_peer_of(a) for a in [*s.bootstrap, *s.relays]} | self._ages.young(
+            time.monotonic(), self.grace_s
+        )
         closing = surplus(connected, protected, s.target_peers, s.max_peers, self._rng)
         if closing:
             log.info("p2p closing surplus connections", closing=len(closing), connected=len(connected))

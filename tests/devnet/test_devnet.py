@@ -26,6 +26,8 @@ from zoo.devnet.genesis import genesis_library
 from zoo.devnet.info import DevnetInfo, warp
 from zoo.devnet.manager import Devnet, DevnetError
 from zoo.devnet.process import ProcessRecord
+from zoo.inference.bundled_models import bundled_gguf
+from zoo.inference.provenance.weights import file_sha256
 from zoo.node.client import NodeClient
 from zoo.registry.canonical import decode_library
 from zoo.registry.chain import LedgerClient, RegistryClient
@@ -115,6 +117,11 @@ def test_up_deploys_and_publishes_the_genesis_library(shared: Shared) -> None:
     with IpfsClient(state["ipfs_api"]) as ipfs:
         data = ipfs.fetch_verified(current.cid)
     assert decode_library(data) == genesis_library()
+    # The bundled model is an approved base model from the start (by a passed call proposal, as any is), so
+    # a library a job drafts on the default node can be proposed at once.
+    bundled = file_sha256(bundled_gguf())
+    assert RegistryClient(w3, state["registry_address"]).base_models() == [bundled]
+    assert state["genesis"]["base_models"] == [bundled]
 
 
 def test_second_up_reuses_the_running_devnet(shared: Shared) -> None:
