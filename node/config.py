@@ -394,9 +394,9 @@ class P2PConfig(_Section):
     discovery_interval_s while it knows peers it is not connected to. At or above it, one known peer it is
     not connected to is dialled after each DHT walk (the mesh keeps mixing, and a healed partition joins)."""
     max_peers: int = Field(12, ge=1, le=1000)
-    """Connected peers (inbound ones and those a DHT walk opened included) above which the node closes the
-    surplus down to target_peers, at random among those that are not in its gossip mesh, bootstrap peers or
-    relays. Every connection costs a node CPU and bytes; a full mesh of 24 light nodes saturated two cores."""
+    """Connected peers (inbound ones and those DHT queries opened included) above which the node closes the
+    excess, at random among those that are not in its gossip mesh, bootstrap peers, relays or younger than a
+    minute. Every connection costs a node CPU and bytes; a full mesh of 24 light nodes saturated two cores."""
     discovery_interval_s: float = Field(120.0, gt=0, le=86_400)
     """How often the node walks the Kademlia DHT (looks up its own id and a random one) to learn peers
     beyond those it is connected to, once it has its target of peers; the walk also re-announces the

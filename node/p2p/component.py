@@ -13,7 +13,7 @@ finds its peers again, and banned peers are disconnected.
 Discovery: a Kademlia walk every `discovery_interval_s` (every `redial_interval_s` while the node has no peer,
 or is below `target_peers` with peers found and not connected) learns the network beyond this node's
 connections. Below the target, the node dials its bootstrap peers, its book and the peers it found; at or
-above it, one known peer after each walk; above `max_peers` it closes the surplus (p2p/limits.py). Whoever the
+above it, one known peer after each walk; above `max_peers` it closes the excess (p2p/limits.py). Whoever the
 node is connected to is remembered in the book, so it rejoins through any of them after a restart, not only
 through its bootstrap list. The library CID it holds is announced as a DHT provider record on activation
 (within PROVIDE_SPREAD_S when another node announced the version) and every ten minutes, so nodes that are not
@@ -481,7 +481,7 @@ class P2PComponent(Component):
             log.info("p2p disconnect failed", peer=peer, error=str(e))
 
     async def _trim(self, host: P2PHost, connected: set[str]) -> None:
-        """Above max_peers, close the surplus down to target_peers (node/p2p/limits.py)."""
+        """Above max_peers, close the excess (node/p2p/limits.py)."""
         s = self.settings
         if len(connected) <= s.max_peers:
             return
@@ -489,7 +489,7 @@ class P2PComponent(Component):
         protected |= {_peer_of(a) for a in [*s.bootstrap, *s.relays]} | self._ages.young(
             time.monotonic(), self.grace_s
         )
-        closing = surplus(connected, protected, s.target_peers, s.max_peers, self._rng)
+        closing = surplus(connected, protected, s.max_peers, self._rng)
         if closing:
             log.info("p2p closing surplus connections", closing=len(closing), connected=len(connected))
         for peer in closing:

@@ -200,13 +200,15 @@ class P2PHost:
         self._stop = trio.Event()
         self._serving = trio.Semaphore(MAX_SERVING)
         # py-libp2p's connection manager (go-libp2p's watermarks): its auto-connector dials the peerstore's
-        # peers up to half-way between the marks; left at its defaults (100 and 300) it connected every
-        # node to every other. Its pruner never closes a connection with an open stream, and gossipsub holds
-        # one on every connection, so the component closes the surplus itself (p2p/limits.py).
+        # peers up to half-way between the low and high marks, here exactly target_peers (left at its
+        # defaults, 100 and 300, it connected every node to every other). Its pruner never closes a
+        # connection with an open stream, and gossipsub holds one on every connection, so the component
+        # closes the excess itself (p2p/limits.py).
+        low = max(0, 2 * self.target_peers - self.max_peers)
         limits = ConnectionConfig(
-            min_connections=self.target_peers // 2,
-            low_watermark=self.target_peers,
-            high_watermark=self.max_peers,
+            min_connections=low // 2,
+            low_watermark=low,
+            high_watermark=max(low, 2 * self.target_peers - low),
             max_connections=max(64, 4 * self.max_peers),
             grace_period=GRACE_S,
         )

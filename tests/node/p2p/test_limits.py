@@ -12,24 +12,24 @@ PEERS = [f"peer{i:02d}" for i in range(20)]
 
 
 def test_nothing_is_closed_up_to_the_high_water_mark() -> None:
-    assert surplus(PEERS[:12], [], target=8, high=12, rng=random.Random(0)) == []
+    assert surplus(PEERS[:12], [], high=12, rng=random.Random(0)) == []
 
 
-def test_above_it_the_surplus_comes_down_to_the_target_and_spares_the_protected() -> None:
+def test_above_it_the_excess_is_closed_sparing_the_protected() -> None:
     protected = PEERS[:5]
-    closing = surplus(PEERS[:13], protected, target=8, high=12, rng=random.Random(0))
-    assert len(closing) == 5 and not set(closing) & set(protected) and set(closing) <= set(PEERS[:13])
+    closing = surplus(PEERS[:15], protected, high=12, rng=random.Random(0))
+    assert len(closing) == 3 and not set(closing) & set(protected) and set(closing) <= set(PEERS[:15])
 
 
 def test_with_too_many_protected_only_the_unprotected_go() -> None:
-    closing = surplus(PEERS[:14], PEERS[:11], target=8, high=12, rng=random.Random(0))
-    assert sorted(closing) == PEERS[11:14]
+    closing = surplus(PEERS[:14], PEERS[:13], high=12, rng=random.Random(0))
+    assert closing == [PEERS[13]]
 
 
 @pytest.mark.parametrize("seed", range(5))
 def test_nodes_close_different_peers(seed: int) -> None:
-    """The choice is random per node: nodes with the same surplus do not all close the same peers."""
-    picks = {tuple(sorted(surplus(PEERS, [], 8, 12, random.Random(seed * 10 + j)))) for j in range(10)}
+    """The choice is random per node: nodes with the same excess do not all close the same peers."""
+    picks = {tuple(sorted(surplus(PEERS, [], 12, random.Random(seed * 10 + j)))) for j in range(10)}
     assert len(picks) > 1
 
 
