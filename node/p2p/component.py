@@ -485,7 +485,9 @@ class P2PComponent(Component):
         s = self.settings
         if len(connected) <= s.max_peers:
             return
-        protected = set(await asyncio.to_thread(host.gossip_mesh))
+        protected = set(await asyncio.to_thread(host.gossip_mesh)) | set(
+            await asyncio.to_thread(host.busy_peers)
+        )
         protected |= {_peer_of(a) for a in [*s.bootstrap, *s.relays]} | self._ages.young(
             time.monotonic(), self.grace_s
         )

@@ -26,6 +26,7 @@ import contextlib
 import json
 import os
 import threading
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ MAX_REQUEST_LINE = 1024
 MAX_SERVING = 4  # content requests served at once; more are answered "busy" (each may hold 64 MiB)
 CALL_TIMEOUT_S = 10.0  # publish, list, disconnect
 HEADER_TIMEOUT_S = 5.0  # a content request's stream open and answer header
+DIAL_TIMEOUT_S = 15.0  # a content request's dial, when the peer is not connected yet
 
 Validator = Callable[[str, str, str, bytes], bool]  # (topic, publisher, forwarder, data) -> accept
 MessageSink = Callable[[str, str, bytes], None]  # (topic, publisher peer id, data)
@@ -144,6 +146,7 @@ class P2PHost:
         self._pubsub: Any = None
         self._serving: Any = None
         self._dht: Any = None
+        self._busy: Counter[str] = Counter()  # peer -> content exchanges in flight (trio thread only)
 
     # -- lifecycle (any non-trio thread) --------------------------------------------------------------
 
@@ -424,15 +427,28 @@ class P2PHost:
         """The bytes `peer_id` holds for `cid`, unverified (the caller checks them against the CID)."""
         from libp2p.peer.id import ID
 
+        header_s = min(timeout, HEADER_TIMEOUT_S)
+
         async def exchange() -> bytes:
             # A peer that has not begun to answer within HEADER_TIMEOUT_S is skipped (the next one is
-            # asked): a connection cut without a FIN looks open, and would hold the whole deadline.
-            header_s = min(timeout, HEADER_TIMEOUT_S)
-            stream: Any = None
-            with trio.move_on_after(header_s):
-                stream = await self._host.new_stream(ID.from_base58(peer_id), [CONTENT_PROTOCOL])
-            if stream is None:
-                raise P2PError(f"no stream to the peer within {header_s:.0f} s")
+            # asked): a connection cut without a FIN looks open, and would hold the whole deadline. A peer
+            # not connected yet is dialled first, on a budget of its own: on a loaded machine a dial and its
+            # handshakes alone took more than HEADER_TIMEOUT_S, and every holder not connected was skipped.
+            peer = ID.from_base58(peer_id)
+            self._busy[peer_id] += 1  # the component does not close this connection meanwhile
+            try:
+                if peer not in self._host.get_connected_peers():
+                    await self._dial_known(peer, min(timeout, DIAL_TIMEOUT_S))
+                stream: Any = None
+                with trio.move_on_after(header_s):
+                    stream = await self._host.new_stream(peer, [CONTENT_PROTOCOL])
+                if stream is None:
+                    raise P2PError(f"no stream to the peer within {header_s:.0f} s")
+                return await read_answer(stream)
+            finally:
+                self._busy[peer_id] -= 1
+
+        async def read_answer(stream: Any) -> bytes:
             try:
                 head: bytes | None = None
                 with trio.move_on_after(header_s):
@@ -469,9 +485,34 @@ class P2PHost:
 
         return self._guarded(exchange, f"fetching {cid} from {peer_id}", timeout)
 
+    async def _dial_known(self, peer: Any, timeout: float) -> None:
+        """Connect to `peer` at the addresses the peerstore holds (what new_stream would dial)."""
+        from libp2p.peer.peerinfo import PeerInfo
+        from libp2p.peer.peerstore import PeerStoreError
+
+        try:
+            addrs = self._host.get_peerstore().addrs(peer)
+        except PeerStoreError:
+            return  # no address known: new_stream says so
+        with trio.move_on_after(timeout):
+            try:
+                await self._host.connect(PeerInfo(peer, addrs))
+            except Exception as e:  # the transport's many errors: the stream open below reports the peer
+                log.debug("p2p dial for content failed", peer=peer.to_base58(), error=str(e))
+
+    def busy_peers(self) -> list[str]:
+        """Peers with a content exchange in flight, either way (a connection not to close under it)."""
+
+        async def peers() -> list[str]:
+            return [p for p, n in self._busy.items() if n > 0]
+
+        return self._guarded(peers, "listing busy peers")
+
     # -- the content protocol's server side (trio thread) ---------------------------------------------
 
     async def _serve_content(self, stream: Any) -> None:
+        peer_id = _peer_str(stream.muxed_conn.peer_id.to_bytes()) if hasattr(stream, "muxed_conn") else ""
+        self._busy[peer_id] += 1
         try:
             try:
                 self._serving.acquire_nowait()
@@ -486,6 +527,7 @@ class P2PHost:
         except Exception as e:
             log.info("p2p content request failed", error=f"{type(e).__name__}: {e}")
         finally:
+            self._busy[peer_id] -= 1
             await close_stream(stream)
 
     async def _serve_one(self, stream: Any) -> None:

@@ -1,12 +1,13 @@
 """How many connections a node keeps: which peers to close when it holds too many.
 
-A node dials while it is below `p2p.target_peers`; peers dialling it and DHT queries (each connects the
-peers it asks) can take it higher. Past `p2p.max_peers` it closes the excess, chosen at random so that nodes
-do not all close the same peers, and never a protected peer: one in its gossip mesh, a bootstrap peer or
-relay, or one connected less than GRACE_S ago (a peer that has just dialled must get the time to join the
-mesh, and a content fetch the time to finish). It closes down to max_peers, not to the target: a peer it
-closes may fall below its own target and dial someone else, and closing many at once set off such dials
-across the network in turn (at N = 24 every node kept closing and dialling, and content fetches broke).
+A node dials while it is below `p2p.target_peers`; peers dialling it and DHT queries (each connects the peers
+it asks) can take it higher. Past `p2p.max_peers` it closes the excess, chosen at random so that nodes do not
+all close the same peers, and never a protected peer: one in its gossip mesh, one it is exchanging library
+bytes with, a bootstrap peer or relay, or one connected less than GRACE_S ago (a peer that has just dialled
+must get the time to join the mesh, and a content fetch the time to finish). It closes down to max_peers, not
+to the target: a peer it closes may fall below its own target and dial someone else, and closing many at once
+set off such dials across the network in turn (at N = 24 every node kept closing and dialling, and content
+fetches broke).
 """
 
 from __future__ import annotations
