@@ -393,10 +393,13 @@ class P2PConfig(_Section):
     DHT found (its routing table), and walks the DHT every redial_interval_s instead of every
     discovery_interval_s while it knows peers it is not connected to. At or above it, one known peer it is
     not connected to is dialled after each DHT walk (the mesh keeps mixing, and a healed partition joins)."""
-    max_peers: int = Field(12, ge=1, le=1000)
-    """Connected peers (inbound ones and those DHT queries opened included) above which the node closes the
-    excess, at random among those that are not in its gossip mesh, bootstrap peers, relays or younger than a
-    minute. Every connection costs a node CPU and bytes; a full mesh of 24 light nodes saturated two cores."""
+    max_peers: int = Field(0, ge=0, le=1000)
+    """0 (the default): no connection limit; py-libp2p's connection manager dials the peers it knows (it aims
+    at 200 connections), so a small network is a full mesh. Otherwise the connected peers (inbound ones and
+    those DHT queries opened included) above which the node closes the excess, at random among those not in
+    its gossip mesh, not exchanging library bytes with it, not bootstrap peers or relays and older than a
+    minute; the library then aims at target_peers. Off by default: at N = 24 on two cores (docs/network.md)
+    nodes without IPFS could no longer fetch a version from peers with a limit of 12."""
     discovery_interval_s: float = Field(120.0, gt=0, le=86_400)
     """How often the node walks the Kademlia DHT (looks up its own id and a random one) to learn peers
     beyond those it is connected to, once it has its target of peers; the walk also re-announces the
@@ -441,9 +444,10 @@ class P2PConfig(_Section):
 
     @model_validator(mode="after")
     def _peer_limits(self) -> P2PConfig:
-        if self.max_peers < self.target_peers:
+        if self.max_peers and self.max_peers < self.target_peers:
             raise ValueError(
-                f"max_peers ({self.max_peers}) must be at least target_peers ({self.target_peers})"
+                f"max_peers ({self.max_peers}) must be 0 (no limit) "
+                f"or at least target_peers ({self.target_peers})"
             )
         return self
 

@@ -13,11 +13,11 @@ finds its peers again, and banned peers are disconnected.
 Discovery: a Kademlia walk every `discovery_interval_s` (every `redial_interval_s` while the node has no peer,
 or is below `target_peers` with peers found and not connected) learns the network beyond this node's
 connections. Below the target, the node dials its bootstrap peers, its book and the peers it found; at or
-above it, one known peer after each walk; above `max_peers` it closes the excess (p2p/limits.py). Whoever the
-node is connected to is remembered in the book, so it rejoins through any of them after a restart, not only
-through its bootstrap list. The library CID it holds is announced as a DHT provider record on activation
-(within PROVIDE_SPREAD_S when another node announced the version) and every ten minutes, so nodes that are not
-connected to it can find it.
+above it, one known peer after each walk; above `max_peers`, when set, it closes the excess (p2p/limits.py).
+Whoever the node is connected to is remembered in the book, so it rejoins through any of them after a restart,
+not only through its bootstrap list. The library CID it holds is announced as a DHT provider record on
+activation (within PROVIDE_SPREAD_S when another node announced the version) and every ten minutes, so nodes
+that are not connected to it can find it.
 Liveness is the kernel's: a connection cut without a FIN or RST, as in a partition, is probed and dropped
 by TCP keepalive and the user timeout (node/p2p/sockets.py); a slow peer is never dropped for being slow.
 """
@@ -481,9 +481,9 @@ class P2PComponent(Component):
             log.info("p2p disconnect failed", peer=peer, error=str(e))
 
     async def _trim(self, host: P2PHost, connected: set[str]) -> None:
-        """Above max_peers, close the excess (node/p2p/limits.py)."""
+        """Above max_peers (when set), close the excess (node/p2p/limits.py)."""
         s = self.settings
-        if len(connected) <= s.max_peers:
+        if not s.max_peers or len(connected) <= s.max_peers:
             return
         protected = set(await asyncio.to_thread(host.gossip_mesh)) | set(
             await asyncio.to_thread(host.busy_peers)

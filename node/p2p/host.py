@@ -120,7 +120,7 @@ class P2PHost:
         user_timeout_s: float = USER_TIMEOUT_S,
         keepalive_idle_s: int = KEEPALIVE_IDLE_S,
         target_peers: int = 8,
-        max_peers: int = 12,
+        max_peers: int = 0,
     ) -> None:
         self.seed = seed
         self.target_peers, self.max_peers = target_peers, max_peers
@@ -203,18 +203,20 @@ class P2PHost:
         self._stop = trio.Event()
         self._serving = trio.Semaphore(MAX_SERVING)
         # py-libp2p's connection manager (go-libp2p's watermarks): its auto-connector dials the peerstore's
-        # peers up to half-way between the low and high marks, here exactly target_peers (left at its
-        # defaults, 100 and 300, it connected every node to every other). Its pruner never closes a
-        # connection with an open stream, and gossipsub holds one on every connection, so the component
+        # peers up to half-way between the low and high marks (at its defaults, 100 and 300, every peer it
+        # knows). With a limit (max_peers) the marks make that exactly target_peers. Its pruner never closes
+        # a connection with an open stream, and gossipsub holds one on every connection, so the component
         # closes the excess itself (p2p/limits.py).
-        low = max(0, 2 * self.target_peers - self.max_peers)
-        limits = ConnectionConfig(
-            min_connections=low // 2,
-            low_watermark=low,
-            high_watermark=max(low, 2 * self.target_peers - low),
-            max_connections=max(64, 4 * self.max_peers),
-            grace_period=GRACE_S,
-        )
+        limits = None
+        if self.max_peers:
+            low = max(0, 2 * self.target_peers - self.max_peers)
+            limits = ConnectionConfig(
+                min_connections=low // 2,
+                low_watermark=low,
+                high_watermark=max(low, 2 * self.target_peers - low),
+                max_connections=max(64, 4 * self.max_peers),
+                grace_period=GRACE_S,
+            )
         host = new_host(key_pair=create_new_key_pair(self.seed), connection_config=limits)
         # The router's own spam filter drops floods silently and unattributed; the validator's per-peer
         # limits (counted in metrics, scored, configurable) take its place.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,15 @@ def test_env_errors_name_the_variable() -> None:
         load_config(None, environ={"ZOO_NODE_SERVER__MAX_CONCURRENT_RPCS": "0"})
     assert "ZOO_NODE_SERVER__MAX_CONCURRENT_RPCS" in str(e.value)
     assert "server.max_concurrent_rpcs" in str(e.value)
+
+
+def test_a_connection_limit_below_the_target_is_refused_and_zero_means_none() -> None:
+    with pytest.raises(
+        ConfigError, match=re.escape("max_peers (4) must be 0 (no limit) or at least target_peers (8)")
+    ):
+        load_config(None, environ={}, overrides={"p2p": {"max_peers": 4}})
+    assert load_config(None, environ={}).p2p.max_peers == 0
+    assert load_config(None, environ={}, overrides={"p2p": {"max_peers": 8}}).p2p.max_peers == 8
 
 
 def test_not_toml_and_missing_file(tmp_path: Path) -> None:
