@@ -485,12 +485,10 @@ class P2PComponent(Component):
         s = self.settings
         if not s.max_peers or len(connected) <= s.max_peers:
             return
-        protected = set(await asyncio.to_thread(host.gossip_mesh)) | set(
-            await asyncio.to_thread(host.busy_peers)
-        )
-        protected |= {_peer_of(a) for a in [*s.bootstrap, *s.relays]} | self._ages.young(
-            time.monotonic(), self.grace_s
-        )
+        protected = {_peer_of(a) for a in [*s.bootstrap, *s.relays]}
+        protected |= self._ages.young(time.monotonic(), self.grace_s)
+        protected |= set(await asyncio.to_thread(host.gossip_mesh))
+        protected |= set(await asyncio.to_thread(host.busy_peers))
         closing = surplus(connected, protected, s.max_peers, self._rng)
         if closing:
             log.info("p2p closing surplus connections", closing=len(closing), connected=len(connected))
