@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from zoo.registry.errors import ZooError
+
 CHUNK_TOKENS = 32
 TOP_K = 128
 PRIME = 65521  # the largest prime below 2**16: coefficients fit two bytes; bf16 bits at or above it are NaNs
@@ -44,7 +46,7 @@ MAX_MANTISSA_MEDIAN = 8.0
 CHUNK_BYTES = 2 + 2 * TOP_K
 
 
-class ProofError(ValueError):
+class ProofError(ZooError, ValueError):
     """Hidden states or proof bytes that cannot be committed or checked; the message says why."""
 
 

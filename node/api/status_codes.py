@@ -57,6 +57,7 @@ CODES: Mapping[str, grpc.StatusCode] = MappingProxyType(
         "zoo.inference.llamacpp.gguf.GgufLoadCancelled": _C.UNAVAILABLE,  # the node is stopping
         "zoo.inference.llamacpp.gguf.GgufLoadError": _C.INTERNAL,
         "zoo.inference.bundled_models.ModelUnavailable": _C.INTERNAL,
+        "zoo.inference.provenance.toploc.ProofError": _C.INVALID_ARGUMENT,  # a proof that does not parse
         # devnet: this node's own tools
         "zoo.devnet.anvil.AnvilError": _C.INTERNAL,
         "zoo.devnet.chain_state.ChainStateError": _C.INTERNAL,
