@@ -513,7 +513,7 @@ class P2PHost:
     # -- the content protocol's server side (trio thread) ---------------------------------------------
 
     async def _serve_content(self, stream: Any) -> None:
-        peer_id = _peer_str(stream.muxed_conn.peer_id.to_bytes()) if hasattr(stream, "muxed_conn") else ""
+        peer_id = stream.muxed_conn.peer_id.to_base58() if hasattr(stream, "muxed_conn") else ""
         self._busy[peer_id] += 1
         try:
             try:
