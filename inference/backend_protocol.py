@@ -101,6 +101,20 @@ class GenerationRequest:
     # The n choices of one client request share its prompt: a scheduler prefills it once and copies its
     # cache to the others (None: a request of its own).
     group: ChoiceGroup | None = None
+    # Keep the last hidden state that produced each generated token (GenerationResult.hidden), for the
+    # answer's proof (inference.provenance.answer_proof); backends that cannot refuse (Unsupported).
+    proof: bool = False
+
+
+@dataclass(frozen=True)
+class HiddenStates:
+    """With request.proof: the prompt as the model was fed it, every generated token (an ending EOS
+    included), and the last hidden state (after the final norm) at each position that produced one: row i
+    produced output_ids[i]."""
+
+    prompt_ids: list[int]
+    output_ids: list[int]
+    states: Any  # numpy float32, (len(output_ids), hidden size)
 
 
 @dataclass
@@ -114,6 +128,7 @@ class GenerationResult:
     logprobs: list[TokenLogprob] | None = None
     # With request.echo: one per prompt token (alternatives: request.logprobs of them).
     prompt_logprobs: list[TokenLogprob] | None = None
+    hidden: HiddenStates | None = None  # with request.proof
 
 
 @dataclass

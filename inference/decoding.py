@@ -23,6 +23,7 @@ from zoo.inference.backend_protocol import (
     Chunk,
     GenerationRequest,
     GenerationResult,
+    HiddenStates,
     TokenLogprob,
     apply_stop,
 )
@@ -159,6 +160,12 @@ class DecodingState:
     logprob_ends: list[int] = field(default_factory=list)
     logprobs_sent: int = 0
     prompt_logprobs: list[TokenLogprob] | None = None  # with request.echo, set by the scheduler
+    # With request.proof: the last hidden state that produced each generated token, kept by the scheduler.
+    states: list[np.ndarray] | None = None
+
+    def __post_init__(self) -> None:
+        if self.request.proof:
+            self.states = []
 
     @property
     def length(self) -> int:
@@ -245,9 +252,16 @@ class DecodingState:
                 reason,
                 logprobs,
                 self.prompt_logprobs,
+                self._hidden(),
             )
         )
         return False
+
+    def _hidden(self) -> HiddenStates | None:
+        if self.states is None or len(self.states) != len(self.generated):
+            return None  # no proof asked for (or a scheduler that kept none)
+        states = np.stack(self.states) if self.states else np.empty((0, 0), dtype=np.float32)
+        return HiddenStates(list(self.prompt_ids), list(self.generated), states)
 
     def fail(self, error: Exception) -> None:
         self.finish = "error"

@@ -30,6 +30,8 @@ from zoo.inference.defaults import (
     LessonPosition,
 )
 from zoo.inference.prompt import Assembled, assemble, check_fits, parse_citations
+from zoo.inference.provenance import answer_proof
+from zoo.inference.provenance.answer_proof import AnswerProof, Verdict
 from zoo.inference.provenance.documents import prompt_document, sha256_hex
 from zoo.inference.tools import ToolCall, ToolSpec, parse_answer, render_turns, template_messages
 from zoo.registry.errors import ValidationError, ZooError
@@ -37,6 +39,15 @@ from zoo.registry.errors import ValidationError, ZooError
 
 class Unsupported(ZooError):
     """The request asks for something this node's backend cannot do."""
+
+
+class WrongModel(ZooError):
+    """A proof names weights this node does not serve: it says which it needs and which it has."""
+
+    def __init__(self, wanted: str, served: str) -> None:
+        self.wanted, self.served = wanted, served
+        has = f"0x{served}" if served else "no weights of known hash"
+        super().__init__(f"the proof needs the weights sha256 {wanted}; this node serves {has}")
 
 
 @dataclass
@@ -69,6 +80,7 @@ class InferParams:
     # messages may carry earlier calls ("tool_calls": [{id, name, arguments}]) and results (role "tool").
     tools: ToolSpec | None = None
     receipt: bool = False  # the client asks for the node's signed receipt of the answer (node.provenance)
+    proof: bool = False  # the client asks for the answer's proof of inference (provenance.answer_proof)
 
 
 @dataclass
@@ -123,6 +135,8 @@ class InferOutcome:
     prompt_sha256: str = ""
     # The node's signed receipt of this answer (its JSON), when the request asked for one (node.provenance).
     receipt: dict[str, Any] | None = None
+    # The answer's proof of inference, when the request asked for one (a receipt then names its hash).
+    proof: AnswerProof | None = None
 
 
 def _choice(text: str, finish: str, tokens: int, seed: int, logprobs: Any, tools: ToolSpec | None) -> Choice:
@@ -168,6 +182,7 @@ class InferenceEngine:
     factor_builder: FactorBuilder | None = None
     on_answered: Callable[[InferOutcome, InferParams], Awaitable[None]] | None = None
     adapters: AdapterDirectory | None = None
+    model_sha256: str = ""  # the served weights' SHA-256 (what proofs name); "" when unknown
 
     def retrieve(
         self, query: str, k: int, domain: str, min_score: float, root: str = ""
@@ -211,6 +226,8 @@ class InferenceEngine:
             for r in requests:
                 r.cancel.set()
         outcome = self._outcome(p, assembled, requests, results, root, version, seed, retrieval_ms, t1)
+        if p.proof:
+            outcome.proof = await asyncio.to_thread(self._proof, p, requests[0], results[0])
         if p.receipt:  # only a receipt names it: no JSON dump of the prompt on every other answer
             outcome.prompt_sha256 = sha256_hex(prompt_document(assembled.messages, tool_dicts, p.prompt))
         if self.on_answered is not None:  # before the answer goes out: metering commits what it answered
@@ -285,6 +302,7 @@ class InferenceEngine:
                 tools=tool_dicts,
                 tool_choice=p.tools.openai_choice() if native and p.tools is not None else None,
                 parallel_tool_calls=p.tools.parallel if p.tools is not None else True,
+                proof=p.proof,
             )
             for i in range(p.n)
         ]
@@ -341,9 +359,55 @@ class InferenceEngine:
             choices=choices,
         )
 
+    def _proof(self, p: InferParams, request: GenerationRequest, result: Any) -> AnswerProof:
+        hidden = result.hidden
+        if hidden is None:
+            raise Unsupported(
+                f"the {type(self.backend).__name__} kept no hidden states for this answer's proof"
+            )
+        return answer_proof.make(
+            self.model_sha256,
+            hidden.prompt_ids,
+            hidden.output_ids,
+            hidden.states,
+            temperature=p.temperature,
+            top_p=p.top_p,
+            constrained=request.logits_processor is not None or request.response_format is not None,
+        )
+
+    async def verify(self, proof: AnswerProof) -> Verdict:
+        """Accept or reject an answer's proof by recomputing its states with one prefill of these weights
+        (WrongModel when the proof names other weights)."""
+        if not getattr(self.backend, "supports_proofs", False):
+            raise Unsupported(f"the {type(self.backend).__name__} cannot verify proofs of inference")
+        if proof.model != "0x" + self.model_sha256:
+            raise WrongModel(proof.model, self.model_sha256)
+        if int(proof.adapter, 16):
+            raise Unsupported("proofs of answers given with a LoRA adapter cannot be verified yet")
+        ids = [*proof.prompt_ids, *proof.output_ids[:-1]]
+        if len(ids) > self.backend.context_length:
+            raise ValidationError(
+                "proof", f"{len(ids)} tokens exceed this node's context of {self.backend.context_length}"
+            )
+        states, logits = await self.backend.recompute(ids, len(proof.prompt_ids) - 1)  # type: ignore[attr-defined]
+        return await asyncio.to_thread(
+            answer_proof.verify,
+            proof,
+            states,
+            logits,
+            self.backend.proof_thresholds,  # type: ignore[attr-defined]
+        )
+
     def _check_supported(self, p: InferParams) -> None:
         """Refuse what this backend cannot honour, naming the parameter (HTTP's names; 400)."""
         kind = type(self.backend).__name__
+        if p.proof:
+            if not getattr(self.backend, "supports_proofs", False) or not self.model_sha256:
+                raise ValidationError("proof", f"proofs of inference are not produced by the {kind}")
+            if p.n > 1:
+                raise ValidationError("proof", "a proof covers one answer: n must be 1")
+            if p.adapter:
+                raise ValidationError("proof", "answers given with a LoRA adapter carry no proof yet")
         if p.logprobs is not None and not getattr(self.backend, "supports_logprobs", False):
             raise ValidationError("logprobs", f"log-probabilities are not supported by the {kind}")
         if p.prompt is not None and not getattr(self.backend, "supports_echo", False):

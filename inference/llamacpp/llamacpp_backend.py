@@ -17,8 +17,10 @@ from typing import Any, TypedDict, Unpack
 from zoo.inference.adapters import AdapterLoadError
 from zoo.inference.backend_protocol import GenerationRequest
 from zoo.inference.llamacpp.gguf import GgufModel
+from zoo.inference.llamacpp.prefill import Prefill
 from zoo.inference.llamacpp.scheduler import LlamaCppScheduler
 from zoo.inference.local_backend import LocalBackend
+from zoo.inference.provenance.toploc import LLAMACPP_THRESHOLDS
 
 DEFAULT_CONTEXT = 2048  # tokens of KV cache per concurrent request unless model.context_length says
 
@@ -33,6 +35,9 @@ class ContextSettings(TypedDict, total=False):
 
 
 class LlamaCppBackend(LocalBackend):
+    supports_proofs = True  # answers carry TOPLOC proofs, and proofs of these weights are verified here
+    proof_thresholds = LLAMACPP_THRESHOLDS
+
     def __init__(
         self,
         gguf: GgufModel,
@@ -59,6 +64,19 @@ class LlamaCppBackend(LocalBackend):
             adapters=adapters,
             kv_cache_type=kv_cache_type,
         )
+        self.threads = threads
+        self._prefill: Prefill | None = None
+
+    async def recompute(self, ids: list[int], first: int) -> tuple[Any, Any]:
+        """(last hidden states, logits) at positions first .. len(ids) - 1 of `ids`, in one prefill: what a
+        proof of an answer given by these weights is checked against."""
+        return await asyncio.to_thread(self._recompute, ids, first)
+
+    def _recompute(self, ids: list[int], first: int) -> tuple[Any, Any]:
+        if self._prefill is None:
+            self._prefill = Prefill(self.gguf, self.context_length, threads=self.threads)
+        with self._prefill.lock:
+            return self._prefill.run(ids, first)
 
     @classmethod
     def load(
@@ -106,5 +124,8 @@ class LlamaCppBackend(LocalBackend):
 
     async def close(self) -> None:
         await asyncio.to_thread(self.scheduler.close)
+        if self._prefill is not None:
+            with self._prefill.lock:
+                self._prefill.close()
         if self.scheduler.ctx is None:  # the model outlives a scheduler thread that did not stop
             self.gguf.close()

@@ -48,6 +48,7 @@ from zoo.inference.decoding import (
     unscored,
 )
 from zoo.inference.llamacpp.gguf import GgufLoadError, GgufModel
+from zoo.inference.llamacpp.prefill import PROOF_UBATCH
 from zoo.inference.scheduler_thread import SchedulerThread
 
 logger = logging.getLogger(__name__)
@@ -70,6 +71,14 @@ class Slot(DecodingState):
     @property
     def scores_prompt(self) -> bool:
         return self.request.echo
+
+    @property
+    def fresh_prompt(self) -> bool:
+        """Whether the whole prompt is prefilled into an empty sequence (no cached or copied prefix): for a
+        scored prompt (every position's logits are needed) and for a proof (a prefix left in a reused
+        cache gives hidden states that differ from a verifier's fresh prefill by up to 1 % on this
+        model's outliers, as much as another quantization does: ./zoo bench provenance)."""
+        return self.request.echo or self.states is not None
 
     adapter_file: Path | None = None  # the converted GGUF adapter (llamacpp.lora), loaded at admission
 
@@ -155,6 +164,9 @@ class LlamaCppScheduler(SchedulerThread[Slot]):
             or lib.llama_model_n_swa(model.model) > 0
         )
         self._rows: list[Slot] = []
+        self.n_embd = int(lib.llama_model_n_embd(model.model))
+        self._embeddings = False  # whether the context outputs hidden states (rows asking for proofs)
+        self._scratch: Any = None  # a second batch: the calls of a step with proofs (_decode_for_proofs)
         self._start("llamacpp-scheduler")
 
     # -- public --------------------------------------------------------------------------------------
@@ -186,6 +198,8 @@ class LlamaCppScheduler(SchedulerThread[Slot]):
             logger.warning("the llama.cpp scheduler did not stop within 30 s; its context stays allocated")
         elif self.ctx:
             self.lib.llama_batch_free(self.batch)
+            if self._scratch is not None:
+                self.lib.llama_batch_free(self._scratch)
             self.lib.llama_free(self.ctx)
             self.ctx = None
 
@@ -250,7 +264,7 @@ class LlamaCppScheduler(SchedulerThread[Slot]):
         """Whether a row that runs next step will then hold, prefilled, at least SHARED_PREFIX more of this
         prompt than any free slot's cache does now (TF-GRPO's group rollouts of one question). Never for a
         row that waits on priority rows, nor a priority request behind another request."""
-        if not self._reuse or slot.scores_prompt:
+        if not self._reuse or slot.fresh_prompt:
             return False
         urgent = any(r.request.priority for r in self._rows)
         cached = self._cached_start(slot)[1]
@@ -270,8 +284,7 @@ class LlamaCppScheduler(SchedulerThread[Slot]):
         a copy of that row's KV stream into the least recently used free sequence. The rest is dropped; at
         least one prompt token is always fed (its logits are needed)."""
         lru = min(self._free, key=lambda seq: self._used.get(seq, -1))
-        # A scored prompt needs every position's logits: all of it is fed.
-        reuse = self._reuse and not slot.scores_prompt
+        reuse = self._reuse and not slot.fresh_prompt
         cached, common = self._cached_start(slot) if reuse else (None, 0)
         best = cached if cached is not None else lru
         source, shared = None, 0
@@ -346,8 +359,9 @@ class LlamaCppScheduler(SchedulerThread[Slot]):
                 readers.append((slot, batch.n_tokens))
                 add(slot.generated[-1], slot.length - 1, slot.seq_id, True)
         decoding = batch.n_tokens
+        proofs = any(slot.states is not None for slot in group)
         for slot in group:  # joining rows fill what is left of the step with their prompts
-            if not slot.prefilling:
+            if not slot.prefilling or (proofs and slot.scores_prompt):  # scored: a step without proofs
                 continue
             room = self.step_tokens - batch.n_tokens
             if room <= 0:
@@ -364,9 +378,28 @@ class LlamaCppScheduler(SchedulerThread[Slot]):
             prefilled += take
         if not batch.n_tokens:
             return 0
-        rc = lib.llama_decode(self.ctx, batch)
-        if rc != 0:
-            raise RuntimeError(f"llama_decode failed (code {rc})")
+        if proofs:
+            self._decode_for_proofs(readers, scorers)
+        else:
+            self._set_embeddings(False)
+            rc = lib.llama_decode(self.ctx, batch)
+            if rc != 0:
+                raise RuntimeError(f"llama_decode failed (code {rc})")
+            self._consume(readers, scorers)
+        elapsed = time.perf_counter() - t0
+        total = decoding + prefilled
+        self.stats.prefill_seconds += elapsed * prefilled / total
+        self.stats.decode_seconds += elapsed * decoding / total
+        return decoding
+
+    def _set_embeddings(self, on: bool) -> None:
+        if on != self._embeddings:
+            self.lib.llama_set_embeddings(self.ctx, on)
+            self._embeddings = on
+
+    def _consume(self, readers: list[tuple[Slot, int]], scorers: list[tuple[Slot, int, int]]) -> None:
+        """Score prompts and choose next tokens from the outputs of the last llama_decode (at these
+        indices of its batch)."""
         for slot, first, index in scorers:
             try:
                 self._score_prompt(slot, first, index)
@@ -377,6 +410,8 @@ class LlamaCppScheduler(SchedulerThread[Slot]):
             if slot.finish:  # failed while its prompt was scored
                 continue
             try:
+                if slot.states is not None:
+                    slot.states.append(self._hidden_state(index))
                 token, entry = self._choose(slot, index)
                 done = not slot.accept(token, self.eos_ids, self.context_length, entry)
             except Exception as e:  # one bad request (a processor or grammar that raises) fails alone
@@ -384,11 +419,65 @@ class LlamaCppScheduler(SchedulerThread[Slot]):
                 done = True
             if done:
                 self._release(slot)
-        elapsed = time.perf_counter() - t0
-        total = decoding + prefilled
-        self.stats.prefill_seconds += elapsed * prefilled / total
-        self.stats.decode_seconds += elapsed * decoding / total
-        return decoding
+
+    def _decode_for_proofs(
+        self, readers: list[tuple[Slot, int]], scorers: list[tuple[Slot, int, int]]
+    ) -> None:
+        """A step with rows whose answers carry proofs: the batch decoded in llama_decode calls a verifier's
+        prefill (inference.llamacpp.prefill) reproduces bit for bit.
+
+        llama.cpp's CPU kernels give the same numbers for every ubatch of 1 to PROOF_UBATCH rows, and other
+        numbers (by up to 1 % of this model's outlier channels, as much as another quantization moves them)
+        for larger ones. So a proving row's prompt goes in calls of its own of at most PROOF_UBATCH tokens,
+        as the verifier prefills it; the other rows' prompts in one call; and the tokens whose outputs are
+        read (one per row) in calls of at most PROOF_UBATCH, with embeddings on: llama.cpp then outputs the
+        hidden state beside the logits (it outputs every token of a call, so none without a reader goes in).
+        """
+        batch = self.batch
+        proving = {s.seq_id for s in self._rows if s.states is not None}
+        silent: dict[int, list[int]] = {}
+        outputs: list[int] = []
+        for i in range(batch.n_tokens):
+            if batch.logits[i]:
+                outputs.append(i)
+            else:
+                seq = batch.seq_id[i][0]
+                silent.setdefault(seq if seq in proving else -1, []).append(i)
+        self._set_embeddings(False)
+        for seq, rows in silent.items():
+            size = PROOF_UBATCH if seq >= 0 else len(rows)
+            for at in range(0, len(rows), size):
+                self._decode_rows(rows[at : at + size])
+        self._set_embeddings(True)
+        for at in range(0, len(outputs), PROOF_UBATCH):
+            rows = outputs[at : at + PROOF_UBATCH]
+            where = {i: j for j, i in enumerate(rows)}
+            self._decode_rows(rows)
+            self._consume(
+                [(slot, where[i]) for slot, i in readers if i in where],
+                [(slot, first, where[i]) for slot, first, i in scorers if i in where],
+            )
+
+    def _decode_rows(self, rows: list[int]) -> None:
+        """llama_decode of these entries of the step's batch, copied into a scratch batch."""
+        lib, batch = self.lib, self.batch
+        if self._scratch is None:
+            self._scratch = lib.llama_batch_init(self.step_tokens, 0, 1)
+        scratch = self._scratch
+        for j, i in enumerate(rows):
+            scratch.token[j], scratch.pos[j], scratch.n_seq_id[j] = batch.token[i], batch.pos[i], 1
+            scratch.seq_id[j][0] = batch.seq_id[i][0]
+            scratch.logits[j] = batch.logits[i]
+        scratch.n_tokens = len(rows)
+        rc = lib.llama_decode(self.ctx, scratch)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed (code {rc})")
+
+    def _hidden_state(self, index: int) -> np.ndarray:
+        row = self.lib.llama_get_embeddings_ith(self.ctx, index)
+        if not row:
+            raise RuntimeError("llama.cpp kept no hidden state for a row that asked for a proof")
+        return np.ctypeslib.as_array(row, shape=(self.n_embd,)).copy()
 
     def _logits(self, index: int) -> np.ndarray:
         row = self.lib.llama_get_logits_ith(self.ctx, index)

@@ -242,6 +242,7 @@ def engine_provider(
                 ),
                 on_answered=on_answered,
                 adapters=AdapterDirectory(cfg.adapters_dir),
+                model_sha256=retrieval.model_sha256,
             )
         return cache["engine"]
 
