@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 
 from zoo.inference.engine import InferOutcome, InferParams
+from zoo.inference.provenance import answer_proof
 from zoo.inference.provenance.documents import sha256_hex
 from zoo.inference.structured import parse_response_format
 from zoo.inference.tools import Tool, render_turns
@@ -26,6 +28,7 @@ from zoo.node.api.serving import (
     ServingRules,
     check_field,
     check_tool_history,
+    proof_text,
     receipt_to_proto,
     sampling_to_proto,
     tool_spec_of,
@@ -106,7 +109,7 @@ def params_from_request(req: Any, cfg: InferenceConfig) -> InferParams:
         response_format=parse_response_format(req.response_format.type, req.response_format.json_schema),
         adapter=req.adapter,
     )
-    params = dataclasses.replace(params, receipt=req.receipt)
+    params = dataclasses.replace(params, receipt=req.receipt, proof=req.proof)
     if turns:  # the engine renders calls and results (by the model's template where it knows tools)
         params = dataclasses.replace(params, messages=turns)
     if tools is not None and tools.calls:
@@ -153,6 +156,7 @@ def outcome_to_proto(o: InferOutcome, queue_ms: float) -> inference_pb2.InferRes
         adapter=o.adapter,
         tool_calls=[inference_pb2.ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in calls],
         receipt=receipt_to_proto(o.receipt) if o.receipt is not None else None,
+        proof=proof_text(o.proof) if o.proof is not None else "",
     )
 
 
@@ -174,6 +178,35 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         self.cfg = cfg
         self.admission = admission
         self.peer_id = peer_id
+
+    async def VerifyAnswer(
+        self, request: inference_pb2.VerifyAnswerRequest, context: grpc.aio.ServicerContext
+    ) -> Any:
+        proof = answer_proof.parse(request.proof)  # ProofError: INVALID_ARGUMENT, saying why
+        engine = self.rules.engine()
+        t0 = time.perf_counter()
+        async with self.admission.slot(False):  # a prefill: it takes a slot as an answer does
+            verdict = await engine.verify(proof)
+        tokens = verdict.tokens
+        return inference_pb2.VerifyAnswerResponse(
+            accepted=verdict.accepted,
+            reason=verdict.reason,
+            chunks=[
+                inference_pb2.ChunkCheck(
+                    exponent_matches=c.exponent_matches,
+                    mantissa_mean=c.mantissa_mean,
+                    mantissa_median=c.mantissa_median,
+                    accepted=c.accepted(engine.backend.proof_thresholds),  # type: ignore[attr-defined]
+                )
+                for c in verdict.chunks
+            ],
+            worst_token_index=max(tokens.index, 0) if tokens else 0,
+            worst_token_id=tokens.token if tokens else 0,
+            worst_token_shortfall=tokens.shortfall if tokens else 0.0,
+            worst_token_limit=tokens.limit if tokens else 0.0,
+            model_sha256=engine.model_sha256,
+            verify_ms=(time.perf_counter() - t0) * 1000,
+        )
 
     def _placed(self, request: inference_pb2.InferRequest, context: Any) -> tuple[InferParams, bool]:
         """Validated parameters, and whether the request goes to a peer (serving.py's placement rule).

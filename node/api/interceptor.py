@@ -33,7 +33,11 @@ ADMIN_PREFIXES = ("/zoo.v1.JobService/",)
 UNLIMITED_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 # Generation RPCs pass the generic RPC limit: they queue in their own admission (node/api/admission.py),
 # which waits for a slot instead of refusing at once.
-SELF_ADMITTED = ("/zoo.v1.InferenceService/Infer", "/zoo.v1.InferenceService/InferStream")
+SELF_ADMITTED = (
+    "/zoo.v1.InferenceService/Infer",
+    "/zoo.v1.InferenceService/InferStream",
+    "/zoo.v1.InferenceService/VerifyAnswer",  # a prefill: it waits for a generation slot too
+)
 # Public inference: open, or guarded by server.api_key when one is set (the HTTP API checks the same key).
 PUBLIC_PREFIXES = ("/zoo.v1.InferenceService/",)
 

@@ -20,8 +20,11 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from zoo.inference.adapters import check_adapter_name
-from zoo.inference.backend_protocol import BackendUnavailable, ResponseFormat
+from zoo.inference.backend_protocol import BackendError, BackendUnavailable, ResponseFormat
 from zoo.inference.engine import InferenceEngine, InferOutcome, InferParams, Unsupported, UsedExperience
+from zoo.inference.provenance import answer_proof
+from zoo.inference.provenance.answer_proof import AnswerProof
+from zoo.inference.provenance.toploc import ProofError
 from zoo.inference.tools import Tool, ToolSpec, check_tools
 from zoo.node.config import InferenceConfig
 from zoo.node.credits.book import CreditBook
@@ -297,6 +300,22 @@ class ServingRules:
 # -- routed: what a peer is asked, and what its answer becomes
 
 
+def proof_text(proof: AnswerProof) -> str:
+    """An answer's proof as the compact JSON an InferResponse carries."""
+    return json.dumps(proof.to_json(), separators=(",", ":"))
+
+
+def proof_from_text(text: str) -> AnswerProof | None:
+    """A peer's proof as it sent it ("" when it sent none); BackendError when it does not parse (the peer
+    is at fault, not the client)."""
+    if not text:
+        return None
+    try:
+        return answer_proof.parse(text)
+    except ProofError as e:
+        raise BackendError(f"the peer's proof of its answer does not parse: {e}") from None
+
+
 def receipt_to_proto(receipt: dict[str, Any]) -> inference_pb2.Receipt:
     return inference_pb2.Receipt(**receipt)
 
@@ -329,6 +348,7 @@ def params_to_request(params: InferParams, model: str) -> inference_pb2.InferReq
         else None,
         model=model,
         receipt=params.receipt,
+        proof=params.proof,
     )
 
 
@@ -355,4 +375,5 @@ def outcome_from_proto(r: inference_pb2.InferResponse) -> InferOutcome:
         stop=list(r.sampling.stop),
         adapter=r.adapter,
         receipt=receipt_from_proto(r.receipt) if r.HasField("receipt") else None,
+        proof=proof_from_text(r.proof),
     )

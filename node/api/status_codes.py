@@ -51,6 +51,7 @@ CODES: Mapping[str, grpc.StatusCode] = MappingProxyType(
         "zoo.registry.keys.KeyLoadError": _C.INTERNAL,
         # inference
         "zoo.inference.engine.Unsupported": _C.FAILED_PRECONDITION,
+        "zoo.inference.engine.WrongModel": _C.FAILED_PRECONDITION,  # a proof of weights not served here
         "zoo.inference.adapters.AdapterLoadError": _C.FAILED_PRECONDITION,
         "zoo.inference.backend_protocol.BackendUnavailable": _C.UNAVAILABLE,
         "zoo.inference.backend_protocol.BackendError": _C.INTERNAL,  # the model or the remote server failed

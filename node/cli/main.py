@@ -37,6 +37,7 @@ def _add_groups() -> None:
     # Imported here so that `zoo-node --help` stays fast and each group lives in its own module.
     from zoo.node.cli import credits, dao, devnet, job, library, train, usage
     from zoo.node.cli.eval import eval_command
+    from zoo.node.cli.proofs import verify_answer
     from zoo.node.cli.receipts import verify_receipt
 
     app.add_typer(devnet.app, name="devnet")
@@ -48,6 +49,7 @@ def _add_groups() -> None:
     app.add_typer(credits.app, name="credits")
     app.command("eval")(eval_command)
     app.command("verify-receipt")(verify_receipt)
+    app.command("verify-answer")(verify_answer)
 
 
 _add_groups()

@@ -5,7 +5,7 @@ A receipt is EIP-712 typed data in the domain signed requests use (node/credits/
     domain   EIP712Domain(string name,string version) = ("zoo-node", "1")
     message  Receipt(address node,bytes32 model,bytes32 adapter,bytes32 library,bytes32 request,
                      bytes32 prompt,bytes32 output,uint32 promptTokens,uint32 completionTokens,
-                     uint64 timestamp,address client)
+                     uint64 timestamp,address client,bytes32 proof)
 
 `node` is the signing node's account; `model` and `adapter` the SHA-256 of the weights (zero: none, or
 unknown for a remote backend); `library` the root the experiences came from (zero: none); `request` the
@@ -13,7 +13,8 @@ SHA-256 of the request's bytes as sent (what a signed request's `body` is, so th
 request it answers); `prompt` the SHA-256 of the prompt as the model saw it (the messages after retrieval,
 experiences included, and the tools: zoo.inference.provenance.documents); `output` the SHA-256 of the
 answer's text (every choice's); the token counts as metered; `timestamp` Unix seconds; `client` the request's
-signer (zero: anonymous).
+signer (zero: anonymous); `proof` the SHA-256 of the answer's proof of inference (zero: none asked for;
+zoo.inference.provenance.answer_proof), so the proof a receipt came with cannot be swapped for another.
 
 The node signs with its own key (DATA_DIR/node.key); anyone recovers the signer from the signature and
 compares it with `node`: a forged or altered receipt recovers to another address. A receipt says what the
@@ -50,10 +51,12 @@ RECEIPT_TYPE = [
     {"name": "completionTokens", "type": "uint32"},
     {"name": "timestamp", "type": "uint64"},
     {"name": "client", "type": "address"},
+    {"name": "proof", "type": "bytes32"},
 ]
 _TYPEHASH = keccak(
     b"Receipt(address node,bytes32 model,bytes32 adapter,bytes32 library,bytes32 request,bytes32 prompt,"
-    b"bytes32 output,uint32 promptTokens,uint32 completionTokens,uint64 timestamp,address client)"
+    b"bytes32 output,uint32 promptTokens,uint32 completionTokens,uint64 timestamp,address client,"
+    b"bytes32 proof)"
 )
 ZERO32 = "0x" + "00" * 32
 ZERO_ADDRESS = "0x" + "00" * 20
@@ -79,6 +82,7 @@ class Receipt:
     completion_tokens: int
     timestamp: int
     client: str
+    proof: str = "0x" + "00" * 32
     signature: str = ""
 
     def digest(self) -> bytes:
@@ -93,6 +97,7 @@ class Receipt:
                 self.completion_tokens.to_bytes(32, "big"),
                 self.timestamp.to_bytes(32, "big"),
                 bytes.fromhex(self.client[2:]).rjust(32, b"\0"),
+                bytes.fromhex(self.proof[2:]),
             ]
         )
         return keccak(b"\x19\x01" + DOMAIN_SEPARATOR + keccak(words))
@@ -106,7 +111,7 @@ class Receipt:
             "node": self.node, "model": self.model, "adapter": self.adapter, "library": self.library,
             "request": self.request, "prompt": self.prompt, "output": self.output,
             "promptTokens": self.prompt_tokens, "completionTokens": self.completion_tokens,
-            "timestamp": self.timestamp, "client": self.client,
+            "timestamp": self.timestamp, "client": self.client, "proof": self.proof,
         }  # fmt: skip
         return {
             "types": {
@@ -152,7 +157,7 @@ def parse(data: dict[str, Any] | str) -> Receipt:
     unknown, missing = set(data) - names, names - set(data)
     if unknown or missing:
         raise ValidationError("receipt", f"fields unknown: {sorted(unknown)}, missing: {sorted(missing)}")
-    for field in ("model", "adapter", "library", "request", "prompt", "output"):
+    for field in ("model", "adapter", "library", "request", "prompt", "output", "proof"):
         if not isinstance(data[field], str) or not _HEX32.fullmatch(data[field]):
             raise ValidationError(f"receipt.{field}", "must be 0x and 64 lower-case hex digits")
     for field in ("node", "client"):
@@ -220,6 +225,7 @@ class Notary:
             completion_tokens=min(outcome.completion_tokens, 2**32 - 1),
             timestamp=int(time.time()) if timestamp is None else timestamp,
             client=to_checksum_address(client) if client else ZERO_ADDRESS,
+            proof=outcome.proof.sha256() if outcome.proof is not None else ZERO32,
         )
         return sign(unsigned, self._key)
 

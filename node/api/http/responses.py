@@ -288,7 +288,7 @@ def usage(o: InferOutcome) -> dict[str, int]:
 
 def zoo_extension(o: InferOutcome, queue_ms: float) -> dict[str, Any]:
     """What the answer was built from: the library version, the experiences used, timings, the seed; and
-    the node's signed receipt when the request asked for one."""
+    the node's signed receipt and the answer's proof of inference when the request asked for them."""
     return {
         "library_root": o.library_root,
         "library_version": o.library_version,
@@ -301,6 +301,7 @@ def zoo_extension(o: InferOutcome, queue_ms: float) -> dict[str, Any]:
         "generation_ms": float(o.generation_ms),
         "seed": o.seed,
         **({"receipt": o.receipt} if o.receipt is not None else {}),
+        **({"proof": o.proof.to_json()} if o.proof is not None else {}),
     }
 
 

@@ -221,7 +221,9 @@ class OpenAIApi:
             names=names,
             **fields,
         )
-        return dataclasses.replace(params, client=client.address, spend=client.spend, receipt=zoo.receipt)
+        return dataclasses.replace(
+            params, client=client.address, spend=client.spend, receipt=zoo.receipt, proof=zoo.proof
+        )
 
     async def _answer(
         self,

@@ -65,6 +65,7 @@ class ZooOptions(BaseModel):
     disable_experiences: bool = False
     use_expert_factors: bool = False
     receipt: bool = False  # the node's signed receipt of the answer, in the answer's zoo extension
+    proof: bool = False  # the answer's proof of inference (zoo.answer-proof/1), in its zoo extension
 
 
 class StreamOptions(_Body):

@@ -5,6 +5,7 @@ in its status, metrics and log; one made for the served weights is used; older f
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -22,6 +23,8 @@ from tests.node.api.test_inference_service import GEOMETRY, infer
 from tests.node.approve import approve, next_version
 from zoo.devnet.genesis import genesis_library
 from zoo.inference.bundled_models import bundled_gguf
+from zoo.inference.provenance import answer_proof
+from zoo.inference.provenance.answer_proof import AnswerProof
 from zoo.inference.provenance.documents import output_document, sha256_hex
 from zoo.inference.provenance.weights import file_sha256
 from zoo.node.api.serving import receipt_from_proto
@@ -215,3 +218,102 @@ def test_a_request_for_a_receipt_is_refused_where_it_is_malformed(node: NodeProc
     with NodeClient(node.address) as c, pytest.raises(grpc.RpcError) as e:
         c.inference.Infer(pb.InferRequest(receipt=True), timeout=30)  # no prompt: refused before anything
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+# ------------------------------------------------------------------------------------------------ proofs
+
+
+def verify_answer(node: NodeProcess, path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "zoo.node.cli", "verify-answer", str(path), "--address", node.address],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def check_proof(c: NodeClient, proof: AnswerProof | dict) -> pb.VerifyAnswerResponse:
+    doc = proof.to_json() if isinstance(proof, AnswerProof) else proof
+    return c.inference.VerifyAnswer(pb.VerifyAnswerRequest(proof=json.dumps(doc)), timeout=120)
+
+
+def test_a_grpc_answer_carries_a_proof_that_the_node_accepts_and_cheats_it_rejects(node: NodeProcess) -> None:
+    request = pb.InferRequest(
+        prompt=GEOMETRY, k=3, receipt=True, proof=True, sampling=pb.SamplingParams(max_tokens=40)
+    )
+    with NodeClient(node.address) as c:
+        st = c.status()
+        answer = c.inference.Infer(request, timeout=120)
+        streamed = list(c.inference.InferStream(request, timeout=120))[-1].final
+        plain = c.inference.Infer(pb.InferRequest(prompt=GEOMETRY, sampling=pb.SamplingParams(max_tokens=2)))
+        assert plain.proof == ""  # only on request
+        for response in (answer, streamed):
+            proof = answer_proof.parse(response.proof)
+            assert proof.model == "0x" + st.model_sha256 and proof.temperature == 0
+            assert len(proof.output_ids) == response.usage.completion_tokens
+            assert len(proof.prompt_ids) == response.usage.prompt_tokens  # experiences included
+            assert parse(receipt_from_proto(response.receipt)).proof == proof.sha256()  # the receipt names it
+            verdict = check_proof(c, proof)
+            assert verdict.accepted, verdict.reason
+            assert verdict.model_sha256 == st.model_sha256 and len(verdict.chunks) == 2
+        proof = answer_proof.parse(answer.proof)
+        # The last token replaced by the least likely one the verifier sees: no commitment reads it, the
+        # token check does.
+        last = dataclasses.replace(proof, output_ids=(*proof.output_ids[:-1], 0))
+        verdict = check_proof(c, last)
+        assert not verdict.accepted and f"output token {len(proof.output_ids) - 1}" in verdict.reason
+        # An earlier token changed: the states after it are not the committed ones (or the token check).
+        early = dataclasses.replace(proof, output_ids=(*proof.output_ids[:3], 77, *proof.output_ids[4:]))
+        assert not check_proof(c, early).accepted
+        # Another prompt claimed (the experiences left out): the states do not match.
+        bare = c.inference.Infer(
+            pb.InferRequest(prompt=GEOMETRY, disable_experiences=True, proof=True,
+                            sampling=pb.SamplingParams(max_tokens=2)), timeout=120,
+        )  # fmt: skip
+        claimed = dataclasses.replace(proof, prompt_ids=answer_proof.parse(bare.proof).prompt_ids)
+        verdict = check_proof(c, claimed)
+        assert not verdict.accepted and "do not match their commitment" in verdict.reason
+        # Other weights named: this node cannot check it, and says which weights it needs.
+        with pytest.raises(grpc.RpcError) as e:
+            check_proof(c, dataclasses.replace(proof, model="0x" + OTHER_WEIGHTS))
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert OTHER_WEIGHTS in e.value.details() and st.model_sha256 in e.value.details()
+        # Not a proof: refused before any prefill.
+        for text in ("{}", "junk", json.dumps({**proof.to_json(), "commitments": "AAAA"})):
+            with pytest.raises(grpc.RpcError) as e:
+                c.inference.VerifyAnswer(pb.VerifyAnswerRequest(proof=text), timeout=30)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_verify_answer_checks_an_http_answer_and_its_receipt(node: NodeProcess, tmp_path: Path) -> None:
+    http = str(node.info["http"]) + "/v1"
+    body = {"model": "HuggingFaceTB/SmolLM2-135M-Instruct", "max_tokens": 24, "temperature": 0.8, "seed": 3,
+            "top_p": 0.9,
+            "zoo": {"receipt": True, "proof": True},
+            "messages": [{"role": "user", "content": GEOMETRY}]}  # fmt: skip
+    r = httpx.post(f"{http}/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert answer["zoo"]["proof"]["temperature"] == 0.8
+    good = tmp_path / "answer.json"
+    good.write_text(json.dumps(answer))
+    ok = verify_answer(node, good)
+    assert ok.returncode == 0 and "accepted" in ok.stdout and "names this proof" in ok.stdout, ok.stderr
+    # A proof swapped for another answer's: its receipt names another proof.
+    swapped = json.loads(good.read_text())
+    swapped["zoo"]["proof"]["output_ids"][-1] = 31_000  # a rare token: far outside the 0.9 nucleus
+    (tmp_path / "swapped.json").write_text(json.dumps(swapped))
+    refused = verify_answer(node, tmp_path / "swapped.json")
+    assert refused.returncode == 1 and "names another proof" in refused.stderr
+    # The proof alone, tampered: the node rejects it.
+    (tmp_path / "tampered.json").write_text(json.dumps(swapped["zoo"]["proof"]))
+    refused = verify_answer(node, tmp_path / "tampered.json")
+    assert refused.returncode == 1 and "rejected" in refused.stderr
+    # Other weights: not checkable here (exit 3), naming the hash it needs.
+    other = {**answer["zoo"]["proof"], "model": "0x" + OTHER_WEIGHTS}
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    elsewhere = verify_answer(node, tmp_path / "other.json")
+    assert elsewhere.returncode == 3 and OTHER_WEIGHTS in elsewhere.stderr
+    (tmp_path / "junk.json").write_text('{"format": "zoo.answer-proof/1"}')
+    assert verify_answer(node, tmp_path / "junk.json").returncode == 2
+    # A proof covers one answer.
+    r = httpx.post(f"{http}/chat/completions", json={**body, "n": 2}, timeout=60)
+    assert r.status_code == 400 and "n must be 1" in r.text

@@ -51,7 +51,8 @@ def test_a_signed_receipt_recovers_to_its_node_as_eth_account_says() -> None:
     "field, value",
     [("model", sha256_hex(b"other weights")), ("library", "0x" + "cd" * 32), ("output", sha256_hex(b"Bye.")),
      ("prompt_tokens", 13), ("completion_tokens", 2), ("timestamp", 1_790_000_001),
-     ("client", to_checksum_address("0x" + "11" * 20)), ("request", sha256_hex(b"another request"))],
+     ("client", to_checksum_address("0x" + "11" * 20)), ("request", sha256_hex(b"another request")),
+     ("proof", sha256_hex(b"another proof"))],
 )  # fmt: skip
 def test_an_altered_receipt_is_refused(field: str, value: object) -> None:
     secret, node = node_key()
@@ -76,7 +77,7 @@ def test_a_receipt_signed_by_another_key_or_no_key_is_refused() -> None:
     [({"model": "0x12"}, "receipt.model"), ({"node": "nobody"}, "receipt.node"),
      ({"prompt_tokens": -1}, "receipt.prompt_tokens"), ({"timestamp": 2**64}, "receipt.timestamp"),
      ({"signature": "0x00"}, "receipt.signature"), ({"extra": 1}, "receipt"),
-     ({"prompt_tokens": "12"}, "receipt.prompt_tokens")],
+     ({"prompt_tokens": "12"}, "receipt.prompt_tokens"), ({"proof": "0x" + "AB" * 32}, "receipt.proof")],
 )  # fmt: skip
 def test_a_malformed_receipt_names_its_field(change: dict, field: str) -> None:
     secret, node = node_key()
