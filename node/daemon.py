@@ -199,7 +199,7 @@ class NodeRun:
             engine,
             self.model_id,
             adapters=AdapterDirectory(cfg.adapters_dir).names,
-            router=router(cfg, parts.p2p),
+            router=router(cfg, parts.p2p, engine, self.model_sha256),
             credits=credits,
             model_sha256=self.model_sha256,
             notary=Notary(self.data_dir.node_key(), node_address, self.model_sha256, self._adapter_sha256),

@@ -330,13 +330,28 @@ def spend_check(wiring: Wiring, node_address: str, chain: Component, meter: Usag
     )
 
 
-def router(cfg: NodeConfig, p2p: P2PComponent | None) -> Any:
-    """Where requests for models this node does not serve go: a p2p Router, or None (routing off)."""
+def router(cfg: NodeConfig, p2p: P2PComponent | None, engine: Callable[[], Any], model_sha256: str) -> Any:
+    """Where requests for models this node does not serve go: a p2p Router, or None (routing off). It checks
+    a peer's proofs of the weights this node serves with this node's engine (`engine()`, once loaded)."""
     if p2p is None or not cfg.p2p.routing:
         return None
     from zoo.node.p2p.routing import Router
 
-    return Router(p2p.book, cfg.p2p.route_timeout_s, tunnel=p2p.tunnel)
+    async def check(proof: Any) -> Any:
+        loaded = engine()
+        if loaded is None:  # still loading: the proof goes unchecked here, as for weights it lacks
+            from zoo.inference.provenance.answer_proof import Verdict
+
+            return Verdict(True, "not checked: this node's model is still loading")
+        return await loaded.verify(proof)
+
+    return Router(
+        p2p.book,
+        cfg.p2p.route_timeout_s,
+        tunnel=p2p.tunnel,
+        check_proof=check if model_sha256 else None,
+        model_sha256=model_sha256,
+    )
 
 
 def capabilities(

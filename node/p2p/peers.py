@@ -29,6 +29,7 @@ PENALTIES = {
     "bad_hint": -10.0,
     "tampered_content": -20.0,
     "wrong_root": -10.0,
+    "wrong_model": -20.0,  # a routed answer whose proof names other weights than advertised, or fails
     "malformed": -2.0,  # not JSON, or over the size limit
 }
 RECOVERY_PER_S = 1 / 600  # a negative score recovers one point every ten minutes: bans do not last forever

@@ -9,6 +9,11 @@ the peer's verdict on the request and is passed back as it is. A peer that faile
 every other candidate until it advertises its capabilities again (a killed node's capabilities outlive it by
 up to their TTL; a restarted one re-advertises at once). A forwarded request carries the metadata
 `zoo-forwarded`, and a node never forwards such a request again: no loops.
+
+A request that asks for a proof of inference gets one from the peer or is not answered by it: the proof must
+name the weights the peer advertises, and where they are this node's own, pass this node's check (one
+prefill). A peer whose answer fails either is penalised as `wrong_model` (a ban at the second, as for
+tampered content) and the next peer is asked; a stream that already sent text ends with DATA_LOSS.
 """
 
 from __future__ import annotations
@@ -16,12 +21,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
 
 from zoo.inference.backend_protocol import BackendUnavailable
+from zoo.inference.provenance import answer_proof
+from zoo.inference.provenance.answer_proof import AnswerProof, Verdict
+from zoo.inference.provenance.toploc import ProofError
 from zoo.node.logs import get_logger
 from zoo.node.p2p.messages import Capabilities
 from zoo.node.p2p.peers import PeerBook
@@ -40,8 +48,9 @@ class NoCapablePeer(BackendUnavailable):
     """No peer that advertises the model (and the pinned root) could answer: UNAVAILABLE."""
 
 
-class _WrongRoot(Exception):
-    """A peer answered a pinned request from another library root (it is penalised; try the next).
+class _Refused(Exception):
+    """A peer's answer this node refuses: from another library root than the pinned one, or without a proof
+    that holds (the peer is penalised; try the next).
 
     Not a ZooError: a private signal of the router, which asks the next peer; it never leaves this module."""
 
@@ -49,7 +58,7 @@ class _WrongRoot(Exception):
 class _Unreachable(Exception):
     """No way to the peer could be opened (the router asks the next peer, as after UNAVAILABLE).
 
-    Not a ZooError: a private signal of the router, like _WrongRoot; it never leaves this module."""
+    Not a ZooError: a private signal of the router, like _Refused; it never leaves this module."""
 
 
 class PeerRefused(Exception):
@@ -63,11 +72,24 @@ class PeerRefused(Exception):
         self.peer_id, self.code, self.details = peer_id, code, details
 
 
+ProofCheck = Callable[[AnswerProof], Awaitable[Verdict]]
+
+
 class Router:
     def __init__(
-        self, book: PeerBook, timeout_s: float = 60.0, tunnel: Callable[[str, list[str]], str] | None = None
+        self,
+        book: PeerBook,
+        timeout_s: float = 60.0,
+        tunnel: Callable[[str, list[str]], str] | None = None,
+        *,
+        check_proof: ProofCheck | None = None,
+        model_sha256: str = "",
     ) -> None:
+        """check_proof: this node's own check of a proof (InferenceEngine.verify), for proofs of the weights
+        it serves (`model_sha256`); None on a node without weights."""
         self.book = book
+        self.check_proof = check_proof
+        self.model_sha256 = model_sha256
         self.timeout_s = timeout_s
         self.tunnel = tunnel  # (peer id, its addrs) -> loopback address reaching its gRPC over libp2p
         self._channels: OrderedDict[str, grpc.aio.Channel] = OrderedDict()
@@ -132,15 +154,39 @@ class Router:
             )
         return targets[:MAX_ATTEMPTS]
 
-    def _checked(self, peer_id: str, request: Any, response: inference_pb2.InferResponse) -> Any:
-        """The peer's answer with served_by set; WrongRoot when it ignored the pinned root."""
+    async def _checked(
+        self, peer_id: str, caps: Capabilities, request: Any, response: inference_pb2.InferResponse
+    ) -> Any:
+        """The peer's answer with served_by set; _Refused when it ignored the pinned root or its proof fails
+        (the peer is penalised)."""
         if request.library_root and response.library_root.lower() != request.library_root.lower():
             self.book.penalise(peer_id, "wrong_root")
-            raise _WrongRoot(
+            raise _Refused(
                 f"{peer_id}: answered from library root {response.library_root}, not the pinned one"
             )
+        if request.proof:
+            problem = await self._proof_problem(caps, response.proof)
+            if problem is not None:
+                self.book.penalise(peer_id, "wrong_model")
+                log.warning("a peer's answer failed its proof", peer=peer_id, problem=problem)
+                raise _Refused(f"{peer_id}: {problem}")
         response.served_by = peer_id
         return response
+
+    async def _proof_problem(self, caps: Capabilities, text: str) -> str | None:
+        """Why a peer's proof does not hold (None: it holds, or names weights this node cannot check)."""
+        if not text:
+            return "sent no proof of its answer, though one was asked for"
+        try:
+            proof = answer_proof.parse(text)
+        except ProofError as e:
+            return f"sent a proof that does not parse: {e}"
+        if caps.model_sha256 and proof.model != "0x" + caps.model_sha256:
+            return f"advertises the weights {caps.model_sha256}; its answer's proof names {proof.model}"
+        if self.check_proof is None or proof.model != "0x" + self.model_sha256:
+            return None  # other weights than this node's: the client checks it (zoo-node verify-answer)
+        verdict = await self.check_proof(proof)
+        return None if verdict.accepted else f"its answer's proof was rejected: {verdict.reason}"
 
     async def infer(
         self, request: inference_pb2.InferRequest, remaining: float | None = None
@@ -152,7 +198,7 @@ class Router:
                 response = await stub.Infer(
                     request, timeout=self._timeout(remaining), metadata=((FORWARDED, "1"),)
                 )
-                return self._checked(peer_id, request, response)
+                return await self._checked(peer_id, caps, request, response)
             except grpc.aio.AioRpcError as e:
                 if e.code() not in RETRYABLE:
                     raise PeerRefused(peer_id, e.code(), e.details() or "") from None
@@ -162,8 +208,8 @@ class Router:
             except _Unreachable as e:
                 problems.append(f"{peer_id}: {e}")
                 self._transport_failed(peer_id)
-            except _WrongRoot as e:
-                problems.append(f"{peer_id}: {e}")
+            except _Refused as e:
+                problems.append(str(e))
         raise NoCapablePeer(f"no peer serving model {request.model!r} answered: " + "; ".join(problems))
 
     async def infer_stream(
@@ -183,7 +229,7 @@ class Router:
             try:
                 async for chunk in call:
                     if chunk.HasField("final"):
-                        self._checked(peer_id, request, chunk.final)
+                        await self._checked(peer_id, caps, request, chunk.final)
                     started = True
                     yield chunk
                 return
@@ -192,7 +238,7 @@ class Router:
                     raise PeerRefused(peer_id, e.code(), e.details() or "") from None
                 problems.append(f"{peer_id}: {e.code().name}")
                 self._transport_failed(peer_id)
-            except _WrongRoot as e:
+            except _Refused as e:
                 if started:
                     raise IntegrityError(str(e)) from None
                 problems.append(str(e))
