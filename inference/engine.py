@@ -373,6 +373,7 @@ class InferenceEngine:
             temperature=p.temperature,
             top_p=p.top_p,
             constrained=request.logits_processor is not None or request.response_format is not None,
+            kernels=getattr(self.backend, "proof_kernels", ""),
         )
 
     async def verify(self, proof: AnswerProof) -> Verdict:
@@ -382,6 +383,13 @@ class InferenceEngine:
             raise Unsupported(f"the {type(self.backend).__name__} cannot verify proofs of inference")
         if proof.model != "0x" + self.model_sha256:
             raise WrongModel(proof.model, self.model_sha256)
+        mine = getattr(self.backend, "proof_kernels", "")
+        if proof.kernels != mine:
+            raise Unsupported(
+                f"the proof was computed by {proof.kernels!r}; this node computes with {mine!r}: a node "
+                "whose llama.cpp build is the prover's checks it (another build's numbers differ as much as "
+                "another quantization's: docs/security.md, Proofs)"
+            )
         if int(proof.adapter, 16):
             raise Unsupported("proofs of answers given with a LoRA adapter cannot be verified yet")
         ids = [*proof.prompt_ids, *proof.output_ids[:-1]]

@@ -17,7 +17,7 @@ from typing import Any, TypedDict, Unpack
 from zoo.inference.adapters import AdapterLoadError
 from zoo.inference.backend_protocol import GenerationRequest
 from zoo.inference.llamacpp.gguf import GgufModel
-from zoo.inference.llamacpp.prefill import Prefill
+from zoo.inference.llamacpp.prefill import Prefill, kernels
 from zoo.inference.llamacpp.scheduler import LlamaCppScheduler
 from zoo.inference.local_backend import LocalBackend
 from zoo.inference.provenance.toploc import LLAMACPP_THRESHOLDS
@@ -66,6 +66,7 @@ class LlamaCppBackend(LocalBackend):
         )
         self.threads = threads
         self._prefill: Prefill | None = None
+        self.proof_kernels = kernels()  # what a proof made here names, and what one checked here must
 
     async def recompute(self, ids: list[int], first: int) -> tuple[Any, Any]:
         """(last hidden states, logits) at positions first .. len(ids) - 1 of `ids`, in one prefill: what a

@@ -73,12 +73,12 @@ class Slot(DecodingState):
         return self.request.echo
 
     @property
-    def fresh_prompt(self) -> bool:
-        """Whether the whole prompt is prefilled into an empty sequence (no cached or copied prefix): for a
-        scored prompt (every position's logits are needed) and for a proof (a prefix left in a reused
-        cache gives hidden states that differ from a verifier's fresh prefill by up to 1 % on this
+    def proving(self) -> bool:
+        """Whether its answer carries a proof: it is decoded as a verifier's prefill computes it
+        (LlamaCppScheduler._decode_for_proofs), and takes a cached prefix only from a cache made that way (a
+        prefix computed in a large ubatch gives states that differ from the verifier's by up to 1 % on this
         model's outliers, as much as another quantization does: ./zoo bench provenance)."""
-        return self.request.echo or self.states is not None
+        return self.states is not None
 
     adapter_file: Path | None = None  # the converted GGUF adapter (llamacpp.lora), loaded at admission
 
@@ -153,6 +153,7 @@ class LlamaCppScheduler(SchedulerThread[Slot]):
         self._free: deque[int] = deque(range(max_batch_size))
         # What each free slot's KV cache still holds: (adapter key, tokens from position 0).
         self._cached: dict[int, tuple[str, list[int]]] = {}
+        self._canonical: set[int] = set()  # free sequences whose cache a proving row made (Slot.proving)
         self.reused_tokens = 0  # prompt tokens taken from cached prefixes instead of prefilled
         self._used: dict[int, int] = {}  # slot -> when its cache was last written (released)
         self._clock = 0
@@ -254,7 +255,7 @@ class LlamaCppScheduler(SchedulerThread[Slot]):
         best, common = None, 0
         for seq in sorted(self._free):
             key, tokens = self._cached.get(seq, (BASE, []))
-            if key == slot.adapter_key:
+            if key == slot.adapter_key and (not slot.proving or seq in self._canonical):
                 n = _common_prefix(tokens, slot.prompt_ids)
                 if n > common and n >= min(SHARED_PREFIX, len(slot.prompt_ids) - 1):
                     best, common = seq, n
@@ -264,7 +265,7 @@ class LlamaCppScheduler(SchedulerThread[Slot]):
         """Whether a row that runs next step will then hold, prefilled, at least SHARED_PREFIX more of this
         prompt than any free slot's cache does now (TF-GRPO's group rollouts of one question). Never for a
         row that waits on priority rows, nor a priority request behind another request."""
-        if not self._reuse or slot.fresh_prompt:
+        if not self._reuse or slot.scores_prompt or slot.proving:
             return False
         urgent = any(r.request.priority for r in self._rows)
         cached = self._cached_start(slot)[1]
@@ -284,11 +285,11 @@ class LlamaCppScheduler(SchedulerThread[Slot]):
         a copy of that row's KV stream into the least recently used free sequence. The rest is dropped; at
         least one prompt token is always fed (its logits are needed)."""
         lru = min(self._free, key=lambda seq: self._used.get(seq, -1))
-        reuse = self._reuse and not slot.fresh_prompt
+        reuse = self._reuse and not slot.scores_prompt  # a scored prompt needs every position's logits
         cached, common = self._cached_start(slot) if reuse else (None, 0)
         best = cached if cached is not None else lru
         source, shared = None, 0
-        for row in self._rows if reuse else ():
+        for row in self._rows if reuse and not slot.proving else ():
             if row.adapter_key == slot.adapter_key:
                 n = _common_prefix(_in_cache(row), slot.prompt_ids)
                 if n > shared:
@@ -302,6 +303,7 @@ class LlamaCppScheduler(SchedulerThread[Slot]):
             lib.llama_memory_seq_cp(mem, source.seq_id, best, -1, -1)
         self._free.remove(best)
         self._cached.pop(best, None)
+        self._canonical.discard(best)
         common = min(common, len(slot.prompt_ids) - 1)
         if not common or not lib.llama_memory_seq_rm(mem, best, common, -1):
             lib.llama_memory_seq_rm(mem, best, -1, -1)
@@ -440,14 +442,14 @@ class LlamaCppScheduler(SchedulerThread[Slot]):
         for i in range(batch.n_tokens):
             if batch.logits[i]:
                 outputs.append(i)
-            else:
+            else:  # a proving row's prompt by blocks of PROOF_UBATCH positions (prefill.blocks)
                 seq = batch.seq_id[i][0]
-                silent.setdefault(seq if seq in proving else -1, []).append(i)
-        self._set_embeddings(False)
-        for seq, rows in silent.items():
-            size = PROOF_UBATCH if seq >= 0 else len(rows)
-            for at in range(0, len(rows), size):
-                self._decode_rows(rows[at : at + size])
+                key = (seq, batch.pos[i] // PROOF_UBATCH) if seq in proving else (-1, 0)
+                silent.setdefault(key, []).append(i)
+        if silent:
+            self._set_embeddings(False)
+            for rows in silent.values():
+                self._decode_rows(rows)
         self._set_embeddings(True)
         for at in range(0, len(outputs), PROOF_UBATCH):
             rows = outputs[at : at + PROOF_UBATCH]
@@ -525,6 +527,10 @@ class LlamaCppScheduler(SchedulerThread[Slot]):
             self.lib.llama_memory_seq_rm(self.memory, slot.seq_id, -1, -1)
         else:
             self._cached[slot.seq_id] = (slot.adapter_key, _in_cache(slot))
+            if slot.proving:  # its whole cache was computed as a verifier computes it
+                self._canonical.add(slot.seq_id)
+            else:
+                self._canonical.discard(slot.seq_id)
         self._clock += 1
         self._used[slot.seq_id] = self._clock  # its cache is the freshest
         self._free.append(slot.seq_id)

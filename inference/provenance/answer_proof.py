@@ -1,10 +1,11 @@
 """Proofs of inference: what a node sends beside an answer so that any holder of the same weights can check,
 with one prefill, that these tokens came from these weights given this prompt (docs/security.md, "Proofs").
 
-A proof (`zoo.answer-proof/1`, JSON) names the weights' SHA-256, the prompt as the model saw it (token ids,
-experiences and chat template included), every generated token (an ending EOS included), the sampling that
-chose them, and TOPLOC commitments (toploc.py) to the last hidden state at each position that produced a
-generated token: 258 bytes per 32 tokens.
+A proof (`zoo.answer-proof/1`, JSON) names the weights' SHA-256, the kernels that computed it (a verifier
+checks only proofs its own kernels made: another instruction set moves the states as much as another
+quantization), the prompt as the model saw it (token ids, experiences and chat template included), every
+generated token (an ending EOS included), the sampling that chose them, and TOPLOC commitments (toploc.py)
+to the last hidden state at each position that produced a generated token: 258 bytes per 32 tokens.
 
 The verifier feeds prompt and output through its own copy of the weights in one prefill and, at each of
 those positions, reads the last hidden state and the logits. It accepts when both hold:
@@ -47,8 +48,9 @@ NUCLEUS_SLACK = 0.05
 # logits (before a grammar mask or expert factors), must be at least this. The whole mass below it is at
 # most vocabulary size x e^-30 (under 1e-8 for 49,152 tokens): an honest sample falls there at that rate.
 MIN_LOGPROB = -30.0
-_FIELDS = ("format", "model", "adapter", "prompt_ids", "output_ids", "temperature", "top_p", "constrained",
-           "commitments")  # fmt: skip
+_FIELDS = ("format", "model", "adapter", "kernels", "prompt_ids", "output_ids", "temperature", "top_p",
+           "constrained", "commitments")  # fmt: skip
+MAX_KERNELS_CHARS = 200
 
 
 @dataclass(frozen=True)
@@ -63,12 +65,16 @@ class AnswerProof:
     commitments: bytes
     constrained: bool = False  # a grammar (JSON, tools) or expert factors shaped the logits
     adapter: str = "0x" + "00" * 32
+    kernels: str = (
+        ""  # what computed the states (inference.llamacpp.prefill.kernels): a verifier's must match
+    )
 
     def to_json(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
             "model": self.model,
             "adapter": self.adapter,
+            "kernels": self.kernels,
             "prompt_ids": list(self.prompt_ids),
             "output_ids": list(self.output_ids),
             "temperature": self.temperature,
@@ -98,6 +104,7 @@ def make(
     top_p: float,
     constrained: bool = False,
     adapter: str = "",
+    kernels: str = "",
 ) -> AnswerProof:
     """The proof of an answer from the states that produced each of its tokens (one row per output token)."""
     if len(states) != len(output_ids):
@@ -111,6 +118,7 @@ def make(
         top_p=float(top_p),
         constrained=constrained,
         commitments=toploc.commit(states),
+        kernels=kernels,
     )
 
 
@@ -158,6 +166,9 @@ def parse(data: dict[str, Any] | str | bytes) -> AnswerProof:
         if type(value) not in (int, float) or not math.isfinite(value) or not low <= value <= high:
             raise ProofError(f"proof.{name} must be a number from {low:g} to {high:g}")
         sampling[name] = float(value)
+    kernels = data["kernels"]
+    if not isinstance(kernels, str) or len(kernels) > MAX_KERNELS_CHARS or not kernels.isprintable():
+        raise ProofError(f"proof.kernels must be printable text of at most {MAX_KERNELS_CHARS} characters")
     if type(data["constrained"]) is not bool:
         raise ProofError("proof.constrained must be true or false")
     if not isinstance(data["commitments"], str):
@@ -180,6 +191,7 @@ def parse(data: dict[str, Any] | str | bytes) -> AnswerProof:
         output_ids=output_ids,
         commitments=commitments,
         constrained=data["constrained"],
+        kernels=kernels,
         **sampling,
     )
 

@@ -116,6 +116,7 @@ def good() -> dict:
         (lambda d: d.update(temperature=float("nan")), "proof.temperature must be a number"),
         (lambda d: d.update(top_p=2), "proof.top_p must be a number"),
         (lambda d: d.update(constrained="yes"), "proof.constrained must be true or false"),
+        (lambda d: d.update(kernels="x" * 300), "proof.kernels must be printable text"),
         (lambda d: d.update(commitments="%%%"), "proof.commitments is not base64"),
         (lambda d: d.update(commitments=base64.b64encode(b"x" * 258).decode()), "make 2 chunks of 258"),
         (lambda d: d.update(prompt_ids=[0] * 40_000), "at most 32768 tokens"),

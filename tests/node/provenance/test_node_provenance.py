@@ -276,6 +276,10 @@ def test_a_grpc_answer_carries_a_proof_that_the_node_accepts_and_cheats_it_rejec
             check_proof(c, dataclasses.replace(proof, model="0x" + OTHER_WEIGHTS))
         assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert OTHER_WEIGHTS in e.value.details() and st.model_sha256 in e.value.details()
+        # Made by other kernels (another llama.cpp build): not checkable here, saying which.
+        with pytest.raises(grpc.RpcError) as e:
+            check_proof(c, dataclasses.replace(proof, kernels="llama-cpp-python 0.0.1; AVX2"))
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "0.0.1" in e.value.details()
         # Not a proof: refused before any prefill.
         for text in ("{}", "junk", json.dumps({**proof.to_json(), "commitments": "AAAA"})):
             with pytest.raises(grpc.RpcError) as e:
