@@ -44,6 +44,7 @@ GREEDY_MARGIN = 0.5
 # Top-p below 1: the probability mass of the tokens more likely than the chosen one may exceed top-p by
 # this much (the two machines' logits differ a little near the nucleus's edge; measured as GREEDY_MARGIN).
 NUCLEUS_SLACK = 0.05
+MAX_NUCLEUS_MASS = 0.999  # ...but never up to all of it: a token no sampler can reach has mass 1 above it
 # Top-p 1, or constrained: the token's log-probability at the stated temperature, under the verifier's raw
 # logits (before a grammar mask or expert factors), must be at least this. The whole mass below it is at
 # most vocabulary size x e^-30 (under 1e-8 for 49,152 tokens): an honest sample falls there at that rate.
@@ -240,7 +241,7 @@ def check_tokens(proof: AnswerProof, logits: np.ndarray) -> TokenCheck:
             p = np.exp(z - top[:, None])
             p /= p.sum(axis=1, keepdims=True)
             above = np.where(p > p[rows, chosen][:, None], p, 0).sum(axis=1)
-            shortfall, limit, rule = above, proof.top_p + NUCLEUS_SLACK, "nucleus"
+            shortfall, limit, rule = above, min(proof.top_p + NUCLEUS_SLACK, MAX_NUCLEUS_MASS), "nucleus"
         else:
             shortfall, limit, rule = -logprob, -MIN_LOGPROB, "sampled"
     worst = int(np.argmax(shortfall))

@@ -22,8 +22,9 @@ SmolLM2-135M through llama.cpp they are far too tolerant: its top entries sit in
 of 576, and another quantization (Q8_0 for Q4_1), a fine-tune, another prompt or a changed token all stay
 within them (2-41 % of cheats caught over 100 each, ./zoo bench provenance). There, the prover decodes
 a proving row exactly as the verifier's prefill computes it (inference.llamacpp.prefill), so on the same
-kernels the states match bit for bit, and LLAMACPP_THRESHOLDS leave room for nothing but a few flipped
-roundings; the cheats' worst chunks have mantissa means of 2.3 and more. Another instruction set's
+kernels the states match bit for bit up to position 256 (past it, where llama.cpp's KV view doubles, a few
+roundings flip: mantissa means up to 0.99 measured), and LLAMACPP_THRESHOLDS leave room for that alone;
+the cheats' worst chunks have mantissa means of 2.3 and more. Another instruction set's
 arithmetic (AVX2 against AVX-512: means up to 4.5) overlaps the cheats, so proofs are checked by the
 kernels that made them (answer_proof).
 
@@ -62,9 +63,10 @@ class Thresholds:
 
 
 PAPER = Thresholds(90, 10.0, 8.0)  # the paper's, for bf16 models of 8B parameters
-# The llama.cpp backend's, the same kernels verifying (module docstring; ./zoo bench provenance): honest
-# chunks match 128 of 128 with mean 0; the cheats' worst chunks have means of 2.3 and more.
-LLAMACPP_THRESHOLDS = Thresholds(120, 1.0, 1.0)
+# The llama.cpp backend's, the same kernels verifying (module docstring; ./zoo bench provenance, 528 honest
+# answers under both instruction sets): honest chunks match 125-128 of 128 with means 0-0.99 (above 0 only
+# past position 256); every cheat's worst chunk has a mean of 2.3 or more.
+LLAMACPP_THRESHOLDS = Thresholds(120, 1.5, 1.0)
 
 
 def bf16_bits(values: np.ndarray) -> np.ndarray:

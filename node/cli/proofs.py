@@ -11,7 +11,6 @@ the message names the hash the proof needs).
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from rich.markup import escape
 
 from zoo.node.cli.console import err, out
 from zoo.node.cli.options import ConfigOpt, DataDirOpt, NodeAddressOpt
+from zoo.node.cli.receipts import read_document
 
 
 def proof_and_receipt(doc: Any) -> tuple[Any, Any]:
@@ -53,13 +53,7 @@ def verify_answer(
     from zoo.registry.errors import ValidationError
     from zoo.v1 import inference_pb2
 
-    try:
-        text = sys.stdin.read() if source == "-" else Path(source).read_text()
-        doc = json.loads(text)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        err.print(f"[red]cannot read a JSON document from {escape(source)}: {escape(str(e))}[/red]")
-        raise typer.Exit(2) from None
-    raw, raw_receipt = proof_and_receipt(doc)
+    raw, raw_receipt = proof_and_receipt(read_document(source))
     try:
         proof = answer_proof.parse(raw if isinstance(raw, str) else json.dumps(raw))
         receipt = parse_receipt(raw_receipt) if raw_receipt is not None else None

@@ -19,6 +19,16 @@ from rich.markup import escape
 from zoo.node.cli.console import err, out
 
 
+def read_document(source: str) -> Any:
+    """The JSON document in file `source` (- : stdin); exit 2, saying why, when there is none."""
+    try:
+        text = sys.stdin.read() if source == "-" else Path(source).read_text()
+        return json.loads(text)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        err.print(f"[red]cannot read a JSON document from {escape(source)}: {escape(str(e))}[/red]")
+        raise typer.Exit(2) from None
+
+
 def _answer_texts(doc: dict[str, Any]) -> list[str] | None:
     """The texts an answer holds, in choice order (a chat answer's message contents, a completion's texts,
     an InferResponse's text); None when it holds none."""
@@ -51,13 +61,7 @@ def verify_receipt(
     from zoo.node.provenance.receipts import ZERO32, check, hex32, parse
     from zoo.registry.errors import ValidationError
 
-    try:
-        text = sys.stdin.read() if source == "-" else Path(source).read_text()
-        doc = json.loads(text)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        err.print(f"[red]cannot read a JSON document from {escape(source)}: {escape(str(e))}[/red]")
-        raise typer.Exit(2) from None
-    raw, texts = _receipt_and_texts(doc)
+    raw, texts = _receipt_and_texts(read_document(source))
     try:
         receipt = parse(raw)
         wanted_model = hex32(model) if model else None

@@ -1,6 +1,7 @@
 """Answer proofs (zoo.inference.provenance.answer_proof) on synthetic states and logits: the document's
 round trip and hash, every malformed shape refused in words, and the verdict's two checks (commitments,
-tokens). On the bundled model through the node: tests/node/provenance/test_proofs.py."""
+tokens). On the bundled model: tests/inference/llamacpp/test_proofs.py; through a node:
+tests/node/provenance."""
 
 from __future__ import annotations
 
@@ -94,6 +95,11 @@ def test_a_token_outside_the_nucleus_is_rejected() -> None:
         proof_of(states, [*tokens[:-1], 7], temperature=1.0, top_p=0.9), states, logits, PAPER
     )
     assert not verdict.accepted and "outside the top-p 0.9 nucleus" in verdict.reason
+    # At top-p 0.95 the slack never reaches the whole mass: a token nothing can sample stays out.
+    verdict = answer_proof.verify(
+        proof_of(states, [*tokens[:-1], 7], temperature=1.0, top_p=0.95), states, logits, PAPER
+    )
+    assert not verdict.accepted and verdict.tokens is not None and verdict.tokens.limit == 0.999
     # At top-p 1 the same token is one a sampler may pick (e^-10.5): only the floor applies.
     assert answer_proof.verify(proof_of(states, [*tokens[:-1], 7], temperature=1.0), states, logits,
                                PAPER).accepted  # fmt: skip

@@ -1,6 +1,6 @@
 """TOPLOC commitments (zoo.inference.provenance.toploc) on synthetic hidden states: sizes, the polynomial,
 tolerance of rounding noise, rejection of other states, and malformed proofs. On a real model's hidden
-states: tests/inference/provenance/test_proofs.py and `./zoo bench provenance`."""
+states: tests/inference/llamacpp/test_proofs.py and `./zoo bench provenance`."""
 
 from __future__ import annotations
 
