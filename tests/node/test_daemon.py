@@ -95,7 +95,7 @@ def test_reflection_lists_and_describes_services(node: NodeProcess) -> None:
     # What `grpcurl describe` does: resolve a service's full descriptor through reflection.
     pool = DescriptorPool(db)
     svc = pool.FindServiceByName("zoo.v1.InferenceService")
-    assert {m.name for m in svc.methods} == {"Infer", "InferStream", "Retrieve"}
+    assert {m.name for m in svc.methods} == {"Infer", "InferStream", "Retrieve", "VerifyAnswer"}
     assert pool.FindMessageTypeByName("zoo.v1.NodeStatus").fields_by_name["components"].is_repeated
     channel.close()
 
