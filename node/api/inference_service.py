@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from zoo.inference.engine import InferOutcome, InferParams
+from zoo.inference.engine import InferOutcome, InferParams, Unsupported
 from zoo.inference.provenance import answer_proof
 from zoo.inference.provenance.documents import sha256_hex
 from zoo.inference.structured import parse_response_format
@@ -183,6 +183,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         self, request: inference_pb2.VerifyAnswerRequest, context: grpc.aio.ServicerContext
     ) -> Any:
         proof = answer_proof.parse(request.proof)  # ProofError: INVALID_ARGUMENT, saying why
+        if not self.rules.base_model:
+            raise Unsupported(f"a light node serves no model: a node serving {proof.model} checks this proof")
         engine = self.rules.engine()
         t0 = time.perf_counter()
         async with self.admission.slot(False):  # a prefill: it takes a slot as an answer does

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import grpc
 import httpx
+import numpy as np
 import pytest
 
 from tests.conftest import NodeProcess, base_config, free_port, launch, write_config
@@ -28,6 +29,7 @@ from tests.registry.test_sync import Chain
 from zoo.devnet.info import DevnetInfo
 from zoo.devnet.manager import Devnet
 from zoo.inference.bundled_models import bundled_gguf
+from zoo.inference.provenance import answer_proof
 from zoo.inference.provenance.weights import file_sha256
 from zoo.node.api.serving import receipt_from_proto
 from zoo.node.client import NodeClient
@@ -208,6 +210,12 @@ def test_a_light_node_refuses_what_needs_a_model_clearly(net: Net) -> None:
         with pytest.raises(grpc.RpcError) as e:  # no model named: it has none of its own to run it on
             client.inference.Infer(inference_pb2.InferRequest(prompt="hi"), timeout=30)
         assert e.value.code() == grpc.StatusCode.NOT_FOUND and "light node" in e.value.details()
+        proof = answer_proof.make("ab" * 32, [1], [2], np.ones((1, 576), np.float32), temperature=0, top_p=1)
+        with pytest.raises(grpc.RpcError) as e:  # nothing to check a proof with
+            client.inference.VerifyAnswer(
+                inference_pb2.VerifyAnswerRequest(proof=json.dumps(proof.to_json()))
+            )
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "light node" in e.value.details()
     with NodeClient(a.address, admin_token=a.admin_token) as client:
         with pytest.raises(grpc.RpcError) as e:
             client.submit_job("tf-grpo", {"tasks": [{"question": "1+1?", "answer": "2"}]})
