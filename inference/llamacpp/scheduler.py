@@ -430,14 +430,15 @@ class LlamaCppScheduler(SchedulerThread[Slot]):
 
         llama.cpp's CPU kernels give the same numbers for every ubatch of 1 to PROOF_UBATCH rows, and other
         numbers (by up to 1 % of this model's outlier channels, as much as another quantization moves them)
-        for larger ones. So a proving row's prompt goes in calls of its own of at most PROOF_UBATCH tokens,
-        as the verifier prefills it; the other rows' prompts in one call; and the tokens whose outputs are
-        read (one per row) in calls of at most PROOF_UBATCH, with embeddings on: llama.cpp then outputs the
-        hidden state beside the logits (it outputs every token of a call, so none without a reader goes in).
+        for larger ones. So a proving row's prompt goes in calls of its own, one per block of PROOF_UBATCH
+        positions, as the verifier prefills it; the other rows' prompts in one call; and the tokens whose
+        outputs are read (one per row) in calls of at most PROOF_UBATCH, with embeddings on: llama.cpp then
+        outputs the hidden state beside the logits (it outputs every token of a call, so none without a
+        reader goes in).
         """
         batch = self.batch
         proving = {s.seq_id for s in self._rows if s.states is not None}
-        silent: dict[int, list[int]] = {}
+        silent: dict[tuple[int, int], list[int]] = {}  # one call's rows: (proving seq, block) or (-1, 0)
         outputs: list[int] = []
         for i in range(batch.n_tokens):
             if batch.logits[i]:
