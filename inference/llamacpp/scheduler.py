@@ -151,9 +151,9 @@ class LlamaCppScheduler(SchedulerThread[Slot]):
         self.eos_ids = set(model.eos_ids)
         self._adapter_in_context = BASE
         self._free: deque[int] = deque(range(max_batch_size))
-        # What each free slot's KV cache still holds: (adapter key, tokens from position 0).
-        self._cached: dict[int, tuple[str, list[int]]] = {}
-        self._canonical: set[int] = set()  # free sequences whose cache a proving row made (Slot.proving)
+        # What each free slot's KV cache still holds: (adapter key, tokens from position 0, whether a proving
+        # row computed it: Slot.proving).
+        self._cached: dict[int, tuple[str, list[int], bool]] = {}
         self.reused_tokens = 0  # prompt tokens taken from cached prefixes instead of prefilled
         self._used: dict[int, int] = {}  # slot -> when its cache was last written (released)
         self._clock = 0
@@ -254,8 +254,8 @@ class LlamaCppScheduler(SchedulerThread[Slot]):
         only from SHARED_PREFIX tokens (None, 0 when none holds that much)."""
         best, common = None, 0
         for seq in sorted(self._free):
-            key, tokens = self._cached.get(seq, (BASE, []))
-            if key == slot.adapter_key and (not slot.proving or seq in self._canonical):
+            key, tokens, canonical = self._cached.get(seq, (BASE, [], False))
+            if key == slot.adapter_key and (canonical or not slot.proving):
                 n = _common_prefix(tokens, slot.prompt_ids)
                 if n > common and n >= min(SHARED_PREFIX, len(slot.prompt_ids) - 1):
                     best, common = seq, n
@@ -303,7 +303,6 @@ class LlamaCppScheduler(SchedulerThread[Slot]):
             lib.llama_memory_seq_cp(mem, source.seq_id, best, -1, -1)
         self._free.remove(best)
         self._cached.pop(best, None)
-        self._canonical.discard(best)
         common = min(common, len(slot.prompt_ids) - 1)
         if not common or not lib.llama_memory_seq_rm(mem, best, common, -1):
             lib.llama_memory_seq_rm(mem, best, -1, -1)
@@ -361,7 +360,7 @@ class LlamaCppScheduler(SchedulerThread[Slot]):
                 readers.append((slot, batch.n_tokens))
                 add(slot.generated[-1], slot.length - 1, slot.seq_id, True)
         decoding = batch.n_tokens
-        proofs = any(slot.states is not None for slot in group)
+        proofs = any(slot.proving for slot in group)
         for slot in group:  # joining rows fill what is left of the step with their prompts
             if not slot.prefilling or (proofs and slot.scores_prompt):  # scored: a step without proofs
                 continue
@@ -412,7 +411,7 @@ class LlamaCppScheduler(SchedulerThread[Slot]):
             if slot.finish:  # failed while its prompt was scored
                 continue
             try:
-                if slot.states is not None:
+                if slot.proving:
                     slot.states.append(self._hidden_state(index))
                 token, entry = self._choose(slot, index)
                 done = not slot.accept(token, self.eos_ids, self.context_length, entry)
@@ -437,7 +436,7 @@ class LlamaCppScheduler(SchedulerThread[Slot]):
         reader goes in).
         """
         batch = self.batch
-        proving = {s.seq_id for s in self._rows if s.states is not None}
+        proving = {s.seq_id for s in self._rows if s.proving}
         silent: dict[tuple[int, int], list[int]] = {}  # one call's rows: (proving seq, block) or (-1, 0)
         outputs: list[int] = []
         for i in range(batch.n_tokens):
@@ -527,11 +526,7 @@ class LlamaCppScheduler(SchedulerThread[Slot]):
         if slot.finish == "error":
             self.lib.llama_memory_seq_rm(self.memory, slot.seq_id, -1, -1)
         else:
-            self._cached[slot.seq_id] = (slot.adapter_key, _in_cache(slot))
-            if slot.proving:  # its whole cache was computed as a verifier computes it
-                self._canonical.add(slot.seq_id)
-            else:
-                self._canonical.discard(slot.seq_id)
+            self._cached[slot.seq_id] = (slot.adapter_key, _in_cache(slot), slot.proving)
         self._clock += 1
         self._used[slot.seq_id] = self._clock  # its cache is the freshest
         self._free.append(slot.seq_id)
