@@ -201,8 +201,7 @@ async def verify(spec: dict[str, Any]) -> dict[str, Any]:
         for entry in proofs:
             proof = answer_proof.parse(json.dumps(entry["proof"]))
             t0 = time.perf_counter()
-            ids = [*proof.prompt_ids, *proof.output_ids[:-1]]
-            states, logits = await backend.recompute(ids, len(proof.prompt_ids) - 1)
+            states, logits = await backend.recompute(*proof.prefill())
             verdict = answer_proof.verify(proof, states, logits, backend.proof_thresholds)
             seconds = time.perf_counter() - t0
             out.append({

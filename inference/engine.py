@@ -392,12 +392,12 @@ class InferenceEngine:
             )
         if int(proof.adapter, 16):
             raise Unsupported("proofs of answers given with a LoRA adapter cannot be verified yet")
-        ids = [*proof.prompt_ids, *proof.output_ids[:-1]]
+        ids, first = proof.prefill()
         if len(ids) > self.backend.context_length:
             raise ValidationError(
                 "proof", f"{len(ids)} tokens exceed this node's context of {self.backend.context_length}"
             )
-        states, logits = await self.backend.recompute(ids, len(proof.prompt_ids) - 1)  # type: ignore[attr-defined]
+        states, logits = await self.backend.recompute(ids, first)  # type: ignore[attr-defined]
         return await asyncio.to_thread(
             answer_proof.verify,
             proof,

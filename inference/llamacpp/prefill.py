@@ -94,9 +94,10 @@ class Prefill:
 
 
 def blocks(start: int, end: int, size: int) -> list[tuple[int, int]]:
-    """Positions start .. end - 1 in ranges that never cross a multiple of `size` (a ubatch that straddles
-    one of 256 positions, where llama.cpp's KV view grows, gives other numbers than the same rows decoded
-    on either side of it)."""
+    """Positions start .. end - 1 in ranges that never cross a multiple of `size`: the blocks in which both
+    this prefill and the serving scheduler (a proving row's prompt) feed a sequence, so their ubatches hold
+    the same rows. (Past position 256 the outputs still differ from a lone decode's by a few roundings,
+    mantissa means up to 0.99, in ubatches of 8 to 32 rows alike: measured, not removed.)"""
     cuts = [start, *range((start // size + 1) * size, end, size), end]
     return [(a, b) for a, b in itertools.pairwise(cuts) if a < b]
 

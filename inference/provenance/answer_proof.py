@@ -94,6 +94,11 @@ class AnswerProof:
         """Committed positions: one per output token."""
         return len(self.output_ids)
 
+    def prefill(self) -> tuple[list[int], int]:
+        """What a verifier prefills (the prompt and every output token but the last, which no position
+        reads) and the first position whose state and logits it checks (the prompt's last)."""
+        return [*self.prompt_ids, *self.output_ids[:-1]], len(self.prompt_ids) - 1
+
 
 def make(
     model: str,
