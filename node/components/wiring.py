@@ -335,21 +335,13 @@ def router(cfg: NodeConfig, p2p: P2PComponent | None, engine: Callable[[], Any],
     a peer's proofs of the weights this node serves with this node's engine (`engine()`, once loaded)."""
     if p2p is None or not cfg.p2p.routing:
         return None
-    from zoo.node.p2p.routing import Router
-
-    async def check(proof: Any) -> Any:
-        loaded = engine()
-        if loaded is None:  # still loading: the proof goes unchecked here, as for weights it lacks
-            from zoo.inference.provenance.answer_proof import Verdict
-
-            return Verdict(True, "not checked: this node's model is still loading")
-        return await loaded.verify(proof)
+    from zoo.node.p2p.routing import Router, engine_check
 
     return Router(
         p2p.book,
         cfg.p2p.route_timeout_s,
         tunnel=p2p.tunnel,
-        check_proof=check if model_sha256 else None,
+        check_proof=engine_check(engine) if model_sha256 else None,
         model_sha256=model_sha256,
     )
 

@@ -72,7 +72,26 @@ class PeerRefused(Exception):
         self.peer_id, self.code, self.details = peer_id, code, details
 
 
-ProofCheck = Callable[[AnswerProof], Awaitable[Verdict]]
+ProofCheck = Callable[[AnswerProof], Awaitable[Verdict | None]]  # None: this node cannot check it
+
+
+def engine_check(engine: Callable[[], Any]) -> ProofCheck:
+    """This node's check of a peer's proof with its engine (`engine()`: None while the model loads): None
+    where it cannot check it (still loading; another llama.cpp build, too long a proof), so a peer on
+    other hardware is not taken for a liar."""
+    from zoo.inference.engine import Unsupported, WrongModel
+    from zoo.registry.errors import ValidationError
+
+    async def check(proof: AnswerProof) -> Verdict | None:
+        loaded = engine()
+        if loaded is None:
+            return None
+        try:
+            return await loaded.verify(proof)
+        except (Unsupported, WrongModel, ValidationError):
+            return None
+
+    return check
 
 
 class Router:
@@ -186,7 +205,9 @@ class Router:
         if self.check_proof is None or proof.model != "0x" + self.model_sha256:
             return None  # other weights than this node's: the client checks it (zoo-node verify-answer)
         verdict = await self.check_proof(proof)
-        return None if verdict.accepted else f"its answer's proof was rejected: {verdict.reason}"
+        if verdict is None or verdict.accepted:
+            return None
+        return f"its answer's proof was rejected: {verdict.reason}"
 
     async def infer(
         self, request: inference_pb2.InferRequest, remaining: float | None = None

@@ -23,11 +23,12 @@ import llama_cpp
 from zoo.inference.bundled_models import bundled_gguf
 from zoo.inference.engine import InferenceEngine, InferOutcome, InferParams
 from zoo.inference.llamacpp.llamacpp_backend import LlamaCppBackend
+from zoo.inference.provenance import answer_proof
 from zoo.inference.provenance.weights import file_sha256
 from zoo.node.api.serving import proof_text
 from zoo.node.p2p.messages import Capabilities
 from zoo.node.p2p.peers import PeerBook
-from zoo.node.p2p.routing import NoCapablePeer, Router
+from zoo.node.p2p.routing import NoCapablePeer, Router, engine_check
 from zoo.v1 import inference_pb2 as pb
 from zoo.v1 import inference_pb2_grpc
 
@@ -103,12 +104,23 @@ async def _routes(weights: dict[str, Path], tmp_path: Path) -> None:
         caps = Capabilities(models=[BUNDLED], model_sha256=served, grpc=f"127.0.0.1:{port}", load=load / 10,
                             backend="llamacpp")  # fmt: skip
         book.set_capabilities(peer_id, caps)
-    router = Router(book, timeout_s=120, check_proof=mine.verify, model_sha256=served)
+    router = Router(book, timeout_s=120, check_proof=engine_check(lambda: mine), model_sha256=served)
     ask = lambda proof: router.infer(  # noqa: E731
         pb.InferRequest(prompt="Why is the sea salty?", model=BUNDLED, proof=proof,
                         sampling=pb.SamplingParams(max_tokens=40)),
     )  # fmt: skip
     try:
+        # What this node cannot check is no offence: a proof of another llama.cpp build, or while loading.
+        honest = (
+            await Peer(mine).Infer(
+                pb.InferRequest(prompt="Hi", proof=True, sampling=pb.SamplingParams(max_tokens=4)), None
+            )
+        ).proof
+        proof = answer_proof.parse(honest)
+        assert (await engine_check(lambda: mine)(proof)).accepted
+        elsewhere = dataclasses.replace(proof, kernels="llama-cpp-python 0.0.1; AVX2")
+        assert await engine_check(lambda: mine)(elsewhere) is None
+        assert await engine_check(lambda: None)(proof) is None
         # Without a proof asked for, nothing tells the cheat's answer apart: it answers (least loaded).
         assert (await ask(False)).served_by == CHEAT
         # With one: the cheat's proof (of Q8_0's states, naming Q4_1) fails this node's check; it is
