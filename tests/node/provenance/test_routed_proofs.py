@@ -32,6 +32,10 @@ from zoo.node.p2p.routing import NoCapablePeer, Router, engine_check
 from zoo.v1 import inference_pb2 as pb
 from zoo.v1 import inference_pb2_grpc
 
+# Catching Q8_0 rests on measured numbers (its worst chunk's mantissa mean 2.3 or more against a bound of
+# 1.5): ./zoo test runs it again under the AVX2 build (passed there too, on an AVX-512 CPU capped to AVX2).
+pytestmark = pytest.mark.numerics
+
 BUNDLED = "HuggingFaceTB/SmolLM2-135M-Instruct"
 HONEST, CHEAT, FRANK = (f"12D3KooW{name * 44}"[:52] for name in ("H", "C", "F"))
 
