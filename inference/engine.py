@@ -80,6 +80,7 @@ class InferParams:
     # messages may carry earlier calls ("tool_calls": [{id, name, arguments}]) and results (role "tool").
     tools: ToolSpec | None = None
     receipt: bool = False  # the client asks for the node's signed receipt of the answer (node.provenance)
+    request_sha256: str = ""  # the request's bytes as received, hashed: what its receipt names it by
     proof: bool = False  # the client asks for the answer's proof of inference (provenance.answer_proof)
 
 
@@ -228,7 +229,7 @@ class InferenceEngine:
         outcome = self._outcome(p, assembled, requests, results, root, version, seed, retrieval_ms, t1)
         if p.proof:
             outcome.proof = await asyncio.to_thread(self._proof, p, requests[0], results[0])
-        if p.receipt:  # only a receipt names it: no JSON dump of the prompt on every other answer
+        if self.on_answered is not None:  # the answer's receipt names it (node.provenance.receipts)
             outcome.prompt_sha256 = sha256_hex(prompt_document(assembled.messages, tool_dicts, p.prompt))
         if self.on_answered is not None:  # before the answer goes out: metering commits what it answered
             await self.on_answered(outcome, p)

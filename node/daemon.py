@@ -188,7 +188,8 @@ class NodeRun:
             model_sha256=self.model_sha256,
         )
         metrics.watch_serving(self.servicer.serving)
-        metering = answer_metering(meter, credits, metrics)
+        notary = Notary(self.data_dir.node_key(), node_address, self.model_sha256, self._adapter_sha256)
+        metering = answer_metering(meter, credits, metrics, notary)
         engine = (
             engine_provider(cfg, model, parts.library, parts.retrieval, metering)
             if isinstance(model, ModelComponent) and isinstance(parts.retrieval, RetrievalComponent)
@@ -202,7 +203,6 @@ class NodeRun:
             router=router(cfg, parts.p2p, engine, self.model_sha256),
             credits=credits,
             model_sha256=self.model_sha256,
-            notary=Notary(self.data_dir.node_key(), node_address, self.model_sha256, self._adapter_sha256),
         )
         servicers: list[Any] = [
             (node_pb2_grpc.add_NodeServiceServicer_to_server, self.servicer),

@@ -10,6 +10,11 @@ is left out (it could never be applied). Authors that are not addresses (a job's
 earned units exceed the ledger's per-report cap, every author's units are scaled down by the same factor
 (floored) so the report stays postable; `earned_before_cap` says so. The leaves are in the order of
 `records`, sorted by kind then account, so a report's bytes and root follow from its content alone.
+
+Format 2 adds `receipts`: the CID, RFC 9162 root and size of the epoch's metered receipts (the node's
+signed receipt of every answer it metered, each with what it credited: node/credits/receipt_log.py), so
+the root a node posts commits, through the report's CID, to the evidence behind every record. Format 1
+reports (no receipts) still read and check as before.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from zoo.registry.ipfs import IpfsClient
 from zoo.registry.merkle import MerkleTree
 from zoo.registry.spend import SpendAuthorization
 
-FORMAT = "zoo.usage-report/1"
+FORMAT = "zoo.usage-report/2"
+FORMAT_V1 = "zoo.usage-report/1"  # without receipts (what nodes before them posted)
 KIND_NAMES = {EARNED: "earned", SPENT: "spent"}
 _KINDS = {name: kind for kind, name in KIND_NAMES.items()}
 MAX_RECORDS = 100_000
@@ -63,15 +69,32 @@ class _RecordModel(BaseModel):
     signature: str | None = Field(default=None, pattern="^0x[0-9a-fA-F]{130}$")
 
 
+class _ReceiptsModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    cid: str = Field(min_length=1, max_length=128, pattern="^[A-Za-z0-9]+$")
+    root: str = Field(pattern="^0x[0-9a-f]{64}$")
+    size: int = Field(ge=0, lt=2**63)
+
+
 class _ReportModel(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    format: str = Field(pattern=f"^{FORMAT}$")
+    format: str = Field(pattern=f"^({FORMAT}|{FORMAT_V1})$")
     node: str = Field(pattern="^0x[0-9a-fA-F]{40}$")
     epoch: int = Field(ge=0)
     epoch_length: int = Field(gt=0)
     records: list[_RecordModel] = Field(max_length=MAX_RECORDS)
     unclaimable: dict[str, int] = Field(default_factory=dict, max_length=MAX_RECORDS)
     earned_before_cap: int | None = None
+    receipts: _ReceiptsModel | None = None
+
+
+@dataclass(frozen=True)
+class ReceiptsRef:
+    """Where an epoch's metered receipts are (an IPFS CID) and the RFC 9162 root and size of their tree."""
+
+    cid: str
+    root: bytes
+    size: int
 
 
 @dataclass(frozen=True)
@@ -82,6 +105,7 @@ class Report:
     records: tuple[Record, ...]
     unclaimable: Mapping[str, int]  # authors that are not addresses -> units (not in the tree)
     earned_before_cap: int | None = None  # the earned total before scaling to the cap, when it was scaled
+    receipts: ReceiptsRef | None = None  # None: a format 1 report, made before receipts were kept
 
     @property
     def earned_units(self) -> int:
@@ -99,9 +123,9 @@ class Report:
         return None
 
     def encode(self) -> bytes:
-        """Canonical JSON: sorted keys, no spaces, ASCII."""
+        """Canonical JSON: sorted keys, no spaces, ASCII (format 1 when it holds no receipts reference)."""
         body: dict[str, object] = {
-            "format": FORMAT,
+            "format": FORMAT if self.receipts is not None else FORMAT_V1,
             "node": self.node,
             "epoch": self.epoch,
             "epoch_length": self.epoch_length,
@@ -110,6 +134,9 @@ class Report:
         }
         if self.earned_before_cap is not None:
             body["earned_before_cap"] = self.earned_before_cap
+        if self.receipts is not None:
+            r = self.receipts
+            body["receipts"] = {"cid": r.cid, "root": "0x" + r.root.hex(), "size": r.size}
         return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
     @classmethod
@@ -121,6 +148,8 @@ class Report:
             first = e.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "content"
             raise ReportError(f"not a usage report: {where}: {first['msg']}") from None
+        if (model.format == FORMAT) != (model.receipts is not None):
+            raise ReportError(f"not a usage report: receipts are in format {FORMAT} and only there")
         for i, r in enumerate(model.records):
             spent = r.kind == KIND_NAMES[SPENT]
             if spent and (r.authorized is None or r.signature is None):
@@ -144,9 +173,13 @@ class Report:
         )  # fmt: skip
         if list(records) != sorted(records) or len(set((r.kind, r.account) for r in records)) != len(records):
             raise ReportError("not a usage report: records must be sorted by kind and account, one per pair")
+        receipts = None
+        if model.receipts is not None:
+            m = model.receipts
+            receipts = ReceiptsRef(m.cid, bytes.fromhex(m.root[2:]), m.size)
         return cls(
             to_checksum_address(model.node), model.epoch, model.epoch_length, records,
-            dict(model.unclaimable), model.earned_before_cap,
+            dict(model.unclaimable), model.earned_before_cap, receipts,
         )  # fmt: skip
 
     def check_against(self, posted: UsageReport) -> None:
@@ -196,9 +229,11 @@ def build_report(
     spent_by_client: Mapping[str, int],
     cap: int,
     authorizations: Mapping[str, SpendAuthorization] | None = None,
+    receipts: ReceiptsRef | None = None,
 ) -> Report:
     """The report of one epoch's metered usage (see the module docstring for the rules); a client's spend
-    goes in with its authorization (by client), capped at what it allows, or not at all without one."""
+    goes in with its authorization (by client), capped at what it allows, or not at all without one;
+    `receipts` where the epoch's receipts were published (format 2)."""
     authorizations = authorizations or {}
     earned: dict[str, int] = {}
     unclaimable: dict[str, int] = {}
@@ -224,5 +259,6 @@ def build_report(
                 Record(SPENT, to_checksum_address(client), units, consent.units, consent.signature)
             )
     return Report(
-        to_checksum_address(node), epoch, epoch_length, tuple(sorted(records)), unclaimable, before_cap
-    )
+        to_checksum_address(node), epoch, epoch_length, tuple(sorted(records)), unclaimable, before_cap,
+        receipts,
+    )  # fmt: skip

@@ -109,7 +109,9 @@ def params_from_request(req: Any, cfg: InferenceConfig) -> InferParams:
         response_format=parse_response_format(req.response_format.type, req.response_format.json_schema),
         adapter=req.adapter,
     )
-    params = dataclasses.replace(params, receipt=req.receipt, proof=req.proof)
+    params = dataclasses.replace(
+        params, receipt=req.receipt, proof=req.proof, request_sha256=_request_sha256(req)
+    )
     if turns:  # the engine renders calls and results (by the model's template where it knows tools)
         params = dataclasses.replace(params, messages=turns)
     if tools is not None and tools.calls:
@@ -250,7 +252,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                 if isinstance(item, InferOutcome):
                     outcome = item
             assert outcome is not None
-            self.rules.attest(outcome, params, _request_sha256(request))
+            self.rules.attest(outcome, params)
             response = outcome_to_proto(outcome, queue_ms)
             response.served_by = self.peer_id()
             return response
@@ -272,7 +274,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         async with self.admission.slot(await self.rules.prioritise(params)) as queue_ms:
             async for item in engine.stream(params):
                 if isinstance(item, InferOutcome):
-                    self.rules.attest(item, params, _request_sha256(request))
+                    self.rules.attest(item, params)
                     final = outcome_to_proto(item, queue_ms)
                     final.served_by = self.peer_id()
                     yield inference_pb2.InferChunk(final=final)

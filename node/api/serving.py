@@ -28,7 +28,6 @@ from zoo.inference.provenance.toploc import ProofError
 from zoo.inference.tools import Tool, ToolSpec, check_tools
 from zoo.node.config import InferenceConfig
 from zoo.node.credits.book import CreditBook
-from zoo.node.provenance.receipts import Notary
 from zoo.registry import untrusted_json
 from zoo.registry.errors import NotFound, ValidationError
 from zoo.registry.experience import DOMAIN_RE
@@ -242,10 +241,8 @@ class ServingRules:
         router: Any = None,
         credits: CreditBook | None = None,
         model_sha256: str = "",
-        notary: Notary | None = None,
     ) -> None:
         self._engine = engine
-        self.notary = notary  # signs answer receipts (node.provenance.receipts)
         self.base_model = base_model
         # The served weights' SHA-256: a request may name the model as "sha256:<hex>" (by its weights).
         self.model_sha256 = model_sha256
@@ -289,12 +286,11 @@ class ServingRules:
         )
         return params.priority
 
-    def attest(self, outcome: InferOutcome, params: InferParams, request_sha256: str) -> None:
-        """Sign the receipt of this node's own answer, when the request asked for one: `outcome.receipt`."""
-        if params.receipt:
-            if self.notary is None:
-                raise Unsupported("this node signs no receipts")
-            outcome.receipt = self.notary.receipt(outcome, request_sha256, params.client).to_json()
+    def attest(self, outcome: InferOutcome, params: InferParams) -> None:
+        """Unsupported when the request asked for a receipt and none was signed: metering signs every
+        answer's (node.components.inference.answer_metering), so only a node without a notary has none."""
+        if params.receipt and outcome.receipt is None:
+            raise Unsupported("this node signs no receipts")
 
 
 # -- routed: what a peer is asked, and what its answer becomes

@@ -206,6 +206,88 @@ def claim(
 
 
 @app.command()
+def audit(
+    node: str = typer.Argument(..., help="The reporting node (address)."),
+    epoch: int = typer.Argument(..., min=0, help="The epoch of its report."),
+    account: str | None = typer.Option(
+        None, "--account", help="Also list the receipts behind this address's records (devN or 0x…)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
+    config: Path | None = ConfigOpt,
+    data_dir: Path | None = DataDirOpt,
+) -> None:
+    """Check a posted usage report against the receipts it names: the receipts' root, every receipt's
+    signature and time, and every record recomputed from them (what to do before `credits challenge`).
+    Exit 0: every record follows from its receipts; 1: not, saying which; 2: the report or its receipts
+    cannot be read."""
+    from zoo.node.credits.receipt_log import MAX_DOCUMENT_BYTES, ReceiptsDocument, audit, behind
+    from zoo.registry.chain.ledger import EARNED, SPENT
+    from zoo.registry.errors import ValidationError
+    from zoo.registry.ipfs import IpfsClient, IpfsError
+    from zoo.registry.usage_report import ReportError, fetch_report
+
+    node_address = _address(node)
+    wanted = _address(account) if account else None
+    dao = connect(config, data_dir, None, need_key=False)
+    ledger = ledger_of(dao)
+    with reverts():
+        posted = ledger.report(node_address, epoch)
+        cap = ledger.params().max_units_per_report
+    if posted is None:
+        err.print(f"[red]node {node_address} posted no report for epoch {epoch}[/red]")
+        raise typer.Exit(2)
+    timeout = dao.cfg.ipfs.timeout_s
+    try:
+        if not dao.ipfs_api:
+            raise IpfsError("no IPFS API is configured")
+        with IpfsClient(dao.ipfs_api) as ipfs:
+            report = fetch_report(ipfs, posted, timeout=timeout)
+            if report.receipts is None:
+                raise ReportError("the report is in format 1: it names no receipts to audit")
+            data = ipfs.fetch_verified(report.receipts.cid, timeout=timeout, max_size=MAX_DOCUMENT_BYTES)
+        document = ReceiptsDocument.decode(data)
+    except (ReportError, IpfsError, ValidationError) as e:
+        err.print(
+            f"[red]cannot audit the report of node {node_address}, epoch {epoch}: {escape(str(e))}[/red]"
+        )
+        raise typer.Exit(2) from None
+    problems = audit(report, document, cap)
+    listed = []
+    if wanted is not None:
+        for kind, name in ((EARNED, "earned"), (SPENT, "spent")):
+            for index, m, units in behind(document.receipts, kind, wanted):
+                listed.append(
+                    {"record": name, "index": index, "units": units, "receipt": m.receipt.to_json()}
+                )
+    if as_json:
+        doc = {"node": node_address, "epoch": epoch, "records": len(report.records),
+               "receipts": len(document.receipts), "root": "0x" + document.tree().root.hex(),
+               "problems": problems, "behind": listed}  # fmt: skip
+        out.print_json(json.dumps(doc))
+    else:
+        out.print(
+            f"report of node {node_address}, epoch {epoch}: {len(report.records)} records, "
+            f"{len(document.receipts)} receipts (root 0x{document.tree().root.hex()})"
+        )
+        if listed:
+            table = Table("record", "receipt", "units", "tokens", "time", "client", "library")
+            for row in listed:
+                r = row["receipt"]
+                table.add_row(row["record"], str(row["index"]), f"{row['units']:,}",
+                              f"{r['prompt_tokens'] + r['completion_tokens']:,}", str(r["timestamp"]),
+                              r["client"], r["library"][:18] + "…")  # fmt: skip
+            out.print(table)
+        for p in problems:
+            err.print(f"[red]{escape(p)}[/red]", highlight=False)
+        if not problems:
+            out.print(
+                f"[green]every record follows from its {len(document.receipts)} signed receipts[/green]"
+            )
+    if problems:
+        raise typer.Exit(1)
+
+
+@app.command()
 def challenge(
     node: str = typer.Argument(..., help="The reporting node (address)."),
     epoch: int = typer.Argument(..., min=0, help="The epoch of its report."),

@@ -15,11 +15,13 @@ from zoo.node.components.library import LibraryComponent
 from zoo.node.components.probes import ModelComponent
 from zoo.node.config import NodeConfig
 from zoo.node.credits.book import CreditBook
-from zoo.node.credits.meter import Served, UsageMeter
+from zoo.node.credits.meter import Served, UsageMeter, credited_of
+from zoo.node.credits.receipt_log import MeteredReceipt
 from zoo.node.lifecycle import Component, State, in_background_thread
 from zoo.node.logs import get_logger
 from zoo.node.metrics import NodeMetrics
 from zoo.node.provenance.binding import binding_note, binding_problem
+from zoo.node.provenance.receipts import Notary
 from zoo.registry.library_store import StoredVersion
 
 log = get_logger(__name__)
@@ -188,19 +190,28 @@ class RetrievalComponent(Component):
 
 
 def answer_metering(
-    meter: UsageMeter, credits: CreditBook | None, metrics: NodeMetrics
+    meter: UsageMeter, credits: CreditBook | None, metrics: NodeMetrics, notary: Notary | None = None
 ) -> Callable[[Any, Any], Awaitable[None]]:
     """What the engine calls once per answer: charge a credit holder (under its authorization for the
-    epoch the answer is metered in), commit the usage before the answer goes out, count it."""
+    epoch the answer is metered in), sign the answer's receipt (the client's, when it asked for one, and
+    the epoch's receipts log either way: credits/receipt_log.py), commit the usage and the receipt before
+    the answer goes out, count it."""
 
     async def on_answered(outcome: Any, params: Any) -> None:
         served = [Served(e.id, e.author, e.cited) for e in outcome.experiences]
         tokens = outcome.prompt_tokens + outcome.completion_tokens
-        epoch = meter.epoch_of()
+        now = meter.now()
+        epoch = meter.epoch_of(now)
         # Charged only under the client's authorization for the epoch the answer is metered in.
         spend = params.spend if params.spend is not None and params.spend.epoch == epoch else None
         spent = credits.charge(params.client, tokens, spend) if credits is not None else 0
-        usage = meter.usage_of(tokens, served, params.client, spent, spend if spent else None, epoch)
+        leaf = b""
+        if notary is not None:  # stamped by the meter's clock, so it falls in the epoch it is metered in
+            receipt = notary.receipt(outcome, params.request_sha256, params.client, timestamp=int(now))
+            leaf = MeteredReceipt.of(receipt, credited_of(served), spent).leaf()
+            if params.receipt:
+                outcome.receipt = receipt.to_json()
+        usage = meter.usage_of(tokens, served, params.client, spent, spend if spent else None, epoch, leaf)
         try:
             await meter.record(usage)  # on disk before the answer goes out
         except sqlite3.Error as e:  # a full disk, say: the node keeps answering; the log says what was lost

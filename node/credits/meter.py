@@ -13,7 +13,9 @@ answer is sent, so what a client was answered is on disk: a `kill -9` at any mom
 acknowledged usage and leaves the database consistent (SQLite's journal). Signed clients' usage is
 kept per epoch too (what their credits will pay for). Commits are grouped: one
 writer thread commits whatever requests arrived meanwhile in one transaction and one fsync, so many
-concurrent answers wait for one disk flush, not one each.
+concurrent answers wait for one disk flush, not one each. Each answer's metered receipt (its signed receipt
+and what it credited: credits/receipt_log.py) is committed in the same transaction as its usage, so the
+receipts of an epoch are exactly the answers its usage counts.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ CREATE TABLE IF NOT EXISTS clients (
     epoch INTEGER NOT NULL, client TEXT NOT NULL, units INTEGER NOT NULL, requests INTEGER NOT NULL,
     spent INTEGER NOT NULL, PRIMARY KEY (epoch, client)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS settled (epoch INTEGER PRIMARY KEY, at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS receipts (
+    epoch INTEGER NOT NULL, seq INTEGER NOT NULL, leaf BLOB NOT NULL, PRIMARY KEY (epoch, seq)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS authorizations (
     epoch INTEGER NOT NULL, client TEXT NOT NULL, units TEXT NOT NULL, signature BLOB NOT NULL,
     PRIMARY KEY (epoch, client)) WITHOUT ROWID;
@@ -74,6 +78,7 @@ class Usage:
     client: str = ""  # the signer of the request; "" when anonymous
     spent: int = 0  # credits the answer cost the client (a credit holder; see book.py)
     spend: SpendAuthorization | None = None  # the client's consent for `spent` (this node, this epoch)
+    receipt: bytes = b""  # the answer's metered receipt, as its leaf (credits/receipt_log.py); b"": none
 
 
 @dataclass(frozen=True)
@@ -95,11 +100,16 @@ class ClientUsage:
     spent: int
 
 
-def shares_of(units: int, served: Sequence[Served]) -> dict[str, int]:
-    """The units each author earns from one answer (see the module docstring)."""
+def credited_of(served: Sequence[Served]) -> list[Served]:
+    """The experiences one answer credits, by id: those it cited, or every one it was served."""
     cited = {s.id: s for s in served if s.cited}
     by_id = cited or {s.id: s for s in served}
-    credited = [by_id[i] for i in sorted(by_id)]
+    return [by_id[i] for i in sorted(by_id)]
+
+
+def shares_of(units: int, served: Sequence[Served]) -> dict[str, int]:
+    """The units each author earns from one answer (see the module docstring)."""
+    credited = credited_of(served)
     if not credited or units <= 0:
         return {}
     each, rest = divmod(units, len(credited))
@@ -165,6 +175,10 @@ class UsageMeter:
             raise FileNotFoundError(f"no usage metered yet: {self.path} does not exist")
         return sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
 
+    def now(self) -> float:
+        """The time by the clock this meter counts epochs with."""
+        return self._clock()
+
     def epoch_of(self, t: float | None = None) -> int:
         return int((self._clock() if t is None else t) // self.epoch_s)
 
@@ -176,13 +190,15 @@ class UsageMeter:
         spent: int = 0,
         spend: SpendAuthorization | None = None,
         epoch: int | None = None,
+        receipt: bytes = b"",
     ) -> Usage:
         """One answer's usage in `epoch` (now's by default); `spent` credits need the client's `spend`
         authorization of that epoch (the credit book charges no more than it allows)."""
         epoch = self.epoch_of() if epoch is None else epoch
         if spent and (spend is None or spend.client != client or spend.epoch != epoch or spend.units < spent):
             raise ValueError(f"a spend of {spent} credits needs the client's authorization for epoch {epoch}")
-        return Usage(epoch, max(units, 0), shares_of(units, served), tuple(served), client, spent, spend)
+        shares = shares_of(units, served)
+        return Usage(epoch, max(units, 0), shares, tuple(served), client, spent, spend, receipt)
 
     def submit(self, usage: Usage) -> concurrent.futures.Future[None]:
         """Queue one request's usage; the future resolves once it is committed (or fails with the error)."""
@@ -234,7 +250,10 @@ class UsageMeter:
         client_requests: Counter[tuple[int, str]] = Counter()
         client_spent: Counter[tuple[int, str]] = Counter()
         consents: dict[tuple[int, str], SpendAuthorization] = {}
+        receipts: dict[int, list[bytes]] = {}
         for u in batch:
+            if u.receipt:
+                receipts.setdefault(u.epoch, []).append(u.receipt)
             answered[u.epoch] += 1
             units[u.epoch] += u.units
             if u.client:
@@ -275,6 +294,14 @@ class UsageMeter:
                 "spent = spent + excluded.spent",
                 [(e, c, n, client_requests[e, c], client_spent[e, c]) for (e, c), n in client_units.items()],
             )
+            for e, leaves in receipts.items():
+                (first,) = db.execute(
+                    "SELECT COALESCE(MAX(seq) + 1, 0) FROM receipts WHERE epoch = ?", (e,)
+                ).fetchone()
+                db.executemany(
+                    "INSERT INTO receipts VALUES (?, ?, ?)",
+                    [(e, first + i, leaf) for i, leaf in enumerate(leaves)],
+                )
             # The largest authorization of each client and epoch (units as text: they may exceed int64).
             for (e, c), a in consents.items():
                 row = db.execute(
@@ -334,6 +361,14 @@ class UsageMeter:
                 "SELECT client, units, signature FROM authorizations WHERE epoch = ?", (epoch,)
             ).fetchall()
         return {c: SpendAuthorization(c, node, epoch, int(u), bytes(sig)) for c, u, sig in rows}
+
+    def receipt_leaves(self, epoch: int) -> list[bytes]:
+        """The metered receipts of one epoch, as their leaves, in the order they were committed."""
+        with self._db_lock:
+            rows = self._db.execute(
+                "SELECT leaf FROM receipts WHERE epoch = ? ORDER BY seq", (epoch,)
+            ).fetchall()
+        return [bytes(r[0]) for r in rows]
 
     def spent_unsettled(self, client: str) -> int:
         """Credits `client` spent here in epochs whose report the ledger has not applied yet."""

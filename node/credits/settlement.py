@@ -2,9 +2,10 @@
 
 Every `poll_s`, for each metered epoch that has ended by the node's clock and by the chain's (the meter
 counts by the one, the ledger accepts by the other) and is not settled yet:
-1. no report on chain: build it from the meter (report.py), keep its bytes in `reports_dir` (what is
-   posted is what the spends are later proven from), add them to IPFS, post root, size, earned units
-   and CID. An epoch with nothing to record is settled without a transaction.
+1. no report on chain: add the epoch's metered receipts to IPFS (credits/receipt_log.py), build the
+   report from the meter naming them (registry/usage_report.py), keep its bytes and the receipts' in
+   `reports_dir` (what is posted is what the spends are later proven from), add the report to IPFS, post
+   root, size, earned units and CID. An epoch with nothing to record is settled without a transaction.
 2. a report on chain whose challenge window has passed, unchallenged: prove and apply each SPENT record
    the ledger has not applied yet (so the clients' balances go down on chain), then mark the epoch settled
    in the meter (the credit book stops subtracting those spends itself).
@@ -22,6 +23,7 @@ round tries again. On the devnet the node's account is given gas money by dev0 o
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -150,6 +152,7 @@ class Settlement(Component):
         return done
 
     def _settle_epoch(self, epoch: int, chain_now: int, first: int, done: Round) -> None:
+        from zoo.node.credits.receipt_log import encode_document, receipts_ref
         from zoo.registry.usage_report import build_report
 
         posted = self.ledger.report(self.node, epoch)
@@ -181,10 +184,14 @@ class Settlement(Component):
                 self.meter.mark_settled(epoch)
                 done.skipped.append(epoch)
                 return
-            data = report.encode()
+            leaves = self.meter.receipt_leaves(epoch)
+            receipts = encode_document(self.node, epoch, leaves)
             self.reports_dir.mkdir(parents=True, exist_ok=True)
-            write_atomic(self._report_file(epoch), data)
+            write_atomic(self.reports_dir / f"epoch-{epoch}.receipts.json", receipts)
             with self._ipfs() as ipfs:
+                report = dataclasses.replace(report, receipts=receipts_ref(ipfs.add(receipts), leaves))
+                data = report.encode()
+                write_atomic(self._report_file(epoch), data)
                 cid = ipfs.add(data)
             tree = report.tree()
             tx = self.ledger.post_report(
@@ -194,6 +201,7 @@ class Settlement(Component):
                 "usage report posted",
                 epoch=epoch,
                 records=len(report.records),
+                receipts=len(leaves),
                 cid=cid,
                 gas=tx.gas_used,
                 earned=report.earned_units,

@@ -222,8 +222,9 @@ class OpenAIApi:
             **fields,
         )
         return dataclasses.replace(
-            params, client=client.address, spend=client.spend, receipt=zoo.receipt, proof=zoo.proof
-        )
+            params, client=client.address, spend=client.spend, receipt=zoo.receipt, proof=zoo.proof,
+            request_sha256=REQUEST_SHA256.get(),
+        )  # fmt: skip
 
     async def _answer(
         self,
@@ -282,7 +283,7 @@ class OpenAIApi:
         ):
             async for item in items:
                 if isinstance(item, InferOutcome):
-                    self.deps.rules.attest(item, params, REQUEST_SHA256.get())
+                    self.deps.rules.attest(item, params)
                 yield queue_ms, item
 
     async def _complete(self, params: InferParams, remote: str = "") -> tuple[InferOutcome, float]:

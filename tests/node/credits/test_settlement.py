@@ -23,9 +23,11 @@ from zoo.devnet.dev_dao import DevDao
 from zoo.devnet.dev_ledger import give_credits
 from zoo.devnet.info import DevnetInfo, warp
 from zoo.devnet.manager import Devnet, DevnetSettings
-from zoo.node.credits.meter import Served, UsageMeter
+from zoo.node.credits.meter import Served, UsageMeter, credited_of
+from zoo.node.credits.receipt_log import MeteredReceipt, ReceiptsDocument, encode_document, receipts_ref
 from zoo.node.credits.settlement import Settlement
 from zoo.node.lifecycle import State
+from zoo.node.provenance.receipts import ZERO32, ZERO_ADDRESS, Receipt, sign
 from zoo.registry.chain import ContractRevert, LedgerClient
 from zoo.registry.chain.ledger import EARNED, SPENT, UsageReport
 from zoo.registry.ipfs import IpfsClient
@@ -100,7 +102,14 @@ class Node:
                 self.meter.epoch_of(), authorized,
             )  # fmt: skip
         address = client.address if client is not None else ""
-        usage = self.meter.usage_of(units, served, address, spent, spend)
+        now = self.meter.now()  # the receipt is stamped, and the usage metered, by the meter's clock
+        receipt = sign(
+            Receipt(self.key.address, "0x" + "11" * 32, ZERO32, ZERO32, "0x" + secrets.token_hex(32),
+                    "0x" + "22" * 32, "0x" + "33" * 32, units - 1, 1, int(now), address or ZERO_ADDRESS),
+            self.key.key,
+        )  # fmt: skip
+        leaf = MeteredReceipt.of(receipt, credited_of(served), spent).leaf()
+        usage = self.meter.usage_of(units, served, address, spent, spend, self.meter.epoch_of(now), leaf)
         self.meter.submit(usage).result(timeout=10)
         return usage.epoch
 
@@ -340,3 +349,71 @@ def test_credits_show_and_claim_from_the_cli(
     assert refused.returncode == 1 and "content mismatch" in refused.stderr, refused.stderr
     assert node.ledger.balance(author.address) == 40
     assert cli("show", "0x1234").returncode == 2  # bad input is a usage error
+
+
+def test_a_posted_report_is_audited_against_its_receipts_from_the_cli(
+    node: Node, devnet: DevnetInfo, devnet_dir: Path, tmp_path: Path
+) -> None:
+    author, client = Account.create(), Account.create()
+    give_credits(devnet, client, 1_000)
+    node.clock.t = node.chain_now()
+
+    def audit(who: Node, epoch: int, *more: str) -> subprocess.CompletedProcess[str]:
+        return zoo("credits", "audit", who.key.address, str(epoch), *more, "--data-dir", str(devnet_dir))
+
+    node.register()
+    epoch = node.meter_usage(40, [author.address])
+    node.meter_usage(30, [author.address, AUTHOR.address], client, spent=30, authorized=50)
+    node.end_epoch(epoch)
+    assert node.settlement.settle_once().posted == [epoch]  # type: ignore[union-attr]
+    posted = node.ledger.report(node.key.address, epoch)
+    assert posted is not None
+    with IpfsClient(devnet.ipfs_api) as ipfs:
+        report = fetch_report(ipfs, posted)
+        assert report.receipts is not None and report.receipts.size == 2
+        published = ipfs.fetch_verified(report.receipts.cid)
+    kept = node.settlement.reports_dir / f"epoch-{epoch}.receipts.json"
+    assert (
+        published
+        == kept.read_bytes()
+        == encode_document(node.key.address, epoch, node.meter.receipt_leaves(epoch))
+    )
+    assert [m.spent for m in ReceiptsDocument.decode(published).receipts] == [0, 30]
+    ok = audit(node, epoch, "--account", author.address)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "every record follows from its 2 signed receipts" in ok.stdout, ok.stdout
+    doc = json.loads(audit(node, epoch, "--account", author.address, "--json").stdout)
+    assert doc["problems"] == [] and [(r["index"], r["units"]) for r in doc["behind"]] == [
+        (0, 40),
+        (1, 15),
+    ], doc
+    spends = json.loads(audit(node, epoch, "--account", client.address, "--json").stdout)["behind"]
+    assert [(r["record"], r["units"]) for r in spends] == [("spent", 30)], spends
+
+    # A node whose posted records (and root) earn an author more than its published receipts give: the
+    # chain's root matches the content, so only the receipts show the lie.
+    liar = Node(devnet, tmp_path / "liar")
+    try:
+        liar.settlement.connect()
+        liar.register()
+        lie_epoch = liar.meter_usage(5, [author.address])
+        liar.end_epoch(lie_epoch)
+        leaves = liar.meter.receipt_leaves(lie_epoch)
+        with IpfsClient(devnet.ipfs_api) as ipfs:
+            ref = receipts_ref(ipfs.add(encode_document(liar.key.address, lie_epoch, leaves)), leaves)
+            inflated = build_report(
+                liar.key.address, lie_epoch, EPOCH, {author.address: 500}, {}, 10**6, {}, ref
+            )
+            cid = ipfs.add(inflated.encode())
+        liar.settlement.ledger.post_report(
+            lie_epoch, inflated.tree().root, tree_size=1, earned_units=500, cid=cid
+        )
+    finally:
+        liar.meter.close()
+    caught = audit(liar, lie_epoch)
+    assert caught.returncode == 1, caught.stdout + caught.stderr
+    assert f"earned record of {author.address}: reports 500; its receipts give 5" in caught.stderr, (
+        caught.stderr
+    )
+    missing = audit(node, epoch + 50)
+    assert missing.returncode == 2 and "posted no report" in missing.stderr, missing.stderr

@@ -29,6 +29,8 @@ from zoo.inference.provenance.documents import output_document, sha256_hex
 from zoo.inference.provenance.weights import file_sha256
 from zoo.node.api.serving import receipt_from_proto
 from zoo.node.client import NodeClient
+from zoo.node.credits.meter import UsageMeter
+from zoo.node.credits.receipt_log import MeteredReceipt
 from zoo.node.provenance.receipts import ZERO32, ZERO_ADDRESS, check, parse
 from zoo.registry.library import Library
 from zoo.registry.merkle import library_root
@@ -164,7 +166,22 @@ def test_a_grpc_answer_carries_a_receipt_its_node_signed_on_request(node: NodePr
     account = Account.create()
     with NodeClient(node.address, signer=account) as c:
         signed = c.inference.Infer(request, timeout=120)
-    assert parse(receipt_from_proto(signed.receipt)).client == account.address
+    got = parse(receipt_from_proto(signed.receipt))
+    assert got.client == account.address
+    # Every answer's receipt is in the epoch's receipts log, committed with its usage before the answer
+    # went out; the one the client holds among them, as it was given.
+    meter = UsageMeter(node.data_dir / "usage.sqlite", read_only=True)
+    try:
+        logged = [
+            MeteredReceipt.parse(json.loads(x)) for x in meter.receipt_leaves(meter.epoch_of(got.timestamp))
+        ]
+    finally:
+        meter.close()
+    assert got in [m.receipt for m in logged]
+    for m in logged:
+        check(m.receipt)
+    plain_output = sha256_hex(output_document([plain.text]))
+    assert any(m.receipt.output == plain_output for m in logged)  # asked for no receipt: logged all the same
 
 
 def test_an_http_answer_carries_a_receipt_that_verify_receipt_checks(
