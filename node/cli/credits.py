@@ -205,6 +205,37 @@ def claim(
         raise typer.Exit(1)
 
 
+class AuditUnavailable(Exception):
+    """A posted report, or the receipts it names, that cannot be read (the message says why)."""
+
+
+def audit_posted(dao: Dao, ledger: Any, node: str, epoch: int) -> tuple[Any, Any, list[str]]:
+    """(report, receipts document, problems) of NODE's posted report for EPOCH: its content and receipts
+    fetched from IPFS, each against its CID, and audited (node.credits.receipt_log.audit; no problems: every
+    record follows from the receipts). AuditUnavailable when either cannot be read."""
+    from zoo.node.credits.receipt_log import MAX_DOCUMENT_BYTES, ReceiptsDocument, audit
+    from zoo.registry.errors import ValidationError
+    from zoo.registry.ipfs import IpfsClient, IpfsError
+    from zoo.registry.usage_report import ReportError, fetch_report
+
+    posted = ledger.report(node, epoch)
+    if posted is None:
+        raise AuditUnavailable(f"node {node} posted no report for epoch {epoch}")
+    timeout = dao.cfg.ipfs.timeout_s
+    try:
+        if not dao.ipfs_api:
+            raise IpfsError("no IPFS API is configured")
+        with IpfsClient(dao.ipfs_api) as ipfs:
+            report = fetch_report(ipfs, posted, timeout=timeout)
+            if report.receipts is None:
+                raise ReportError("the report is in format 1: it names no receipts to audit")
+            data = ipfs.fetch_verified(report.receipts.cid, timeout=timeout, max_size=MAX_DOCUMENT_BYTES)
+        document = ReceiptsDocument.decode(data)
+    except (ReportError, IpfsError, ValidationError) as e:
+        raise AuditUnavailable(f"cannot audit the report of node {node}, epoch {epoch}: {e}") from None
+    return report, document, audit(report, document, ledger.params().max_units_per_report)
+
+
 @app.command()
 def audit(
     node: str = typer.Argument(..., help="The reporting node (address)."),
@@ -220,38 +251,19 @@ def audit(
     signature and time, and every record recomputed from them (what to do before `credits challenge`).
     Exit 0: every record follows from its receipts; 1: not, saying which; 2: the report or its receipts
     cannot be read."""
-    from zoo.node.credits.receipt_log import MAX_DOCUMENT_BYTES, ReceiptsDocument, audit, behind
+    from zoo.node.credits.receipt_log import behind
     from zoo.registry.chain.ledger import EARNED, SPENT
-    from zoo.registry.errors import ValidationError
-    from zoo.registry.ipfs import IpfsClient, IpfsError
-    from zoo.registry.usage_report import ReportError, fetch_report
 
     node_address = _address(node)
     wanted = _address(account) if account else None
     dao = connect(config, data_dir, None, need_key=False)
     ledger = ledger_of(dao)
-    with reverts():
-        posted = ledger.report(node_address, epoch)
-        cap = ledger.params().max_units_per_report
-    if posted is None:
-        err.print(f"[red]node {node_address} posted no report for epoch {epoch}[/red]")
-        raise typer.Exit(2)
-    timeout = dao.cfg.ipfs.timeout_s
     try:
-        if not dao.ipfs_api:
-            raise IpfsError("no IPFS API is configured")
-        with IpfsClient(dao.ipfs_api) as ipfs:
-            report = fetch_report(ipfs, posted, timeout=timeout)
-            if report.receipts is None:
-                raise ReportError("the report is in format 1: it names no receipts to audit")
-            data = ipfs.fetch_verified(report.receipts.cid, timeout=timeout, max_size=MAX_DOCUMENT_BYTES)
-        document = ReceiptsDocument.decode(data)
-    except (ReportError, IpfsError, ValidationError) as e:
-        err.print(
-            f"[red]cannot audit the report of node {node_address}, epoch {epoch}: {escape(str(e))}[/red]"
-        )
+        with reverts():
+            report, document, problems = audit_posted(dao, ledger, node_address, epoch)
+    except AuditUnavailable as e:
+        err.print(f"[red]{escape(str(e))}[/red]")
         raise typer.Exit(2) from None
-    problems = audit(report, document, cap)
     listed = []
     if wanted is not None:
         for kind, name in ((EARNED, "earned"), (SPENT, "spent")):
@@ -259,15 +271,15 @@ def audit(
                 listed.append(
                     {"record": name, "index": index, "units": units, "receipt": m.receipt.to_json()}
                 )
+    root = "0x" + document.tree().root.hex()
     if as_json:
-        doc = {"node": node_address, "epoch": epoch, "records": len(report.records),
-               "receipts": len(document.receipts), "root": "0x" + document.tree().root.hex(),
-               "problems": problems, "behind": listed}  # fmt: skip
+        doc = {"node": node_address, "epoch": epoch, "records": len(report.records), "root": root,
+               "receipts": len(document.receipts), "problems": problems, "behind": listed}  # fmt: skip
         out.print_json(json.dumps(doc))
     else:
         out.print(
             f"report of node {node_address}, epoch {epoch}: {len(report.records)} records, "
-            f"{len(document.receipts)} receipts (root 0x{document.tree().root.hex()})"
+            f"{len(document.receipts)} receipts (root {root})"
         )
         if listed:
             table = Table("record", "receipt", "units", "tokens", "time", "client", "library")

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 
 from zoo.node.cli.console import out
 from zoo.node.cli.context import Dao, connect, fail, reverts
@@ -149,6 +150,7 @@ def review_cmd(
         if prop.is_call:
             out.print(f"proposal {format_proposal_id(pid)} ({state.name.lower()}) by {prop.proposer}")
             out.print(f"a call proposal, no library content: it calls {describe_call(dao, pid)}")
+            _review_challenge(dao, pid)
             return
         result = check_content(dao, prop, with_diff=True)
     out.print(f"proposal {format_proposal_id(pid)} ({state.name.lower()}) by {prop.proposer}")
@@ -188,3 +190,37 @@ def _eval_proposal(dao: Dao, result: Any, tasks: Path) -> None:
     out.print("evaluation: A is the parent version, B the proposed one")
     out.print(render(scored))
     out.print(difference_line(scored["difference"]))
+
+
+def _review_challenge(dao: Dao, pid: int) -> None:
+    """For a proposal to resolve a challenge: whether the challenged report's records follow from the
+    receipts it names (credits audit), so the vote weighs the evidence."""
+    from zoo.node.cli.credits import AuditUnavailable, audit_posted
+    from zoo.registry.chain import LedgerClient
+
+    found = dao.registry.proposed_call(pid)
+    if found is None or not dao.ledger_address or found[0].lower() != dao.ledger_address.lower():
+        return
+    ledger = LedgerClient(dao.w3, found[0])
+    try:
+        function, args = ledger.contract.decode_function_input(found[1])
+    except ValueError:
+        return
+    if function.fn_name != "resolveChallenge":
+        return
+    node, epoch = args["node"], args["epoch"]
+    try:
+        _report, document, problems = audit_posted(dao, ledger, node, epoch)
+    except AuditUnavailable as e:
+        out.print(f"[yellow]the challenged report: {escape(str(e))}[/yellow]")
+        return
+    if problems:
+        out.print(
+            f"[red]the challenged report is not borne out by its {len(document.receipts)} receipts:[/red]"
+        )
+        for p in problems:
+            out.print(f"  [red]{escape(p)}[/red]", highlight=False)
+    else:
+        out.print(f"[green]the challenged report: every record follows from its {len(document.receipts)} "
+                  "signed receipts[/green]")  # fmt: skip
+    out.print(f"(`zoo-node credits audit {node} {epoch} --account 0x…` lists the receipts behind a record)")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import secrets
 import subprocess
 from collections.abc import Iterator
@@ -410,6 +411,19 @@ def test_a_posted_report_is_audited_against_its_receipts_from_the_cli(
         )
     finally:
         liar.meter.close()
+    # Challenged (within the window), the DAO's review of the resolution shows the same evidence.
+    dao = ("--data-dir", str(devnet_dir))
+    challenged = zoo("credits", "challenge", liar.key.address, str(lie_epoch), "--reason", "inflated",
+                     "--key", "dev1", *dao)  # fmt: skip
+    assert challenged.returncode == 0, challenged.stderr
+    proposed = zoo("dao", "propose-resolve", liar.key.address, str(lie_epoch), "--uphold", *dao)
+    assert proposed.returncode == 0, proposed.stderr
+    pid = re.search(r"proposed (0x[0-9a-f]{64})", proposed.stdout)
+    assert pid is not None, proposed.stdout
+    reviewed = zoo("dao", "review", pid.group(1), *dao)
+    assert reviewed.returncode == 0, reviewed.stderr
+    assert "the challenged report is not borne out by its 1 receipts" in reviewed.stdout, reviewed.stdout
+    assert "reports 500; its receipts give 5" in reviewed.stdout, reviewed.stdout
     caught = audit(liar, lie_epoch)
     assert caught.returncode == 1, caught.stdout + caught.stderr
     assert f"earned record of {author.address}: reports 500; its receipts give 5" in caught.stderr, (
