@@ -10,7 +10,8 @@ document's CID, the report holds (registry/usage_report.py, format 2). The root 
 covers the report's bytes by their CID, so it commits to these receipts too.
 
 `audit` is what a challenger, or the DAO resolving a challenge, runs: the document must give the report's
-root and size, every receipt must be signed by the reporting node and stamped inside the epoch, and the
+root and size, every receipt must be signed by the reporting node, stamped inside the epoch and there once
+(a receipt replayed counts one answer twice), and the
 records recomputed from the receipts by the rules that made them (meter.shares_of per answer, the ledger's
 cap, each client's consent in the report) must be the posted records. What it cannot show: that the
 answers were asked for (a node can sign receipts of answers to itself; docs/security.md, "Receipts").
@@ -190,8 +191,13 @@ def audit(report: Report, document: ReceiptsDocument, cap: int) -> list[str]:
     start, end = report.epoch * report.epoch_length, (report.epoch + 1) * report.epoch_length
     earned: Counter[str] = Counter()
     spent: Counter[str] = Counter()
+    seen: dict[bytes, int] = {}
     for i, m in enumerate(document.receipts):
         r = m.receipt
+        digest = r.digest()
+        if digest in seen:  # one answer counted twice: its receipt replayed
+            problems.append(f"receipt {i}: the same receipt as receipt {seen[digest]} (counted twice)")
+        seen.setdefault(digest, i)
         try:
             check(r)
         except SignatureError as e:

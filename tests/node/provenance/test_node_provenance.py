@@ -215,8 +215,9 @@ def test_an_http_answer_carries_a_receipt_that_verify_receipt_checks(
     other = httpx.post(f"{http}/chat/completions", json={**body, "max_tokens": 3}, timeout=120).json()
     other["zoo"]["receipt"] = receipt
     (tmp_path / "replayed.json").write_text(json.dumps(other))
-    if other["choices"][0]["message"]["content"] != answer["choices"][0]["message"]["content"]:
-        assert verify(tmp_path / "replayed.json").returncode == 1
+    assert other["choices"][0]["message"]["content"] != answer["choices"][0]["message"]["content"]
+    replayed = verify(tmp_path / "replayed.json")
+    assert replayed.returncode == 1 and "not the output the receipt names" in replayed.stderr, replayed.stderr
     # Another node or other weights asked for: refused, naming them.
     assert "not 0x" in verify(good, "--node", "0x" + "11" * 20).stderr
     assert verify(good, "--model", "ab" * 32).returncode == 1
