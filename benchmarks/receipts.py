@@ -65,7 +65,7 @@ def outcome(i: int, prompt_sha256: str) -> SimpleNamespace:
 
 def usage(meter: UsageMeter, notary: Notary | None, i: int) -> object:
     """One answer's usage as answer_metering builds it (with its receipt when `notary` is given)."""
-    from zoo.node.credits.receipt_log import MeteredReceipt
+    from zoo.node.credits.metered_receipt import MeteredReceipt
 
     now = meter.now()
     leaf = b""

@@ -206,7 +206,10 @@ def claim(
 
 
 class AuditUnavailable(Exception):
-    """A posted report, or the receipts it names, that cannot be read (the message says why)."""
+    """A posted report, or the receipts it names, that cannot be read (the message says why).
+
+    Not a ZooError: the CLI's own signal between audit_posted and its callers, who print it (exit 2 or a
+    note); it never reaches an API."""
 
 
 def audit_posted(dao: Dao, ledger: Any, node: str, epoch: int) -> tuple[Any, Any, list[str]]:

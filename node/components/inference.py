@@ -16,7 +16,7 @@ from zoo.node.components.probes import ModelComponent
 from zoo.node.config import NodeConfig
 from zoo.node.credits.book import CreditBook
 from zoo.node.credits.meter import Served, UsageMeter, credited_of
-from zoo.node.credits.receipt_log import MeteredReceipt
+from zoo.node.credits.metered_receipt import MeteredReceipt
 from zoo.node.lifecycle import Component, State, in_background_thread
 from zoo.node.logs import get_logger
 from zoo.node.metrics import NodeMetrics

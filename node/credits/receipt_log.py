@@ -1,13 +1,12 @@
 """The receipts behind a usage report: every answer a node metered, as its signed receipt and what it
 credited, published beside the report so anyone can check the report's records against them.
 
-Each answer the meter commits carries a *metered receipt*: the node's signed receipt of the answer
-(node/provenance/receipts.py), the experiences it credited (id and author: those the answer cited, else
-every one it was served) and the credits it cost its client. An epoch's metered receipts, in the order the
-meter committed them, are one document (`zoo.usage-receipts/1`, canonical JSON) that settlement adds to
-IPFS; each metered receipt's canonical JSON is a leaf of an RFC 9162 tree whose root and size, with the
-document's CID, the report holds (registry/usage_report.py, format 2). The root the node posts on chain
-covers the report's bytes by their CID, so it commits to these receipts too.
+Each answer the meter commits carries a *metered receipt* (credits/metered_receipt.py: the node's
+signed receipt of the answer, what it credited and what it cost its client). An epoch's metered receipts,
+in the order the meter committed them, are one document (`zoo.usage-receipts/1`, canonical JSON) that
+settlement adds to IPFS; each one's canonical JSON is a leaf of an RFC 9162 tree whose root and size,
+with the document's CID, the report holds (registry/usage_report.py, format 2). The root the node posts
+on chain covers the report's bytes by their CID, so it commits to these receipts too.
 
 `audit` is what a challenger, or the DAO resolving a challenge, runs: the document must give the report's
 root and size, every receipt must be signed by the reporting node, stamped inside the epoch and there once
@@ -23,13 +22,12 @@ import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from eth_utils import is_address, to_checksum_address
 
-from zoo.node.credits.meter import Served, shares_of
+from zoo.node.credits.metered_receipt import MeteredReceipt, canonical_json
 from zoo.node.credits.signing import SignatureError
-from zoo.node.provenance.receipts import ZERO_ADDRESS, Receipt, check, parse
+from zoo.node.provenance.receipts import check
 from zoo.registry.chain.ledger import EARNED, SPENT
 from zoo.registry.errors import ValidationError
 from zoo.registry.merkle import MerkleTree
@@ -38,76 +36,13 @@ from zoo.registry.usage_report import KIND_NAMES, ReceiptsRef, Record, Report, b
 FORMAT = "zoo.usage-receipts/1"
 MAX_RECEIPTS = 2_000_000  # a day of 23 answers a second
 MAX_DOCUMENT_BYTES = 2 * 1024**3  # what a reader fetches at most (about 1 KB a receipt)
-MAX_CREDITED = 1024  # experiences one answer can credit (the prompt holds far fewer)
-
-
-def _canonical(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
-
-
-@dataclass(frozen=True)
-class MeteredReceipt:
-    """One metered answer: the node's signed receipt, the (experience id, author) pairs it credited (by
-    id), and the credits it cost its client."""
-
-    receipt: Receipt
-    credited: tuple[tuple[str, str], ...]
-    spent: int = 0
-
-    @classmethod
-    def of(cls, receipt: Receipt, credited: Sequence[Served], spent: int) -> MeteredReceipt:
-        return cls(receipt, tuple(sorted((s.id, s.author) for s in credited)), spent)
-
-    @property
-    def units(self) -> int:
-        """The answer's tokens, prompt and completion: what the meter shares among the credited."""
-        return self.receipt.prompt_tokens + self.receipt.completion_tokens
-
-    def shares(self) -> dict[str, int]:
-        """The units each author earned from this answer, by the meter's rule."""
-        return shares_of(self.units, [Served(i, a, True) for i, a in self.credited])
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "receipt": self.receipt.to_json(),
-            "credited": [list(c) for c in self.credited],
-            "spent": self.spent,
-        }
-
-    def leaf(self) -> bytes:
-        """Its leaf in the epoch's receipts tree: its canonical JSON."""
-        return _canonical(self.to_json())
-
-    @classmethod
-    def parse(cls, data: Any, where: str = "receipt") -> MeteredReceipt:
-        """From its JSON (untrusted: fetched from IPFS); ValidationError naming what is wrong."""
-        if not isinstance(data, dict) or set(data) != {"receipt", "credited", "spent"}:
-            raise ValidationError(where, "must be an object with receipt, credited and spent")
-        receipt = parse(data["receipt"])
-        credited = data["credited"]
-        if not isinstance(credited, list) or len(credited) > MAX_CREDITED:
-            raise ValidationError(f"{where}.credited", f"must be a list of at most {MAX_CREDITED} pairs")
-        pairs = []
-        for i, pair in enumerate(credited):
-            ok = isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)
-            if not ok or not 0 < len(pair[0]) <= 256 or not 0 < len(pair[1]) <= 256:
-                raise ValidationError(
-                    f"{where}.credited[{i}]", "must be [experience id, author], 1-256 chars"
-                )
-            pairs.append((pair[0], pair[1]))
-        if pairs != sorted(set(pairs)):
-            raise ValidationError(f"{where}.credited", "must be sorted by experience id, each once")
-        spent = data["spent"]
-        if type(spent) is not int or not 0 <= spent < 2**63:
-            raise ValidationError(f"{where}.spent", "must be an integer from 0 to 2**63 - 1")
-        if spent and receipt.client == ZERO_ADDRESS:
-            raise ValidationError(f"{where}.spent", "an anonymous answer spends no credits")
-        return cls(receipt, tuple(pairs), spent)
 
 
 def encode_document(node: str, epoch: int, leaves: Sequence[bytes]) -> bytes:
     """The epoch's receipts document from its leaves (each a metered receipt's canonical JSON), in order."""
-    head = _canonical({"epoch": epoch, "format": FORMAT, "node": to_checksum_address(node), "receipts": []})
+    head = canonical_json(
+        {"epoch": epoch, "format": FORMAT, "node": to_checksum_address(node), "receipts": []}
+    )
     return head[: -len(b"]}")] + b",".join(leaves) + b"]}"
 
 

@@ -14,9 +14,9 @@ from eth_account import Account
 
 from tests.node.provenance.test_receipts import node_key, receipt_of
 from zoo.node.credits.meter import Served, UsageMeter, credited_of
+from zoo.node.credits.metered_receipt import MeteredReceipt
 from zoo.node.credits.receipt_log import (
     FORMAT,
-    MeteredReceipt,
     ReceiptsDocument,
     audit,
     behind,

@@ -25,7 +25,8 @@ from zoo.devnet.dev_ledger import give_credits
 from zoo.devnet.info import DevnetInfo, warp
 from zoo.devnet.manager import Devnet, DevnetSettings
 from zoo.node.credits.meter import Served, UsageMeter, credited_of
-from zoo.node.credits.receipt_log import MeteredReceipt, ReceiptsDocument, encode_document, receipts_ref
+from zoo.node.credits.metered_receipt import MeteredReceipt
+from zoo.node.credits.receipt_log import ReceiptsDocument, encode_document, receipts_ref
 from zoo.node.credits.settlement import Settlement
 from zoo.node.lifecycle import State
 from zoo.node.provenance.receipts import ZERO32, ZERO_ADDRESS, Receipt, sign

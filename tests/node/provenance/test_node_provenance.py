@@ -30,7 +30,7 @@ from zoo.inference.provenance.weights import file_sha256
 from zoo.node.api.serving import receipt_from_proto
 from zoo.node.client import NodeClient
 from zoo.node.credits.meter import UsageMeter
-from zoo.node.credits.receipt_log import MeteredReceipt
+from zoo.node.credits.metered_receipt import MeteredReceipt
 from zoo.node.provenance.receipts import ZERO32, ZERO_ADDRESS, check, parse
 from zoo.registry.library import Library
 from zoo.registry.merkle import library_root
