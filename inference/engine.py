@@ -417,6 +417,13 @@ class InferenceEngine:
                 raise ValidationError("proof", "a proof covers one answer: n must be 1")
             if p.adapter:
                 raise ValidationError("proof", "answers given with a LoRA adapter carry no proof yet")
+            if p.max_tokens > answer_proof.MAX_PROVEN_TOKENS:
+                raise ValidationError(
+                    "proof",
+                    f"a proof covers at most {answer_proof.MAX_PROVEN_TOKENS} new tokens: set max_tokens to "
+                    f"at most that (got {p.max_tokens}); longer answers' later states drift past what the "
+                    "check can tell from another model (docs/security.md, Proofs)",
+                )
         if p.logprobs is not None and not getattr(self.backend, "supports_logprobs", False):
             raise ValidationError("logprobs", f"log-probabilities are not supported by the {kind}")
         if p.prompt is not None and not getattr(self.backend, "supports_echo", False):

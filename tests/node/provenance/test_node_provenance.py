@@ -336,6 +336,13 @@ def test_verify_answer_checks_an_http_answer_and_its_receipt(node: NodeProcess, 
     assert elsewhere.returncode == 3 and OTHER_WEIGHTS in elsewhere.stderr
     (tmp_path / "junk.json").write_text('{"format": "zoo.answer-proof/1"}')
     assert verify_answer(node, tmp_path / "junk.json").returncode == 2
-    # A proof covers one answer.
+    # A proof covers one answer, of at most 64 new tokens (what was measured to verify).
     r = httpx.post(f"{http}/chat/completions", json={**body, "n": 2}, timeout=60)
     assert r.status_code == 400 and "n must be 1" in r.text
+    r = httpx.post(f"{http}/chat/completions", json={**body, "max_tokens": 65}, timeout=60)
+    assert r.status_code == 400 and "at most 64 new tokens" in r.text, r.text
+    with NodeClient(node.address) as c, pytest.raises(grpc.RpcError) as e:
+        c.inference.Infer(
+            pb.InferRequest(prompt=GEOMETRY, proof=True, sampling=pb.SamplingParams(max_tokens=100))
+        )
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "at most 64" in e.value.details()
