@@ -21,6 +21,7 @@ import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from eth_utils import is_address, to_checksum_address
 
@@ -53,11 +54,16 @@ class ReceiptsDocument:
     epoch: int
     receipts: tuple[MeteredReceipt, ...]
 
+    @cached_property
+    def leaves(self) -> tuple[bytes, ...]:
+        """Each receipt's leaf, encoded once (decode's canonical check, the tree and encode share them)."""
+        return tuple(r.leaf() for r in self.receipts)
+
     def tree(self) -> MerkleTree:
-        return MerkleTree.from_leaves([r.leaf() for r in self.receipts])
+        return MerkleTree.from_leaves(list(self.leaves))
 
     def encode(self) -> bytes:
-        return encode_document(self.node, self.epoch, [r.leaf() for r in self.receipts])
+        return encode_document(self.node, self.epoch, self.leaves)
 
     @classmethod
     def decode(cls, data: bytes) -> ReceiptsDocument:
