@@ -2,6 +2,9 @@
 waiting requests that `submit` fills from any thread, `close`, and the loop that admits requests under the
 lock, steps outside it, fails the running requests (not the thread) when a step raises, and fails what is
 left when the node shuts down. A subclass says how to admit, how to step, and what is running.
+
+`call` runs other work on the thread between two steps (a proof's prefill): whatever uses the model goes
+through the thread that owns it, so nothing changes the model (an adapter set for a batch) under it.
 """
 
 from __future__ import annotations
@@ -9,7 +12,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from typing import Generic, TypeVar
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, Generic, TypeVar
 
 from zoo.inference.decoding import BatchStats, DecodingState
 
@@ -25,6 +30,7 @@ class SchedulerThread(Generic[State]):
         self.stats = BatchStats()
         self._cond = threading.Condition()
         self._waiting: deque[State] = deque()
+        self._calls: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         self._closed = False
         self._log = logging.getLogger(type(self).__module__)
         self._thread = threading.Thread(target=self._run, name=thread_name, daemon=True)
@@ -37,6 +43,16 @@ class SchedulerThread(Generic[State]):
             self._waiting.append(state)
             self.stats.waiting = len(self._waiting)
             self._cond.notify()
+
+    def call(self, work: Callable[[], Any]) -> Future[Any]:
+        """Run `work` on the scheduler thread before its next step; its result (or error) in the future."""
+        future: Future[Any] = Future()
+        with self._cond:
+            if self._closed:
+                raise RuntimeError(f"the {self.noun} is closed")
+            self._calls.append((work, future))
+            self._cond.notify()
+        return future
 
     def close(self) -> None:
         """Stop the thread (waiting up to 30 s for its step); unfinished requests fail."""
@@ -72,13 +88,22 @@ class SchedulerThread(Generic[State]):
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and not self._waiting and not self._running():
+                while not self._closed and not self._waiting and not self._running() and not self._calls:
                     self._cond.wait()
+                calls, self._calls = list(self._calls), deque()
                 if self._closed:
                     pending = [*self._waiting, *self._running()]
                     self._waiting.clear()
                     break
                 admitted = self._admit()
+            for work, future in calls:
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(work())
+                    except Exception as e:  # the caller's error, not the thread's
+                        future.set_exception(e)
+            if calls and not admitted and not self._running():
+                continue  # woken for the calls alone
             try:
                 self._step(admitted)
             except Exception as e:  # anything unforeseen fails the running requests, not the thread
@@ -87,3 +112,6 @@ class SchedulerThread(Generic[State]):
             self.stats.running = len(self._running())
         for state in pending:
             state.fail(RuntimeError("the model is shutting down"))
+        for _, future in calls:
+            if future.set_running_or_notify_cancel():
+                future.set_exception(RuntimeError("the model is shutting down"))
