@@ -388,8 +388,8 @@ class InferenceEngine:
         if proof.kernels != mine:
             raise Unsupported(
                 f"the proof was computed by {proof.kernels!r}; this node computes with {mine!r}: a node "
-                "whose llama.cpp build is the prover's checks it (another build's numbers differ as much as "
-                "another quantization's: docs/security.md, Proofs)"
+                "with the prover's kernels checks it (other kernels' numbers differ as much as another "
+                "quantization's: docs/security.md, Proofs)"
             )
         if int(proof.adapter, 16):
             raise Unsupported("proofs of answers given with a LoRA adapter cannot be verified yet")
@@ -417,12 +417,13 @@ class InferenceEngine:
                 raise ValidationError("proof", "a proof covers one answer: n must be 1")
             if p.adapter:
                 raise ValidationError("proof", "answers given with a LoRA adapter carry no proof yet")
-            if p.max_tokens > answer_proof.MAX_PROVEN_TOKENS:
+            most = getattr(self.backend, "max_proven_tokens", answer_proof.MAX_PROVEN_TOKENS)
+            if p.max_tokens > most:
                 raise ValidationError(
                     "proof",
-                    f"a proof covers at most {answer_proof.MAX_PROVEN_TOKENS} new tokens: set max_tokens to "
-                    f"at most that (got {p.max_tokens}); longer answers' later states drift past what the "
-                    "check can tell from another model (docs/security.md, Proofs)",
+                    f"the {kind} proves at most {most} new tokens: set max_tokens to at most that (got "
+                    f"{p.max_tokens}); that is as far as its proofs were measured to verify without false "
+                    "rejections (docs/security.md, Proofs)",
                 )
         if p.logprobs is not None and not getattr(self.backend, "supports_logprobs", False):
             raise ValidationError("logprobs", f"log-probabilities are not supported by the {kind}")

@@ -3,28 +3,65 @@
 Generation goes through the continuous batcher (transformers_scheduler.py): concurrent requests share each
 decode step's forward pass, and text reaches the caller's event loop as it is produced. Each request samples
 with its own seeded generator, so seeded output does not depend on what else is running.
+
+Proofs of inference: an answer that asks for one is committed to with the states of its prompt's prefill
+and of one pass of its tokens over the prompt's cache (transformers_scheduler.py, "Proofs"), and `recompute`
+runs the same two passes for a verifier, on the batcher's thread. Same kernels, same numbers: the states
+match bit for bit, so the thresholds leave room for nothing else, and a proof names its kernels (`kernels`)
+for a verifier to match.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from pathlib import Path
 from typing import Any
 
 from zoo.inference.local_backend import LocalBackend
 from zoo.inference.model_loading import MODEL_LOADING
+from zoo.inference.provenance.toploc import SAME_KERNELS
 from zoo.inference.structured import hf_tokenizer_info
 from zoo.inference.transformers_scheduler import ContinuousBatcher
 
+BF16_UNITS = ("avx512_bf16", "amx_bf16")
+# A proof of at most this many new tokens (answer_proof): the prover's prefill is the verifier's, so no
+# drift grows with length (./zoo bench provenance --backend transformers measures 256).
+MAX_PROVEN_TOKENS = 256
+
+
+def _cpu_bf16_units() -> list[str]:
+    """The CPU's bf16 arithmetic units (AVX512-BF16, AMX) its flags name; unknown counts as none."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return []
+    return [f for f in BF16_UNITS if f in flags]
+
 
 def _cpu_computes_bf16() -> bool:
-    """Whether this CPU has bf16 arithmetic units (AVX512-BF16 or AMX); unknown counts as no."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return any(f in flags.split() for f in ("avx512_bf16", "amx_bf16"))
+    return bool(_cpu_bf16_units())
+
+
+def kernels(model: Any, device: str) -> str:
+    """What computes a proof's states here: the transformers and torch releases, the weights' dtype, and
+    the device with the kernels it picks (on a CPU, ATen's vector capability, the bf16 units oneDNN uses
+    and any cap on its instruction set). A verifier checks only proofs made by the same."""
+    from importlib.metadata import version
+
+    import torch
+
+    dtype = str(getattr(model, "dtype", "")).removeprefix("torch.")
+    if device.startswith("cuda"):
+        where = f"{device} {torch.cuda.get_device_name(device)}"
+    else:
+        where = f"{device} {torch.backends.cpu.get_cpu_capability()}"
+        if dtype == "bfloat16":
+            where += "".join(f" {unit}" for unit in _cpu_bf16_units())
+        if os.environ.get("ONEDNN_MAX_CPU_ISA"):
+            where += f" oneDNN<={os.environ['ONEDNN_MAX_CPU_ISA']}"
+    return f"transformers {version('transformers')}; torch {torch.__version__}; {dtype}; {where}"
 
 
 def resolve_dtype(dtype: str, device: str) -> str:
@@ -42,6 +79,10 @@ def resolve_dtype(dtype: str, device: str) -> str:
 
 
 class TransformersBackend(LocalBackend):
+    supports_proofs = True  # answers carry TOPLOC proofs, and proofs of these weights are verified here
+    proof_thresholds = SAME_KERNELS
+    max_proven_tokens = MAX_PROVEN_TOKENS
+
     def __init__(
         self,
         model: Any,
@@ -70,6 +111,13 @@ class TransformersBackend(LocalBackend):
             max_adapters=max_adapters,
             token_bytes=self.token_bytes,
         )
+        self.proof_kernels = kernels(model, device)  # what a proof made here names, and one checked here must
+
+    async def recompute(self, ids: list[int], first: int) -> tuple[Any, Any]:
+        """(last hidden states, logits) at positions first .. len(ids) - 1 of `ids` (`first`: the prompt's
+        last), computed on the batcher's thread as its prover did: what a proof of an answer given by these
+        weights is checked against."""
+        return await asyncio.wrap_future(self.scheduler.call(lambda: self.scheduler.head_inputs(ids, first)))
 
     def _grammar_vocabulary(self) -> Any:
         """Built once: grammars and token bytes use it."""

@@ -16,6 +16,14 @@ Batch invariance (greedy output alone == inside any batch, bit for bit, measured
   single row takes a different kernel; so a lone request decodes beside a shadow copy of itself.
 On GPUs, matmul kernels are not batch-invariant in general; there the guarantee does not hold.
 
+Proofs (a request with `proof`): the states an answer's proof commits to are computed as a verifier
+recomputes them (`head_inputs`): the prompt's prefill alone (the one the row starts with: its last
+position's state and its cache are kept), then, once the answer is done, the answer's tokens fed at once over
+that cache. Decode steps compute the same states otherwise: in bf16 the two differ in their last bits (TOPLOC
+mantissa means up to 9.6 over a 64-token answer, where another prompt's start near 2), which no threshold
+tells from a cheat on this model; these are the verifier's bit for bit, for any thread count or batch
+(tests/inference/test_transformers_proofs.py), at the price of one prefill of the answer's tokens.
+
 Priority: while any running request is a priority one (a credit holder's), each step decodes only the
 priority rows. The other rows' cache rows are set aside (parked) with the cache width they had and merged
 back, left-padded like newly prefilled rows, once no priority row is left; parked rows keep their
@@ -25,15 +33,18 @@ so this is what keeps a holder's answer near its idle latency under load.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import logging
 import threading
 import time
 import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from zoo.inference.adapters import BASE, LoadedAdapters
@@ -114,6 +125,20 @@ class Sequence(DecodingState):
 
     generator: torch.Generator | None = None
     adapter_key: str = BASE  # the loaded LoRA adapter this row decodes with
+    # With request.proof: the prompt's cache and last state as a proof takes them (set at its prefill), and
+    # what computes the answer's states over them when it is done (ContinuousBatcher._answer_states).
+    proof_prompt: tuple[Any, torch.Tensor] | None = None
+    prove: Callable[[Sequence], list[np.ndarray]] | None = None
+
+    def end(self, reason: str) -> bool:
+        if self.prove is not None and self.states is not None and self.generated and reason != "cancelled":
+            try:
+                self.states = self.prove(self)
+            except Exception:  # the answer stands; it goes without a proof (the engine says so)
+                logger.exception("the prefill for an answer's proof failed")
+                self.states = None
+        self.proof_prompt = None
+        return super().end(reason)
 
 
 class ContinuousBatcher(SchedulerThread[Sequence]):
@@ -162,6 +187,9 @@ class ContinuousBatcher(SchedulerThread[Sequence]):
         # dropped once they all have, or with the request.
         self._prefilled: weakref.WeakKeyDictionary[ChoiceGroup, _Prefilled] = weakref.WeakKeyDictionary()
         self._cache: Any = None
+        # What outputs the LM head's input at every position (Llama-style decoders' `norm`), for proofs.
+        norm = getattr(model.get_decoder(), "norm", None) if hasattr(model, "get_decoder") else None
+        self._final_norm = norm if isinstance(norm, torch.nn.Module) else None
         self._start("batcher")
 
     # -- public --------------------------------------------------------------------------------------
@@ -170,9 +198,77 @@ class ContinuousBatcher(SchedulerThread[Sequence]):
         self, request: GenerationRequest, prompt_ids: list[int], emit: Emit, constraint: Any = None
     ) -> None:
         seq = Sequence(request, prompt_ids, emit, Detokenizer(self.tokenizer), constraint)
+        if request.proof:
+            seq.prove = self._answer_states
         if request.temperature > 0:
             seq.generator = torch.Generator(device=self.device).manual_seed(request.seed % (2**63))
         self._enqueue(seq)
+
+    def head_inputs(self, ids: list[int], first: int) -> tuple[np.ndarray, np.ndarray]:
+        """(LM head inputs, logits) at positions first .. len(ids) - 1 of `ids`, as float32 arrays: the last
+        hidden states (after the final norm) a proof commits to, computed as the prover computed them
+        (the module docstring): ids[: first + 1] prefilled alone, then the rest fed at once over its cache.
+        A verifier's, with `first` the prompt's last position. On the batcher's thread only (`call`)."""
+        from transformers import DynamicCache
+
+        if not 0 <= first < len(ids):
+            raise ValueError(f"position {first} is outside the {len(ids)} tokens")
+        cache = DynamicCache()
+        with torch.inference_mode():
+            with self._head_input() as seen:
+                out = self._base(ids[: first + 1], cache, **self._last_logits)
+            states, logits = [seen[-1][0, -1:]], [out.logits[0, -1:]]
+            if first + 1 < len(ids):
+                answer, answer_logits = self._over(cache, ids[first + 1 :])
+                states.append(answer)
+                logits.append(answer_logits)
+        return _host(torch.cat(states)), _host(torch.cat(logits))
+
+    def _answer_states(self, seq: Sequence) -> list[np.ndarray]:
+        """A finished proving row's states: its prompt's last (kept at prefill), then its answer's tokens but
+        the last fed at once over its prompt's cache."""
+        if seq.proof_prompt is None:
+            raise RuntimeError("the row kept no prompt state for its proof")
+        cache, last = seq.proof_prompt
+        rows = [last[None]]
+        if len(seq.generated) > 1:
+            with torch.inference_mode():
+                rows.append(self._over(cache, seq.generated[:-1], logits=False)[0])
+        return list(_host(torch.cat(rows)))
+
+    def _base(self, ids: list[int], cache: Any, **kwargs: Any) -> Any:
+        return self.adapters.forward(
+            [BASE], input_ids=torch.tensor([ids], device=self.device), past_key_values=cache, use_cache=True,
+            **kwargs,
+        )  # fmt: skip
+
+    def _over(self, cache: Any, tokens: list[int], logits: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """(LM head inputs, logits) of `tokens` fed at once after what `cache` holds (which grows by them).
+        logits=False: the prover's, who needs none (the LM head then runs on the last position alone, when
+        the final norm's output gives every position's state: a fifth of the pass for this model)."""
+        keep = {} if logits or self._final_norm is None else self._last_logits
+        with self._head_input() as seen:
+            out = self._base(tokens, cache, **keep).logits[0]
+        return seen[-1][0], out
+
+    @contextlib.contextmanager
+    def _head_input(self, on: bool = True) -> Iterator[list[torch.Tensor]]:
+        """Within: each forward pass's LM head input (hidden states after the final norm) is appended, as
+        the final norm outputs it (every position, whatever the LM head is asked for), or else as the LM
+        head takes it."""
+        seen: list[torch.Tensor] = []
+        if not on:
+            yield seen
+            return
+        if self._final_norm is not None:
+            hook = self._final_norm.register_forward_hook(lambda _m, _a, out: seen.append(out))
+        else:
+            head = self.model.get_output_embeddings()
+            hook = head.register_forward_pre_hook(lambda _m, a: seen.append(a[0]))
+        try:
+            yield seen
+        finally:
+            hook.remove()
 
     # -- the scheduler thread ------------------------------------------------------------------------
 
@@ -233,13 +329,16 @@ class ContinuousBatcher(SchedulerThread[Sequence]):
                     cache = DynamicCache()
                     ids = torch.tensor([seq.prompt_ids], device=self.device)
                     scores_prompt = seq.request.echo
-                    out = self.adapters.forward(
-                        [seq.adapter_key],
-                        input_ids=ids,
-                        past_key_values=cache,
-                        use_cache=True,
-                        **({} if scores_prompt else self._last_logits),  # scoring needs every position's
-                    )
+                    with self._head_input(seq.states is not None) as seen:  # (a proof's: head_inputs)
+                        out = self.adapters.forward(
+                            [seq.adapter_key],
+                            input_ids=ids,
+                            past_key_values=cache,
+                            use_cache=True,
+                            **({} if scores_prompt else self._last_logits),  # scoring needs every position's
+                        )
+                    if seen:
+                        seq.proof_prompt = (cache, seen[-1][0, -1])  # the cache is not changed by merging
                     if scores_prompt:
                         seq.scored_prompt(self._prompt_logprobs(seq, out.logits[0, :-1]))
                     logits = out.logits[0, -1]
@@ -437,6 +536,10 @@ class _Prefilled:
 
     def serves(self, seq: Sequence) -> bool:
         return self.prompt_ids == seq.prompt_ids and self.adapter_key == seq.adapter_key
+
+
+def _host(rows: torch.Tensor) -> np.ndarray:
+    return rows.detach().float().cpu().numpy().copy()  # a copy, not a view of the model's tensors
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:

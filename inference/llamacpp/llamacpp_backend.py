@@ -20,7 +20,8 @@ from zoo.inference.llamacpp.gguf import GgufModel
 from zoo.inference.llamacpp.prefill import Prefill, kernels
 from zoo.inference.llamacpp.scheduler import LlamaCppScheduler
 from zoo.inference.local_backend import LocalBackend
-from zoo.inference.provenance.toploc import LLAMACPP_THRESHOLDS
+from zoo.inference.provenance.answer_proof import MAX_PROVEN_TOKENS
+from zoo.inference.provenance.toploc import SAME_KERNELS
 
 DEFAULT_CONTEXT = 2048  # tokens of KV cache per concurrent request unless model.context_length says
 
@@ -36,7 +37,8 @@ class ContextSettings(TypedDict, total=False):
 
 class LlamaCppBackend(LocalBackend):
     supports_proofs = True  # answers carry TOPLOC proofs, and proofs of these weights are verified here
-    proof_thresholds = LLAMACPP_THRESHOLDS
+    proof_thresholds = SAME_KERNELS
+    max_proven_tokens = MAX_PROVEN_TOKENS
 
     def __init__(
         self,

@@ -23,10 +23,11 @@ of 576, and another quantization (Q8_0 for Q4_1), a fine-tune, another prompt or
 within them (2-41 % of cheats caught over 100 each, ./zoo bench provenance). There, the prover decodes
 a proving row exactly as the verifier's prefill computes it (inference.llamacpp.prefill), so on the same
 kernels the states match bit for bit up to position 256 (past it, where llama.cpp's KV view doubles, a few
-roundings flip: mantissa means up to 0.99 measured), and LLAMACPP_THRESHOLDS leave room for that alone;
+roundings flip: mantissa means up to 0.99 measured), and SAME_KERNELS leaves room for that alone;
 the cheats' worst chunks have mantissa means of 2.3 and more. Another instruction set's
 arithmetic (AVX2 against AVX-512: means up to 4.5) overlaps the cheats, so proofs are checked by the
-kernels that made them (answer_proof).
+kernels that made them (answer_proof). The transformers backend commits to the states of the verifier's own
+prefill (inference.transformers_scheduler), which match bit for bit on the same kernels: SAME_KERNELS too.
 
 Written by hand: the `toploc` package on PyPI ships C++ extensions built against one torch ABI (0.1.6 does not
 import with torch 2.13), and the construction is a few dozen lines of modular arithmetic over numpy.
@@ -63,10 +64,11 @@ class Thresholds:
 
 
 PAPER = Thresholds(90, 10.0, 8.0)  # the paper's, for bf16 models of 8B parameters
-# The llama.cpp backend's, the same kernels verifying (module docstring; ./zoo bench provenance, 528 honest
-# answers under both instruction sets): honest chunks match 125-128 of 128 with means 0-0.99 (above 0 only
-# past position 256); every cheat's worst chunk has a mean of 2.3 or more.
-LLAMACPP_THRESHOLDS = Thresholds(120, 1.5, 1.0)
+# The local backends', the same kernels verifying (module docstring; ./zoo bench provenance, 528 honest
+# llama.cpp answers under both instruction sets): honest chunks match 125-128 of 128 with means 0-0.99
+# (above 0 only past position 256); every cheat's worst chunk has a mean of 2.3 or more. Transformers:
+# honest chunks match exactly (./zoo bench provenance --backend transformers).
+SAME_KERNELS = Thresholds(120, 1.5, 1.0)
 
 
 def bf16_bits(values: np.ndarray) -> np.ndarray:
