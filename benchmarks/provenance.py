@@ -1,5 +1,6 @@
-"""Proofs of inference on the llama.cpp backend (issue 47's goals): what a proof costs, how long its check
-takes beside generating the answer, how often an honest answer is refused, and how often a cheat is caught.
+"""Proofs of inference on the llama.cpp backend, or with --backend transformers on the transformers one
+(issue 47's goals): what a proof costs, how long its check takes beside generating the answer, how often an
+honest answer is refused, and how often a cheat is caught.
 
 Honest answers come from the node's llama.cpp backend serving the bundled Q4_1 (a system turn of 0-3 worked
 examples, as a node's prompt carries experiences, then a question of the shipped task families; half greedy,
@@ -28,11 +29,19 @@ Cheats, each --cases answers, checked by the first verifier against the bundled 
   another library root   a receipt signed for the answer, then its library root changed (caught by the
                          signature: a proof says nothing of which library a prompt's experiences came from).
 
+With --backend transformers: the bundled Hugging Face weights (bf16 where the CPU has bf16 units, as the
+node loads them); the AVX2 conditions run torch with ATEN_CPU_CAPABILITY=avx2 and oneDNN capped at AVX2 (the
+`./zoo test` AVX2 pass's settings) in float32, as an AVX2-only CPU loads the model. Its cheats: another
+quantization (every linear layer int8, torch's dynamic quantization), another precision (answered in
+float32, the proof claiming the bf16 weights' kernels), the fine-tune (the same
+rank-8 update of the query and value projections, on the safetensors), another prompt, a tampered token.
+
 Also measured, in one child with alternating rounds: tokens per second with and without proofs (alone and
 16 at once), and the bytes of a proof. verify / generate: each alone-answer's check time over its own
 generation time (the median).
 
-Usage: ./zoo bench provenance [--answers 528] [--cases 100] [--tokens 64] [--native-only]
+Usage: ./zoo bench provenance [--backend transformers] [--answers 528] [--cases 100] [--tokens 64]
+                               [--native-only]
        ./zoo bench provenance --report RESULTS.json   (a run's figures again, under today's thresholds)
 """
 
@@ -143,10 +152,24 @@ def run_child(isa: str, args: list[str], timeout_s: float = 3600) -> dict[str, A
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def load_backend(model: Path, threads: int) -> Any:
+def load_backend(spec: dict[str, Any], threads: int) -> Any:
+    """The spec's backend serving spec['model'] (a GGUF, or a weights directory for transformers)."""
+    if spec.get("backend") == "transformers":
+        import torch
+
+        from zoo.inference.transformers_backend import TransformersBackend
+
+        torch.set_num_threads(threads)
+        backend = TransformersBackend.load(Path(spec["model"]), "local", dtype=spec.get("dtype", "auto"),
+                                           max_batch_size=16)  # fmt: skip
+        if spec.get("quantize") == "int8":  # the cheat: every linear layer int8, dynamically quantized
+            from torch.ao.quantization import quantize_dynamic
+
+            quantize_dynamic(backend.model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+        return backend
     from zoo.inference.llamacpp.llamacpp_backend import LlamaCppBackend
 
-    return LlamaCppBackend.load(model, "local", max_batch_size=16, threads=threads)
+    return LlamaCppBackend.load(Path(spec["model"]), "local", max_batch_size=16, threads=threads)
 
 
 async def produce(spec: dict[str, Any]) -> dict[str, Any]:
@@ -156,7 +179,7 @@ async def produce(spec: dict[str, Any]) -> dict[str, Any]:
     from zoo.inference.provenance import answer_proof
 
     pool = questions()
-    backend = load_backend(Path(spec["model"]), spec["threads"])
+    backend = load_backend(spec, spec["threads"])
     out = []
     try:
         indices = list(range(spec["first"], spec["first"] + spec["n"]))
@@ -194,7 +217,7 @@ async def verify(spec: dict[str, Any]) -> dict[str, Any]:
     """Child: check each proof of a file; per proof its chunks' figures, its worst token and the time."""
     from zoo.inference.provenance import answer_proof
 
-    backend = load_backend(Path(spec["model"]), spec["threads"])
+    backend = load_backend(spec, spec["threads"])
     proofs = [json.loads(line) for line in Path(spec["file"]).read_text().splitlines()]
     out = []
     try:
@@ -223,7 +246,7 @@ async def speed(spec: dict[str, Any]) -> dict[str, Any]:
     from zoo.inference.backend_protocol import GenerationRequest, generate
 
     pool = questions()
-    backend = load_backend(Path(spec["model"]), 2)
+    backend = load_backend(spec, 2)
     rates: dict[str, list[float]] = {f"{m}/{k}": [] for m in ("alone", "batch") for k in ("plain", "proof")}
     try:
         await generate(backend, GenerationRequest([{"role": "user", "content": "Hi"}], max_tokens=4))
@@ -272,6 +295,45 @@ def fine_tune(f16: Path, dest: Path) -> None:
             w[...] = (w.astype(np.float32) + delta).astype(w.dtype)
     del reader
     os.replace(partial, dest)
+
+
+def fine_tune_weights(source: Path, dest: Path) -> None:
+    """The Hugging Face weights with every q_proj and v_proj moved as `fine_tune` moves the GGUF's, in a
+    copy of the directory at `dest`."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    partial = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(source, partial)
+    generator = torch.Generator().manual_seed(47)
+    for file in sorted(partial.glob("*.safetensors")):
+        tensors = load_file(file)
+        for name, w in tensors.items():
+            if name.endswith(("q_proj.weight", "v_proj.weight")):
+                u = torch.randn(w.shape[0], RANK, generator=generator)
+                v = torch.randn(RANK, w.shape[1], generator=generator)
+                delta = u @ v
+                delta *= RELATIVE * w.float().norm() / delta.norm()
+                tensors[name] = (w.float() + delta).to(w.dtype)
+        save_file(tensors, file, metadata={"format": "pt"})
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(partial, dest)
+
+
+def derived_weights() -> dict[str, Path]:
+    """The bundled Hugging Face weights and their fine-tune (made once, in the cache)."""
+    from zoo.inference.bundled_models import prepare_bundled_chat_model
+    from zoo.node.config import default_cache_dir
+
+    bundled = prepare_bundled_chat_model(default_cache_dir()).path
+    tuned = default_cache_dir() / "bench" / f"{bundled.name}.finetune-r{RANK}-{RELATIVE:g}"
+    if not tuned.is_dir():
+        tuned.parent.mkdir(parents=True, exist_ok=True)
+        fine_tune_weights(bundled, tuned)
+    return {"bundled": bundled, "finetune": tuned}
 
 
 def derived_models() -> dict[str, Path]:
@@ -352,12 +414,30 @@ def receipt_cases(n: int) -> dict[str, Any]:
 
 def main(args: argparse.Namespace) -> None:
     from zoo.inference.bundled_models import bundled_gguf
-    from zoo.inference.provenance.toploc import LLAMACPP_THRESHOLDS, PAPER
+    from zoo.inference.provenance.toploc import PAPER, SAME_KERNELS
     from zoo.inference.provenance.weights import WeightHashes
 
     started = time.perf_counter()
-    models = derived_models()
-    bundled = bundled_gguf()
+    transformers = args.backend == "transformers"
+    if transformers:
+        models = derived_weights()
+        bundled = models["bundled"]
+        vocab = int(json.loads((bundled / "config.json").read_text())["vocab_size"])
+        cheat_runs = [("another quantization (int8)", bundled, {"dtype": "float32", "quantize": "int8"}),
+                      ("another precision (float32)", bundled, {"dtype": "float32"}),
+                      ("another model (a fine-tune)", models["finetune"], {}),
+                      ("another prompt", bundled, {"claim_prompt": True})]  # fmt: skip
+    else:
+        from zoo.inference.llamacpp.gguf import GgufModel
+
+        models = derived_models()
+        bundled = bundled_gguf()
+        vocab = GgufModel(bundled).n_vocab
+        cheat_runs = [("another quantization (Q8_0)", models["Q8_0"], {}),
+                      ("another model (a fine-tune)", models["finetune"], {}),
+                      ("another prompt", bundled, {"claim_prompt": True})]  # fmt: skip
+    base = {"backend": args.backend}
+    dtype = {"avx2": {"dtype": "float32"} if transformers else {}, "native": {}}  # an AVX2-only CPU's dtype
     claim = WeightHashes(Path(tempfile.mkdtemp()) / "h.json").of(bundled)
     isas = ["native", "avx2"] if has_avx2_build() and not args.native_only else ["native"]
     n = args.answers
@@ -377,23 +457,18 @@ def main(args: argparse.Namespace) -> None:
         label = f"{isa} {threads}t {'alone' if batch == 1 else f'{batch} at once'}"
         print(f"producing {count} honest answers: {label}", flush=True)
         spec = {"model": str(bundled), "threads": threads, "batch": batch, "n": count, "first": first,
-                "tokens": args.tokens, "claim": claim}  # fmt: skip
+                "tokens": args.tokens, "claim": claim, **base, **dtype[isa]}  # fmt: skip
         got = run_child(isa, ["--child", "produce", json.dumps(spec)])["answers"]
         honest += [{**a, "key": f"honest|{label}|{a['i']}", "producer": label, "batch": batch} for a in got]
         first += count
     cheats: dict[str, list[dict[str, Any]]] = {}
-    for name, model, extra in (("another quantization (Q8_0)", models["Q8_0"], {}),
-                               ("another model (a fine-tune)", models["finetune"], {}),
-                               ("another prompt", bundled, {"claim_prompt": True})):  # fmt: skip
+    for name, model, extra in cheat_runs:
         print(f"producing {args.cases} answers: {name}", flush=True)
         spec = {"model": str(model), "threads": 2, "batch": 16, "n": args.cases, "first": 5000,
-                "tokens": args.tokens, "claim": claim, **extra}  # fmt: skip
+                "tokens": args.tokens, "claim": claim, **base, **extra}  # fmt: skip
         got = run_child("native", ["--child", "produce", json.dumps(spec)])["answers"]
         cheats[name] = [{**a, "key": f"{name}|{a['i']}"} for a in got]
     rng = random.Random(47)
-    from zoo.inference.llamacpp.gguf import GgufModel
-
-    vocab = GgufModel(bundled).n_vocab
     cheats["a tampered token"] = [
         {**tamper(e, rng, vocab), "key": f"tampered|{k}"}
         for k, e in enumerate(rng.sample(honest, args.cases))
@@ -412,23 +487,23 @@ def main(args: argparse.Namespace) -> None:
         print(f"verifying {len(entries)} honest proofs ({label}): {isa}, {threads} threads", flush=True)
         path = work / f"honest-{isa}-{len(into)}.jsonl"
         write_proofs(path, entries)
-        spec = {"model": str(bundled), "threads": threads, "file": str(path)}
+        spec = {"model": str(bundled), "threads": threads, "file": str(path), **base, **dtype[isa]}
         for v in run_child(isa, ["--child", "verify", json.dumps(spec)])["verdicts"]:
             into[f"{v['key']}|{isa}{threads}"] = v
     write_proofs(work / "cheats.jsonl", [e for group in cheats.values() for e in group])
     print(f"verifying {sum(len(g) for g in cheats.values())} cheats: native, 2 threads", flush=True)
-    spec = {"model": str(bundled), "threads": 2, "file": str(work / "cheats.jsonl")}
+    spec = {"model": str(bundled), "threads": 2, "file": str(work / "cheats.jsonl"), **base}
     cheat_verdicts = {
         v["key"]: v for v in run_child("native", ["--child", "verify", json.dumps(spec)])["verdicts"]
     }
     print("tokens per second with and without proofs", flush=True)
-    rates = run_child("native", ["--child", "speed", json.dumps({"model": str(bundled), "rounds": args.rounds,
-                                                                  "tokens": args.tokens})])  # fmt: skip
+    spec = {"model": str(bundled), "rounds": args.rounds, "tokens": args.tokens, **base}
+    rates = run_child("native", ["--child", "speed", json.dumps(spec)])
     receipts = receipt_cases(args.cases)
     raw = {"honest": honest, "verdicts": verdicts, "cross": cross, "cheats": cheats,
            "cheat_verdicts": cheat_verdicts, "rates": rates, "receipts": receipts}  # fmt: skip
     (work / "results.json").write_text(json.dumps(raw))
-    report(**raw, shipped=LLAMACPP_THRESHOLDS, paper=PAPER)
+    report(**raw, shipped=SAME_KERNELS, paper=PAPER)
     print(f"\n(whole run {time.perf_counter() - started:.0f} s; proofs kept in {work})")
 
 
@@ -509,6 +584,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--tokens", type=int, default=64, help="new tokens an answer has at most")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of the speed figure")
     ap.add_argument("--native-only", action="store_true", help="skip the AVX2 build where there is AVX-512")
+    ap.add_argument("--backend", choices=["llamacpp", "transformers"], default="llamacpp", help="what proves")
     ap.add_argument("--report", metavar="RESULTS", help="print the figures of a run's results.json again")
     ap.add_argument("--child", choices=["produce", "verify", "speed"], help=argparse.SUPPRESS)
     ap.add_argument("spec", nargs="?", help=argparse.SUPPRESS)
@@ -518,9 +594,9 @@ def parse() -> argparse.Namespace:
 if __name__ == "__main__":
     arguments = parse()
     if arguments.report:  # the figures again from a run's results.json, under the thresholds shipped now
-        from zoo.inference.provenance.toploc import LLAMACPP_THRESHOLDS, PAPER
+        from zoo.inference.provenance.toploc import PAPER, SAME_KERNELS
 
-        report(**json.loads(Path(arguments.report).read_text()), shipped=LLAMACPP_THRESHOLDS, paper=PAPER)
+        report(**json.loads(Path(arguments.report).read_text()), shipped=SAME_KERNELS, paper=PAPER)
     elif arguments.child:
         role = {"produce": produce, "verify": verify, "speed": speed}[arguments.child]
         print(json.dumps(asyncio.run(role(json.loads(arguments.spec)))))
