@@ -10,7 +10,13 @@ node, its devnet and its peers keep running (the same machine state), at 1 and 2
 half the cores); it answers one request at a time, so its 16-client rate is its single-stream rate.
 Node and Llama alternate, round by round; the ratios are against the faster Llama of the same round.
 
+--proofs (issue 47's proof cost on the node as shipped): instead of llama-cpp-python, the same node is asked
+the same requests with experiences on (as a client's request is served by default) with and without a proof
+of inference (`zoo.proof`), alternating round by round, single stream and 16 clients; the ratio is tokens per
+second without proofs over with.
+
 Usage: ./zoo bench shipped_node [--rounds 3] [--runs 4] [--set model.threads=1] [--env GOMP_SPINCOUNT=0]
+       ./zoo bench shipped_node --proofs [--rounds 3] [--runs 4]
 """
 
 from __future__ import annotations
@@ -79,9 +85,10 @@ def shipped_config(where: Path, overrides: dict[str, str]) -> Path:
 _clients = threading.local()
 
 
-def ask(url: str) -> tuple[int, float]:
+def ask(url: str, zoo: dict | None = None) -> tuple[int, float]:
     """One request on this thread's own keep-alive client, as an OpenAI SDK client sends it (a fresh
-    `httpx.post` builds a TLS context each call: ~50 ms here, more than the answer's prefill)."""
+    `httpx.post` builds a TLS context each call: ~50 ms here, more than the answer's prefill). `zoo`: the
+    request's zoo extension (default: experiences off)."""
     client = getattr(_clients, "client", None)
     if client is None:
         client = _clients.client = httpx.Client(timeout=600)
@@ -90,20 +97,22 @@ def ask(url: str) -> tuple[int, float]:
         "messages": [{"role": "user", "content": PROMPT}],
         "max_tokens": TOKENS,
         "temperature": 0,
-        "zoo": {"disable_experiences": True},
+        "zoo": {"disable_experiences": True} if zoo is None else zoo,
     }
     t0 = time.perf_counter()
     r = client.post(url, json=body)
     r.raise_for_status()
+    if zoo and zoo.get("proof") and not r.json().get("zoo", {}).get("proof"):
+        raise RuntimeError("the node answered a request for a proof without one")
     return int(r.json()["usage"]["completion_tokens"]), time.perf_counter() - t0
 
 
-def node_rates(url: str, runs: int) -> tuple[float, float]:
+def node_rates(url: str, runs: int, zoo: dict | None = None) -> tuple[float, float]:
     """(single-stream tok/s, 16-client tok/s), medians of `runs` single requests and one 16-client wave."""
-    single = statistics.median(n / dt for n, dt in (ask(url) for _ in range(runs)))
+    single = statistics.median(n / dt for n, dt in (ask(url, zoo) for _ in range(runs)))
     t0 = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
-        done = list(pool.map(lambda _: ask(url), range(CLIENTS)))
+        done = list(pool.map(lambda _: ask(url, zoo), range(CLIENTS)))
     return single, sum(n for n, _ in done) / (time.perf_counter() - t0)
 
 
@@ -189,16 +198,47 @@ def measure(rounds: int, runs: int, overrides: dict[str, str], node_env: dict[st
     )
 
 
+def measure_proofs(rounds: int, runs: int, overrides: dict[str, str], node_env: dict[str, str]) -> None:
+    """Tokens per second of the shipped node with and without proofs of inference, alternating rounds."""
+    os.environ.pop("OMP_WAIT_POLICY", None)
+    plain, proving = {"proof": False}, {"proof": True}
+    rows: list[tuple[float, float, float, float]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        where = Path(tmp)
+        node = launch(shipped_config(where, overrides), where / "data", env=node_env)
+        try:
+            url = wait_serving(node)
+            ask(url, proving)  # warm the proving path too
+            for r in range(rounds):
+                if r % 2 == 0:
+                    (s0, m0), (s1, m1) = node_rates(url, runs, plain), node_rates(url, runs, proving)
+                else:
+                    (s1, m1), (s0, m0) = node_rates(url, runs, proving), node_rates(url, runs, plain)
+                rows.append((s0, m0, s1, m1))
+                print(
+                    f"   round {r + 1}: without proofs {s0:6.1f} tok/s single, {m0:6.1f} at {CLIENTS}; "
+                    f"with {s1:6.1f} single, {m1:6.1f} at {CLIENTS}",
+                    flush=True,
+                )
+        finally:
+            node.stop()
+    s0, m0, s1, m1 = (statistics.median(x) for x in zip(*rows, strict=True))
+    print(f"   the node as ./zoo start runs it, experiences on, {TOKENS} new tokens, medians of rounds:")
+    print(f"     1 stream     {s0:6.1f} tok/s without proofs, {s1:6.1f} with: cost {s0 / s1:.2f}x")
+    print(f"     {CLIENTS} clients   {m0:6.1f} tok/s without proofs, {m1:6.1f} with: cost {m0 / m1:.2f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--runs", type=int, default=4, help="single-stream requests a round, each engine")
     ap.add_argument("--set", action="append", default=[], help="a node config override, KEY=VALUE")
     ap.add_argument("--env", action="append", default=[], help="an environment variable for the node")
+    ap.add_argument("--proofs", action="store_true", help="the node with and without proofs of inference")
     args = ap.parse_args()
     overrides = dict(s.split("=", 1) for s in args.set)
     node_env = dict(e.split("=", 1) for e in args.env)
-    measure(args.rounds, args.runs, overrides, node_env)
+    (measure_proofs if args.proofs else measure)(args.rounds, args.runs, overrides, node_env)
 
 
 if __name__ == "__main__":
