@@ -137,6 +137,13 @@ class HttpConfig(_Section):
     """HTTP listen address HOST:PORT (port 0 picks a free port; the chosen one is written to node.json)."""
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, le=1024**3)
     """Largest request body accepted; a bigger one is refused with 413."""
+    app: bool = True
+    """Serve the governance web app at / (beside /v1): KEEPER holders, contributors and operators in a
+    browser, every transaction signed by the user's own wallet. Read-only for the node: it relays chain
+    reads and library bytes, and holds no key for the page."""
+    app_status: bool = True
+    """Show this node's status (components, serving, library, peers, credits) on the web app's operator
+    page to anyone who can reach the HTTP port; false: GET /app/status.json answers 404."""
 
 
 class LogConfig(_Section):

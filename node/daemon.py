@@ -40,6 +40,7 @@ from zoo.node.components.wiring import (
     onchain_roots,
     router,
     spend_check,
+    web_app,
 )
 from zoo.node.config import NodeConfig, parse_listen
 from zoo.node.credits.book import CreditBook
@@ -274,6 +275,7 @@ class NodeRun:
             identify=self.identify,
             model_sha256=self.model_sha256,
             adapter_sha256=self._adapter_sha256,
+            webapp=web_app(cfg, self.wiring, self.parts, self._status_document) if cfg.http.app else None,
         )
         self.http = None
         if cfg.http.enabled:
@@ -285,6 +287,17 @@ class NodeRun:
         self.http_url = http_url = self.http.address if self.http is not None else ""
         if self.http is not None:
             self.servicer.http_address = lambda: http_url + "/v1"
+
+    async def _status_document(self) -> dict[str, Any]:
+        """GetStatus as JSON (the web app's operator page): what `zoo-node status` shows."""
+        from google.protobuf.json_format import MessageToDict
+
+        from zoo.v1 import node_pb2
+
+        status = await self.servicer.GetStatus(node_pb2.GetStatusRequest(), None)  # type: ignore[arg-type]
+        return MessageToDict(
+            status, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+        )
 
     def join_p2p(self) -> None:
         """What the p2p component advertises to peers (it joins the network once the supervisor starts it)."""
@@ -365,6 +378,7 @@ def _print_banner(address: str, metrics_url: str, http_url: str, cfg: NodeConfig
         f"zoo-node {__version__} is up: gRPC {address}{' (TLS)' if tls else ''}",
         f"  metrics:  {metrics_url or 'off'}",
         f"  openai:   {http_url + '/v1' if http_url else 'off'}",
+        f"  web app:  {http_url + '/' if http_url and cfg.http.app else 'off'}",
         f"  status:   zoo-node status{data_flag}",
         f"  grpcurl:  grpcurl -plaintext {address} zoo.v1.NodeService/GetStatus"
         if not tls

@@ -405,3 +405,46 @@ def embedder(retrieval: RetrievalComponent | DisabledComponent) -> Any:
         return retrieval.retriever.embedder
 
     return provide
+
+
+def web_app(cfg: NodeConfig, wiring: Wiring, parts: Parts, status: Callable[[], Any]) -> Any:
+    """The governance web app's data (zoo.node.webapp): the chain the node follows, library bytes by CID
+    (this node's store first, then IPFS, each checked against the CID) and, unless http.app_status is off,
+    `status()` (an awaitable of the status as a dict)."""
+    import asyncio
+
+    from zoo.node.webapp.site import WebApp
+    from zoo.registry.errors import NotFound
+
+    store, ipfs_api, limit = parts.library.store, wiring.ipfs_api, cfg.ipfs.max_library_bytes
+
+    def fetch(cid: str) -> bytes:
+        stored = store.bytes_for_cid(cid)
+        if stored is not None:
+            return stored
+        if not ipfs_api:
+            raise NotFound(f"this node holds no content for {cid} and reaches no IPFS")
+        from zoo.registry.ipfs import IpfsClient
+
+        with IpfsClient(str(ipfs_api), timeout=cfg.ipfs.timeout_s) as ipfs:
+            return ipfs.fetch_verified(cid, max_size=limit)
+
+    def abis() -> dict[str, Any]:
+        from zoo.contracts.build import build
+
+        artifacts = build()
+        return {
+            name: artifacts.get(name).abi for name in ("ExperienceRegistry", "KeeperToken", "UsageLedger")
+        }
+
+    async def fetch_cid(cid: str) -> bytes:
+        return await asyncio.to_thread(fetch, cid)
+
+    return WebApp(
+        rpc_url=wiring.rpc_url,
+        registry_address=wiring.registry_address,
+        ledger_address=wiring.ledger_address,
+        abis=abis,
+        fetch_cid=fetch_cid,
+        status=status if cfg.http.app_status else None,
+    )

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 from fastapi import Request
@@ -64,6 +64,9 @@ from zoo.node.metrics import NodeMetrics
 from zoo.node.provenance.receipts import REQUEST_SHA256
 from zoo.registry.errors import Overloaded, ValidationError
 
+if TYPE_CHECKING:
+    from zoo.node.webapp.site import WebApp
+
 T = TypeVar("T")
 
 BUNDLED_EMBEDDER_ID = "all-MiniLM-L6-v2"
@@ -94,6 +97,7 @@ class ApiDeps:
     identify: Identify | None = None  # signed requests (node.credits); None: every client is anonymous
     model_sha256: str = ""  # the served weights' SHA-256; "" when unknown (a remote backend)
     adapter_sha256: Callable[[str], str] | None = None  # an adapter's SHA-256 by name (hashed once)
+    webapp: WebApp | None = None  # the governance web app at / (http.app); None: not served
 
 
 class OpenAIApi:

@@ -48,6 +48,8 @@ def build_app(deps: ApiDeps) -> ASGIApp:
     ]
     for method, path, handler in routes:
         app.add_api_route(path, _guarded(handler), methods=[method], response_model=None)
+    if deps.webapp is not None:
+        deps.webapp.add_routes(app)
     app.add_exception_handler(HTTPException, _http_exception)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_exception)  # type: ignore[arg-type]
     return Gate(app, deps.metrics, deps.api_key)

@@ -1,0 +1,171 @@
+"""Serving the web app: its built pages at `/` and `/assets/*`, and the read-only data they show at `/app/*`.
+
+    GET  /                  the page (index.html of the build)
+    GET  /assets/NAME       the bundle's files (app.js, app.css)
+    GET  /app/config.json   the chain the node follows: registry and ledger addresses, their ABIs (the
+                            contracts' own solc output), whether the status is shown
+    POST /app/chain         read-only JSON-RPC to that chain (chain_proxy.py)
+    GET  /app/ipfs/CID      a library's bytes, checked against the CID (from this node's store or IPFS)
+    GET  /app/status.json   this node's status, as GetStatus gives it (404 when http.app_status is off)
+
+Every answer carries a Content-Security-Policy that lets the page run its own scripts and styles and
+connect to its own origin only: no inline script, no other origin, no framing. The page never holds a
+key and no answer here contains a secret (the admin token is never read by this module).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from zoo.node.logs import get_logger
+from zoo.node.webapp.chain_proxy import ChainProxy
+
+log = get_logger(__name__)
+
+DIST = Path(__file__).resolve().parent / "dist"  # what setup builds from src/ (./zoo, "web app")
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cross-Origin-Opener-Policy": "same-origin",
+}
+ASSET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+CONTENT_TYPES = {
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+    ".png": "image/png",
+    ".map": "application/json",
+}
+CID_TEXT = re.compile(r"[A-Za-z0-9]{10,128}")
+
+
+@dataclass
+class WebApp:
+    """What the pages need from the daemon. Unset parts answer 404 naming what is missing."""
+
+    rpc_url: str | None = None
+    registry_address: str | None = None
+    ledger_address: str | None = None
+    abis: Callable[[], dict[str, Any]] = dict  # contract name -> ABI, read once
+    fetch_cid: Callable[[str], Awaitable[bytes]] | None = None  # bytes checked against the CID
+    status: Callable[[], Awaitable[dict[str, Any]]] | None = None  # None: http.app_status is off
+    dist: Path = DIST
+    _proxy: ChainProxy | None = field(default=None, init=False, repr=False)
+    _abis: dict[str, Any] | None = field(default=None, init=False, repr=False)
+
+    def add_routes(self, app: FastAPI) -> None:
+        routes: list[tuple[str, str, Callable[..., Awaitable[Response]]]] = [
+            ("GET", "/", self.index),
+            ("GET", "/assets/{name}", self.asset),
+            ("GET", "/app/config.json", self.config),
+            ("POST", "/app/chain", self.chain),
+            ("GET", "/app/ipfs/{cid}", self.ipfs),
+            ("GET", "/app/status.json", self.node_status),
+        ]
+        for method, path, handler in routes:
+            app.add_api_route(path, handler, methods=[method], response_model=None, include_in_schema=False)
+
+    async def close(self) -> None:
+        if self._proxy is not None:
+            await self._proxy.close()
+
+    # -- pages ---------------------------------------------------------------------------------------
+
+    async def index(self) -> Response:
+        page = self.dist / "index.html"
+        if not page.is_file():
+            return _text(503, f"the web app is not built here ({page} is missing): run ./zoo setup")
+        return _file(page, "text/html; charset=utf-8", cache="no-cache")
+
+    async def asset(self, name: str) -> Response:
+        path = self.dist / "assets" / name
+        kind = CONTENT_TYPES.get(Path(name).suffix)
+        if not ASSET_NAME.fullmatch(name) or ".." in name or kind is None or not path.is_file():
+            return _text(404, f"no asset {name[:128]!r}")
+        return _file(path, kind, cache="no-cache")
+
+    # -- data ----------------------------------------------------------------------------------------
+
+    async def config(self) -> Response:
+        if self._abis is None:
+            self._abis = await asyncio.to_thread(self.abis)
+        return _json(
+            {
+                "chain": self.rpc_url is not None,
+                "registry": self.registry_address,
+                "ledger": self.ledger_address,
+                "abi": self._abis if self.rpc_url else {},
+                "status": self.status is not None,
+            }
+        )
+
+    async def chain(self, request: Request) -> Response:
+        if self.rpc_url is None:
+            return _json(_rpc_error("this node follows no chain"), 404)
+        if self._proxy is None:
+            self._proxy = ChainProxy(self.rpc_url)
+        body = bytearray()
+        async for piece in request.stream():
+            body += piece
+            if len(body) > 2 * 256 * 1024:
+                break
+        return _json(await self._proxy.answer(bytes(body)))
+
+    async def ipfs(self, cid: str) -> Response:
+        from zoo.registry.errors import IntegrityError, ZooError
+
+        if not CID_TEXT.fullmatch(cid):
+            return _text(400, f"{cid[:128]!r} is not a CID")
+        if self.fetch_cid is None:
+            return _text(404, "this node reaches no library content (no IPFS, no peers)")
+        try:
+            data = await self.fetch_cid(cid)
+        except IntegrityError as e:
+            return _text(502, f"the content found for {cid} does not match it: {e}")
+        except ZooError as e:
+            from zoo.node.api.status_codes import HTTP, status_for
+
+            known = status_for(e)
+            return _text(HTTP[known[0]][0] if known else 502, f"{cid}: {e}")
+        return Response(data, media_type="application/octet-stream", headers=_headers("no-cache"))
+
+    async def node_status(self) -> Response:
+        if self.status is None:
+            return _text(404, "this node does not show its status here (http.app_status = false)")
+        return _json(await self.status())
+
+
+def _headers(cache: str = "no-store") -> dict[str, str]:
+    return {**SECURITY_HEADERS, "Cache-Control": cache}
+
+
+def _file(path: Path, kind: str, *, cache: str) -> Response:
+    return Response(path.read_bytes(), media_type=kind, headers=_headers(cache))
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return JSONResponse(data, status_code=status, headers=_headers())
+
+
+def _rpc_error(message: str) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": None, "error": {"code": -32603, "message": message}}
+
+
+def _text(status: int, message: str) -> Response:
+    return Response(
+        message + "\n", status_code=status, media_type="text/plain; charset=utf-8", headers=_headers()
+    )

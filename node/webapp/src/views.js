@@ -1,0 +1,280 @@
+// The pages: proposals, one proposal, the current library, the node's status. Each renders into `main`
+// with dom.h (text only) and says in words what it could not read.
+
+import { formatUnits } from "viem";
+import { duration, h, replace, short, when } from "./dom.js";
+import { proposalId } from "./chain.js";
+import { diff, readLibrary } from "./library.js";
+
+const ZERO_ROOT = `0x${"0".repeat(64)}`;
+
+async function fetchBytes(cid) {
+  const r = await fetch(`/app/ipfs/${encodeURIComponent(cid)}`);
+  if (!r.ok) throw new Error(`the node could not give ${cid}: ${(await r.text()).trim()}`);
+  return new Uint8Array(await r.arrayBuffer());
+}
+
+function percent(part, whole) {
+  return whole > 0n ? Number((part * 10000n) / whole) / 100 : 0;
+}
+
+function bar(label, value, goal, { line } = {}) {
+  const width = Math.min(100, value);
+  return h(
+    "div",
+    { class: "bar", title: `${label}: ${value.toFixed(1)} %${line ? ` (line at ${line.toFixed(1)} %)` : ""}` },
+    h("div", { class: value >= goal ? "fill met" : "fill", style: null, "data-width": width.toFixed(1) }),
+    line ? h("div", { class: "line", "data-left": line.toFixed(1) }) : null,
+    h("span", {}, `${label} ${value.toFixed(1)} %`),
+  );
+}
+
+// Widths set from data attributes through CSSOM (allowed under style-src 'self'; inline style attributes
+// are not).
+export function sizeBars(root) {
+  for (const el of root.querySelectorAll("[data-width]")) el.style.width = `${el.dataset.width}%`;
+  for (const el of root.querySelectorAll("[data-left]")) el.style.left = `${el.dataset.left}%`;
+}
+
+function progress(p, params) {
+  const votes = p.forWeight + p.againstWeight;
+  const quorum = percent(p.forWeight, params.quorum);
+  const share = votes > 0n ? percent(p.forWeight, votes) : 0;
+  return h(
+    "div",
+    { class: "progress" },
+    bar("quorum", quorum, 100),
+    bar("for", share, 66.67, { line: 66.67 }),
+  );
+}
+
+function timeLeft(p, now, params) {
+  if (p.state === "Pending") return `voting opens in ${duration(Number(p.voteStart) - now)}`;
+  if (p.state === "Active") return `${duration(Number(p.voteEnd) - now)} left to vote`;
+  if (p.state === "Queued") return `executable in ${duration(Number(p.voteEnd) + Number(params.executionDelay) - now)}`;
+  if (p.state === "Succeeded") return `executable for ${duration(Number(p.voteEnd) + Number(params.executionDelay) + Number(params.gracePeriod) - now)}`;
+  return "";
+}
+
+export async function proposalsPage(main, chain) {
+  const [proposals, params, now] = await Promise.all([chain.proposals(), chain.parameters(), chain.now()]);
+  const rows = proposals.map((p) =>
+    h(
+      "tr",
+      { "data-proposal": proposalId(p.id) },
+      h("td", {}, h("a", { href: `#/proposal/${proposalId(p.id)}` }, short(proposalId(p.id)))),
+      h("td", {}, p.kind === "library" ? `library v${Number(p.parentVersion) + 1} (${p.treeSize} experiences)` : chain.describeCall(p.target, p.data).text),
+      h("td", { class: `state ${p.state}` }, p.state),
+      h("td", {}, timeLeft(p, now, params)),
+      h("td", { class: "num" }, p.forWeight.toString()),
+      h("td", { class: "num" }, p.againstWeight.toString()),
+      h("td", {}, progress(p, params)),
+    ),
+  );
+  replace(
+    main,
+    h("h1", {}, "Proposals"),
+    h("p", { class: "muted" }, `Quorum ${params.quorum} quadratic weight for; passes with two thirds of the weight cast. Library version ${params.currentVersion} is current.`),
+    proposals.length === 0
+      ? h("p", {}, "No proposals yet.")
+      : h(
+          "table",
+          { id: "proposals" },
+          h("thead", {}, h("tr", {}, ["proposal", "what", "state", "time", "for", "against", "quorum · 2/3"].map((t) => h("th", {}, t)))),
+          h("tbody", {}, rows),
+        ),
+  );
+  sizeBars(main);
+}
+
+function experience(e, cls = "") {
+  return h(
+    "li",
+    { class: `experience ${cls}`, "data-id": e.id },
+    h("span", { class: "domain" }, e.domain),
+    " ",
+    h("span", { class: "kind" }, e.kind === "example" ? "example" : "lesson"),
+    h("p", { class: "text" }, e.text),
+    e.answer ? h("p", { class: "answer" }, `Answer: ${e.answer}`) : null,
+  );
+}
+
+// The proposed library checked against its on-chain root, and its change against its parent version.
+async function libraryCheck(chain, p) {
+  const section = h("section", { id: "content" }, h("h2", {}, "Content"), h("p", {}, `Fetching ${p.cid} …`));
+  const fill = async () => {
+    let bytes;
+    try {
+      bytes = await fetchBytes(p.cid);
+    } catch (e) {
+      replace(section, h("h2", {}, "Content"), h("p", { class: "verdict bad", id: "root-check" }, `Not verified: ${e.message}`));
+      return;
+    }
+    const read = readLibrary(bytes);
+    const problems = [...read.problems];
+    if (read.library) {
+      if (read.root !== p.root) problems.push(`the content's Merkle root is ${read.root}, the proposal's on chain is ${p.root}`);
+      if (BigInt(read.library.experiences.length) !== p.treeSize) problems.push(`the content holds ${read.library.experiences.length} experiences, the proposal says ${p.treeSize}`);
+    }
+    let parent = null;
+    if (read.library && p.parentVersion > 0n) {
+      const v = await chain.version(p.parentVersion);
+      if (read.library.parent_root !== v.root) problems.push(`the content names parent root ${read.library.parent_root || "(none)"}, version ${p.parentVersion} has ${v.root}`);
+      try {
+        parent = readLibrary(await fetchBytes(v.cid)).library ?? null;
+      } catch (e) {
+        problems.push(`the parent version's content could not be read: ${e.message}`);
+      }
+    }
+    const verdict =
+      problems.length === 0
+        ? h("p", { class: "verdict good", id: "root-check" }, `Verified in this browser: the ${bytes.length} bytes of ${p.cid} rebuild the root ${p.root}.`)
+        : h("div", { class: "verdict bad", id: "root-check" }, h("p", {}, "Does not match the proposal:"), h("ul", {}, problems.map((x) => h("li", {}, x))));
+    const change = read.library ? diff(parent, read.library) : null;
+    replace(
+      section,
+      h("h2", {}, "Content"),
+      verdict,
+      change
+        ? [
+            h("h3", {}, `Added (${change.added.length})`),
+            h("ul", { class: "experiences", id: "added" }, change.added.map((e) => experience(e, "added"))),
+            h("h3", {}, `Removed (${change.removed.length})`),
+            h("ul", { class: "experiences", id: "removed" }, change.removed.map((e) => experience(e, "removed"))),
+            h("h3", {}, `Edited (${change.edited.length})`),
+            h(
+              "ul",
+              { class: "experiences", id: "edited" },
+              change.edited.map(({ before, after }) => [experience(before, "removed"), experience(after, "added")]),
+            ),
+          ]
+        : null,
+    );
+  };
+  return { section, fill };
+}
+
+export async function proposalPage(main, chain, id, actions) {
+  const [p, params, now] = await Promise.all([chain.proposal(BigInt(id)), chain.parameters(), chain.now()]);
+  if (!p) {
+    replace(main, h("h1", {}, "Proposal not found"), h("p", {}, `No proposal ${id} on this chain.`));
+    return;
+  }
+  const facts = [
+    ["state", h("span", { class: `state ${p.state}`, id: "state" }, p.state)],
+    ["proposer", p.proposer],
+    ["voting", `${when(p.voteStart)} to ${when(p.voteEnd)} ${timeLeft(p, now, params) ? `(${timeLeft(p, now, params)})` : ""}`],
+    ["for / against", `${p.forWeight} / ${p.againstWeight} (quadratic weight)`],
+  ];
+  let content = null;
+  if (p.kind === "library") {
+    facts.push(["builds on", `version ${p.parentVersion}`], ["root", p.root], ["experiences", p.treeSize.toString()], ["CID", p.cid]);
+    content = await libraryCheck(chain, p);
+  } else {
+    facts.push(["calls", h("span", { id: "call" }, `${p.call.text} on ${p.call.where}`)]);
+  }
+  const buttons = h("div", { class: "actions" });
+  if (chain.account) {
+    const weight = await chain.votingWeight(p.id, chain.account).catch(() => 0n);
+    const voted = await chain.read("hasVoted", [p.id, chain.account]);
+    if (p.state === "Active") {
+      buttons.append(
+        h("p", {}, voted ? "You voted on this proposal." : `Your weight on this proposal: ${weight} (√ of your votes at its snapshot).`),
+        h("button", { id: "vote-for", disabled: voted || weight === 0n, onclick: () => actions.run("vote", [p.id, true]) }, "Vote for"),
+        h("button", { id: "vote-against", disabled: voted || weight === 0n, onclick: () => actions.run("vote", [p.id, false]) }, "Vote against"),
+      );
+    }
+    if (p.state === "Succeeded") buttons.append(h("button", { id: "execute", onclick: () => actions.run("execute", [p.id]) }, "Execute"));
+    if (["Pending", "Active"].includes(p.state) && p.proposer.toLowerCase() === chain.account.toLowerCase()) {
+      buttons.append(h("button", { id: "cancel", onclick: () => actions.run("cancel", [p.id]) }, "Cancel"));
+    }
+  } else {
+    buttons.append(h("p", { class: "muted" }, "Connect a wallet to vote, execute or cancel."));
+  }
+  replace(
+    main,
+    h("h1", {}, p.kind === "library" ? "Library proposal" : "Call proposal"),
+    h("p", { class: "mono", id: "proposal-id" }, proposalId(p.id)),
+    h("dl", {}, facts.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])),
+    progress(p, params),
+    buttons,
+    content?.section,
+  );
+  sizeBars(main);
+  await content?.fill();
+}
+
+export async function libraryPage(main, chain) {
+  const [version, root, treeSize, cid] = await chain.read("currentLibrary");
+  if (version === 0n) {
+    replace(main, h("h1", {}, "Library"), h("p", {}, "No library version has been approved yet."));
+    return;
+  }
+  const read = readLibrary(await fetchBytes(cid));
+  const ok = read.library && read.root === root && read.problems.length === 0;
+  replace(
+    main,
+    h("h1", {}, `Library version ${version}`),
+    h("p", { class: ok ? "verdict good" : "verdict bad", id: "root-check" }, ok ? `Verified in this browser: ${treeSize} experiences rebuild the root ${root}.` : `Does not match the chain: ${[...read.problems, read.root !== root ? `root ${read.root} is not ${root}` : ""].filter(Boolean).join("; ")}`),
+    h("ul", { class: "experiences", id: "experiences" }, (read.library?.experiences ?? []).map((e) => experience(e))),
+  );
+}
+
+function table(rows) {
+  return h("table", { class: "facts" }, h("tbody", {}, rows.map(([k, v]) => h("tr", {}, h("th", {}, k), h("td", {}, v)))));
+}
+
+export async function statusPage(main) {
+  const r = await fetch("/app/status.json");
+  if (!r.ok) {
+    replace(main, h("h1", {}, "Node"), h("p", {}, (await r.text()).trim()));
+    return false;
+  }
+  const s = await r.json();
+  const serving = s.serving ?? {};
+  replace(
+    main,
+    h("h1", {}, "Node"),
+    h("p", { class: "muted" }, `zoo-node ${s.node_version}, up ${duration(s.uptime_seconds)} (${s.role}); updates every 2 s.`),
+    h("h2", {}, "Components"),
+    h(
+      "table",
+      { id: "components" },
+      h("tbody", {}, (s.components ?? []).map((c) => h("tr", { "data-component": c.name }, h("th", {}, c.name), h("td", { class: `state ${c.state}` }, c.state), h("td", {}, c.detail)))),
+    ),
+    h("h2", {}, "Serving"),
+    table([
+      ["model", `${s.model_id || "none"}${s.model_sha256 ? ` (sha256 ${short(s.model_sha256, 16)})` : ""}`],
+      ["running", `${serving.running ?? 0} of ${serving.max_batch_size ?? 0}`],
+      ["waiting", `${serving.waiting ?? 0} of ${serving.max_queued ?? 0}`],
+      ["admitted since start", String(serving.admitted ?? 0)],
+      ["HTTP", s.http_address || "off"],
+      ["gRPC", s.listen_address],
+    ]),
+    h("h2", {}, "Library"),
+    table([
+      ["version", String(s.library?.version ?? 0)],
+      ["root", s.library?.root || "none"],
+      ["experiences", String(s.library?.experience_count ?? 0)],
+    ]),
+    h("h2", {}, "Peers and credits"),
+    table([
+      ["peers", `${s.peers?.connected ?? 0} connected, ${s.peers?.capable ?? 0} capable, ${s.peers?.banned ?? 0} banned`],
+      ["node account", s.node_address],
+      ["credits", s.ledger_address ? `ledger ${s.ledger_address}, epochs of ${s.credit_epoch_seconds} s` : "off"],
+    ]),
+  );
+  return true;
+}
+
+export function holderBox(info) {
+  const votes = formatUnits(info.votes, info.decimals);
+  return [
+    h("span", { id: "balance" }, `${formatUnits(info.balance, info.decimals)} KEEPER`),
+    h("span", { id: "votes" }, `${votes} votes`),
+    h("span", { id: "power", title: "quadratic voting power: √ of your votes in token units, as the registry counts it" }, `power ${info.power}`),
+    h("span", { id: "delegate" }, info.delegate === "0x0000000000000000000000000000000000000000" ? "not delegated" : `delegated to ${short(info.delegate)}`),
+  ];
+}
+
+export { ZERO_ROOT };

@@ -1,0 +1,140 @@
+"""The web app in a real headless browser (Debian's chromium, driven by Playwright) against a light node on a
+real devnet, its transactions signed by a test wallet (tests/node/webapp/browser.py) forwarding to anvil's
+dev accounts: a holder delegates; two accounts vote for a library proposal from its page; the devnet warps;
+the proposal is executed from the page; the node syncs it and the library page shows the new version. On
+the way: a call proposal shown decoded, the content's Merkle root rebuilt in the browser (green), a proposal
+whose CID holds other bytes shown red with the reason, and an experience holding `<script>` rendered as
+text. Screenshots of each page go to tests/.artifacts/webapp/."""
+
+from __future__ import annotations
+
+import time
+
+from web3 import Web3
+
+from tests.node.approve import next_version
+from tests.node.webapp.browser import DevWallet, browser_page, screenshot
+from zoo.devnet.genesis import genesis_library
+from zoo.devnet.info import warp
+from zoo.devnet.manager import Devnet
+from zoo.node.client import NodeClient
+from zoo.registry.canonical import encode_library
+from zoo.registry.chain import RegistryClient, format_proposal_id
+from zoo.registry.ipfs import IpfsClient
+from zoo.registry.keys import dev_account, dev_address
+from zoo.registry.merkle import library_root
+
+SCRIPT = '<script>window.pwned = 1</script><img src=x onerror="window.pwned = 2">'
+
+
+def wait_text(page, selector: str, text: str, timeout_s: float = 30) -> None:
+    page.wait_for_function(
+        "([s, t]) => (document.querySelector(s)?.textContent ?? '').includes(t)", arg=[selector, text],
+        timeout=timeout_s * 1000,
+    )  # fmt: skip
+
+
+def open_proposal(page, pid: str) -> None:
+    page.goto(page.url.split("#")[0] + f"#/proposal/{pid}")
+    wait_text(page, "#proposal-id", pid)
+
+
+def test_delegate_vote_execute_and_see_the_new_version(light_node) -> None:
+    info = Devnet(light_node.data_dir).info()
+    base = str(light_node.info["http"])
+    w3 = Web3(Web3.HTTPProvider(info.rpc_url, request_kwargs={"timeout": 60}))
+    wallet = DevWallet(info.rpc_url, dev_address(5))
+    with browser_page(base, wallet) as page:
+        # The devnet's proposals so far (the genesis library, the calls approving the bundled model and
+        # registering the node), each shown; the calls decoded.
+        page.wait_for_selector("#proposals tbody tr")
+        events = RegistryClient(w3, info.registry_address).contract.events
+        made = [*events.ProposalCreated.get_logs(from_block=0), *events.CallProposed.get_logs(from_block=0)]
+        screenshot(page, "proposals-genesis")
+        assert page.locator("#proposals tbody tr").count() == len(made) >= 2
+        listed = page.inner_text("#proposals")
+        assert f"setBaseModel(0x{info.genesis['base_models'][0].removeprefix('0x')}, true)" in listed, listed
+
+        # dev5 connects, sees its balance and quadratic power, and delegates to dev6.
+        page.click("#connect")
+        wait_text(page, "#balance", "1000000 KEEPER")
+        assert page.inner_text("#power") == "power 1000000000000"  # √(10**24), as the registry counts
+        page.fill("#delegatee", dev_address(6))
+        page.click("#delegate-button")
+        wait_text(page, "#notice", "delegate: done")
+        wait_text(page, "#delegate", "delegated to")
+        assert page.inner_text("#votes") == "0 votes"
+        warp(w3, 1)  # the delegation is in the past of the next proposals' snapshot
+
+        # Two library proposals: one whose content is what it claims (with a hostile experience text), one
+        # whose CID holds other bytes than its root commits to.
+        current = genesis_library()
+        genesis_root = "0x" + library_root(current).hex()
+        proposed = next_version(
+            current, genesis_root, ("web.safety", f"When a page shows {SCRIPT}, show it.")
+        )
+        other = next_version(
+            current, genesis_root, ("web.safety", "When a lesson differs, so does its root.")
+        )
+        with IpfsClient(info.ipfs_api) as ipfs:
+            cid, other_cid = ipfs.add(encode_library(proposed)), ipfs.add(encode_library(other))
+        proposer = RegistryClient(w3, info.registry_address, dev_account(0))
+        size = len(proposed.experiences)
+        root = library_root(proposed)
+        good = format_proposal_id(proposer.propose(root, cid, tree_size=size).proposal_id)
+        tampered = format_proposal_id(proposer.propose(root, other_cid, tree_size=size).proposal_id)
+        warp(w3, 1)
+
+        open_proposal(page, tampered)
+        page.wait_for_selector("#root-check.bad")
+        assert "Merkle root is 0x" + library_root(other).hex() in page.inner_text("#root-check")
+        screenshot(page, "proposal-tampered")
+
+        # The good one: verified in the browser, its added experience shown as text, never run as markup.
+        open_proposal(page, good)
+        page.wait_for_selector("#root-check.good")
+        assert page.locator("#added li").count() == 1
+        assert SCRIPT in page.inner_text("#added li .text")
+        assert page.evaluate("window.pwned") is None and page.locator("main script, main img").count() == 0
+        wallet.use(page, dev_address(6))  # holds dev5's votes too: √(2 * 10**24)
+        wait_text(page, ".actions", "Your weight on this proposal: 1414213562373")
+        page.click("#vote-for")
+        wait_text(page, "#notice", "vote: done")
+        wallet.use(page, dev_address(1))
+        page.wait_for_selector("#vote-for:not([disabled])")
+        page.click("#vote-for")
+        wait_text(page, "#notice", "vote: done")
+        wait_text(page, "main dl", "2414213562373 / 0")
+        page.wait_for_selector("#root-check.good")
+        screenshot(page, "proposal-voted")
+
+        # Past the vote: the page executes it; the node syncs it.
+        warp(w3, info.settings["voting_period_s"] + info.settings["execution_delay_s"] + 1)
+        page.reload()
+        page.wait_for_selector("#execute")
+        page.click("#execute")
+        wait_text(page, "#notice", "execute: done")
+        wait_text(page, "#state", "Executed")
+        assert "Stale" in _state_of(page, tampered)
+
+        with NodeClient(light_node.address) as client:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and client.status().library.version != 2:
+                time.sleep(0.3)
+        page.goto(base + "/#/library")
+        wait_text(page, "main h1", "Library version 2")
+        page.wait_for_selector("#root-check.good")
+        assert SCRIPT in page.inner_text("#experiences")
+        assert page.evaluate("window.pwned") is None
+        screenshot(page, "library")
+
+        page.goto(base + "/#/status")
+        wait_text(page, "main", "experiences")
+        wait_text(page, "#components", "library")
+        screenshot(page, "status")
+        assert page.problems == [], page.problems  # no script error, no CSP violation
+
+
+def _state_of(page, pid: str) -> str:
+    open_proposal(page, pid)
+    return page.inner_text("#state")

@@ -1,0 +1,103 @@
+"""The web app as the node serves it, over a real socket (a light node on a real devnet): its pages carry a
+strict Content-Security-Policy, its assets nothing but themselves, no answer a secret; the chain relay lets
+reads through and refuses everything else in JSON-RPC's words; library bytes come checked against their
+CID; the operator status can be switched off, and the whole app too."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from tests.node.webapp.conftest import start_light_devnet_node
+from zoo.devnet.manager import Devnet
+from zoo.node.webapp.site import CSP
+
+
+def rpc(base: str, body: object) -> object:
+    r = httpx.post(base + "/app/chain", content=json.dumps(body).encode(), timeout=30)
+    assert r.status_code == 200 and r.headers["content-security-policy"] == CSP, r.text
+    return r.json()
+
+
+def test_pages_and_assets_carry_a_strict_policy_and_no_secret(light_node) -> None:
+    base = str(light_node.info["http"])
+    page = httpx.get(base + "/", timeout=30)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert page.headers["content-security-policy"] == CSP and "script-src 'self'" in CSP
+    assert "unsafe-inline" not in CSP and "connect-src 'self'" in CSP
+    assert page.headers["x-content-type-options"] == "nosniff"
+    assert "<script>" not in page.text  # no inline script: the one script is the bundle
+    assert '<script type="module" src="/assets/app.js">' in page.text
+    script = httpx.get(base + "/assets/app.js", timeout=30)
+    assert script.status_code == 200 and script.headers["content-type"].startswith("text/javascript")
+    for bad in ("..%2Fsite.py", "app.py", "nothing.js", ".hidden.js"):
+        r = httpx.get(base + "/assets/" + bad, timeout=30)
+        assert r.status_code == 404, (bad, r.status_code)
+    config = httpx.get(base + "/app/config.json", timeout=30).json()
+    info = Devnet(light_node.data_dir).info()
+    assert config["registry"] == info.registry_address and config["chain"] and config["status"]
+    assert {"ExperienceRegistry", "KeeperToken", "UsageLedger"} <= set(config["abi"])
+    secret = light_node.admin_token
+    for answer in (page.text, script.text, json.dumps(config), httpx.get(base + "/app/status.json").text):
+        assert secret not in answer
+
+
+def test_the_chain_relay_passes_reads_and_refuses_the_rest(light_node) -> None:
+    base = str(light_node.info["http"])
+    chain_id = rpc(base, {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []})
+    assert chain_id == {"jsonrpc": "2.0", "id": 1, "result": "0x7a69"}
+    sent = rpc(base, {"jsonrpc": "2.0", "id": 2, "method": "eth_sendTransaction", "params": [{}]})
+    assert sent["id"] == 2 and sent["error"]["code"] == -32601 and "wallet" in sent["error"]["message"]
+    cheat = rpc(base, {"jsonrpc": "2.0", "id": 3, "method": "anvil_setBalance", "params": []})
+    assert cheat["error"]["code"] == -32601
+    batch = rpc(base, [
+        {"jsonrpc": "2.0", "id": "a", "method": "eth_blockNumber", "params": []},
+        {"jsonrpc": "2.0", "id": "b", "method": "evm_mine", "params": []},
+        {"jsonrpc": "1.0", "id": "c", "method": "eth_chainId"},
+    ])  # fmt: skip
+    assert isinstance(batch, list) and [a["id"] for a in batch] == ["a", "b", "c"]
+    assert batch[0]["result"].startswith("0x") and batch[1]["error"]["code"] == -32601
+    assert batch[2]["error"]["code"] == -32600
+    r = httpx.post(base + "/app/chain", content=b"{not json", timeout=30)
+    assert r.json()["error"]["code"] == -32700
+    too_many = [{"jsonrpc": "2.0", "id": i, "method": "eth_chainId", "params": []} for i in range(65)]
+    assert rpc(base, too_many)["error"]["code"] == -32600
+    assert rpc(base, [])["error"]["code"] == -32600
+    assert rpc(base, {"jsonrpc": "2.0", "id": [1], "method": "eth_chainId"})["error"]["code"] == -32600
+
+
+def test_library_bytes_come_checked_and_bad_cids_are_refused(light_node) -> None:
+    base = str(light_node.info["http"])
+    cid = Devnet(light_node.data_dir).info().genesis["cid"]
+    r = httpx.get(base + f"/app/ipfs/{cid}", timeout=60)
+    assert r.status_code == 200 and json.loads(r.content)["schema"].startswith("zoo.experience-library/")
+    assert httpx.get(base + "/app/ipfs/not-a-cid!", timeout=30).status_code in (400, 404)
+    r = httpx.get(base + "/app/ipfs/bafkreinotarealcidatallbutlongenoughtolookliketext", timeout=60)
+    assert r.status_code == 400 and "cid" in r.text.lower()
+
+
+def test_status_and_the_app_can_be_switched_off(tmp_path) -> None:
+    node = start_light_devnet_node(tmp_path / "quiet", http={"app_status": False})
+    try:
+        base = str(node.info["http"])
+        r = httpx.get(base + "/app/status.json", timeout=30)
+        assert r.status_code == 404 and "app_status" in r.text
+        assert httpx.get(base + "/app/config.json", timeout=30).json()["status"] is False
+    finally:
+        node.stop()
+    node = start_light_devnet_node(tmp_path / "off", http={"app": False})
+    try:
+        base = str(node.info["http"])
+        assert httpx.get(base + "/", timeout=30).status_code == 404
+        assert httpx.get(base + "/app/config.json", timeout=30).status_code == 404
+        assert httpx.get(base + "/v1/models", timeout=30).status_code == 200  # the API itself stays
+    finally:
+        node.stop()
+
+
+@pytest.mark.parametrize("body", [b"", b"[]", b"null", b'"x"', b"1" * 300_000])
+def test_the_relay_answers_any_body_in_json_rpc(light_node, body: bytes) -> None:
+    r = httpx.post(str(light_node.info["http"]) + "/app/chain", content=body, timeout=30)
+    assert r.status_code == 200 and "error" in r.json(), r.text
