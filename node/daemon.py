@@ -275,7 +275,9 @@ class NodeRun:
             identify=self.identify,
             model_sha256=self.model_sha256,
             adapter_sha256=self._adapter_sha256,
-            webapp=web_app(cfg, self.wiring, self.parts, self._status_document) if cfg.http.app else None,
+            webapp=web_app(cfg, self.wiring, self.parts, self._status_document, lambda: self.admin_token)
+            if cfg.http.app
+            else None,
         )
         self.http = None
         if cfg.http.enabled:

@@ -407,10 +407,12 @@ def embedder(retrieval: RetrievalComponent | DisabledComponent) -> Any:
     return provide
 
 
-def web_app(cfg: NodeConfig, wiring: Wiring, parts: Parts, status: Callable[[], Any]) -> Any:
+def web_app(
+    cfg: NodeConfig, wiring: Wiring, parts: Parts, status: Callable[[], Any], admin_token: Callable[[], str]
+) -> Any:
     """The governance web app's data (zoo.node.webapp): the chain the node follows, library bytes by CID
-    (this node's store first, then IPFS, each checked against the CID) and, unless http.app_status is off,
-    `status()` (an awaitable of the status as a dict)."""
+    (this node's store first, then IPFS, each checked against the CID), unless http.app_status is off
+    `status()` (an awaitable of the status as a dict), and publishing to IPFS what a proposal names."""
     import asyncio
 
     from zoo.node.webapp.site import WebApp
@@ -440,6 +442,32 @@ def web_app(cfg: NodeConfig, wiring: Wiring, parts: Parts, status: Callable[[], 
     async def fetch_cid(cid: str) -> bytes:
         return await asyncio.to_thread(fetch, cid)
 
+    def named() -> set[str]:
+        from web3 import Web3
+
+        from zoo.registry.chain import RegistryClient
+        from zoo.registry.ipfs import normalise_cid
+
+        w3 = Web3(Web3.HTTPProvider(wiring.rpc_url, request_kwargs={"timeout": 15}))
+        events = RegistryClient(w3, str(wiring.registry_address)).proposal_created_events(wiring.from_block)
+        found = set()
+        for e in events:
+            with contextlib.suppress(ValueError):  # a CID the node cannot read names nothing it publishes
+                found.add(normalise_cid(e.cid))
+        return found
+
+    def pin(data: bytes) -> str:
+        from zoo.registry.ipfs import IpfsClient
+
+        with IpfsClient(str(ipfs_api), timeout=cfg.ipfs.timeout_s) as ipfs:
+            return ipfs.add(data, pin=True)
+
+    async def proposed_cids() -> set[str]:
+        return await asyncio.to_thread(named)
+
+    async def publish(data: bytes) -> str:
+        return await asyncio.to_thread(pin, data)
+
     return WebApp(
         rpc_url=wiring.rpc_url,
         registry_address=wiring.registry_address,
@@ -447,4 +475,8 @@ def web_app(cfg: NodeConfig, wiring: Wiring, parts: Parts, status: Callable[[], 
         abis=abis,
         fetch_cid=fetch_cid,
         status=status if cfg.http.app_status else None,
+        proposed_cids=proposed_cids if wiring.rpc_url and wiring.registry_address else None,
+        publish=publish if ipfs_api else None,
+        admin_token=admin_token,
+        max_library_bytes=limit,
     )

@@ -47,7 +47,7 @@ class ChainProxy:
     async def answer(self, body: bytes) -> Any:
         """The JSON-RPC answer to `body` (a request or a batch): refusals in place, reads forwarded."""
         if len(body) > MAX_REQUEST_BYTES:
-            return _error(None, INVALID_REQUEST, f"request over {MAX_REQUEST_BYTES} bytes")
+            return too_large()
         try:
             parsed = untrusted_json.loads(body)
         except (ValueError, UnicodeDecodeError) as e:
@@ -85,6 +85,10 @@ class ChainProxy:
 
     async def close(self) -> None:
         await self._http.aclose()
+
+
+def too_large() -> dict[str, Any]:
+    return _error(None, INVALID_REQUEST, f"request over {MAX_REQUEST_BYTES} bytes")
 
 
 def _refusal(request: Any) -> dict[str, Any] | None:

@@ -7,6 +7,10 @@
     POST /app/chain         read-only JSON-RPC to that chain (chain_proxy.py)
     GET  /app/ipfs/CID      a library's bytes, checked against the CID (from this node's store or IPFS)
     GET  /app/status.json   this node's status, as GetStatus gives it (404 when http.app_status is off)
+    POST /app/draft/experience   a contributor's new or edited experience as its canonical document
+    POST /app/draft/build        a draft as canonical library bytes, root, size and CID (drafts.py)
+    POST /app/publish            canonical library bytes pinned to this node's IPFS, once a proposal on
+                                 chain names their CID (or with the admin token)
 
 Every answer carries a Content-Security-Policy that lets the page run its own scripts and styles and
 connect to its own origin only: no inline script, no other origin, no framing. The page never holds a
@@ -16,6 +20,7 @@ key and no answer here contains a secret (the admin token is never read by this 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -26,7 +31,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from zoo.node.logs import get_logger
-from zoo.node.webapp.chain_proxy import ChainProxy
+from zoo.node.webapp import drafts
+from zoo.node.webapp.chain_proxy import MAX_REQUEST_BYTES, ChainProxy, too_large
+from zoo.registry.errors import ValidationError, ZooError
 
 log = get_logger(__name__)
 
@@ -63,6 +70,10 @@ class WebApp:
     abis: Callable[[], dict[str, Any]] = dict  # contract name -> ABI, read once
     fetch_cid: Callable[[str], Awaitable[bytes]] | None = None  # bytes checked against the CID
     status: Callable[[], Awaitable[dict[str, Any]]] | None = None  # None: http.app_status is off
+    proposed_cids: Callable[[], Awaitable[set[str]]] | None = None  # CIDs library proposals on chain name
+    publish: Callable[[bytes], Awaitable[str]] | None = None  # pins bytes to IPFS, returns their CID
+    admin_token: Callable[[], str] | None = None  # publishes without a proposal (never sent to a page)
+    max_library_bytes: int = 64 * 1024 * 1024
     dist: Path = DIST
     _proxy: ChainProxy | None = field(default=None, init=False, repr=False)
     _abis: dict[str, Any] | None = field(default=None, init=False, repr=False)
@@ -75,6 +86,9 @@ class WebApp:
             ("POST", "/app/chain", self.chain),
             ("GET", "/app/ipfs/{cid}", self.ipfs),
             ("GET", "/app/status.json", self.node_status),
+            ("POST", "/app/draft/experience", self.draft_experience),
+            ("POST", "/app/draft/build", self.draft_build),
+            ("POST", "/app/publish", self.publish_library),
         ]
         for method, path, handler in routes:
             app.add_api_route(path, handler, methods=[method], response_model=None, include_in_schema=False)
@@ -118,15 +132,13 @@ class WebApp:
             return _json(_rpc_error("this node follows no chain"), 404)
         if self._proxy is None:
             self._proxy = ChainProxy(self.rpc_url)
-        body = bytearray()
-        async for piece in request.stream():
-            body += piece
-            if len(body) > 2 * 256 * 1024:
-                break
-        return _json(await self._proxy.answer(bytes(body)))
+        body = await _body(request, MAX_REQUEST_BYTES)
+        if body is None:
+            return _json(too_large())
+        return _json(await self._proxy.answer(body))
 
     async def ipfs(self, cid: str) -> Response:
-        from zoo.registry.errors import IntegrityError, ZooError
+        from zoo.registry.errors import IntegrityError
 
         if not CID_TEXT.fullmatch(cid):
             return _text(400, f"{cid[:128]!r} is not a CID")
@@ -147,6 +159,74 @@ class WebApp:
         if self.status is None:
             return _text(404, "this node does not show its status here (http.app_status = false)")
         return _json(await self.status())
+
+    # -- contributors ------------------------------------------------------------------------------
+
+    async def draft_experience(self, request: Request) -> Response:
+        return await self._validated(request, drafts.experience)
+
+    async def draft_build(self, request: Request) -> Response:
+        return await self._validated(request, drafts.build)
+
+    async def _validated(self, request: Request, make: Callable[[Any], dict[str, Any]]) -> Response:
+        from zoo.registry import untrusted_json
+
+        data = await _body(request, self.max_library_bytes * 2)
+        if data is None:
+            return _problem(413, f"the body is over {self.max_library_bytes * 2} bytes")
+        try:
+            return _json(await asyncio.to_thread(lambda: make(untrusted_json.loads(data))))
+        except ValidationError as e:
+            return _problem(400, str(e), getattr(e, "field", None))
+        except (ValueError, UnicodeDecodeError) as e:
+            return _problem(400, f"the body is not JSON: {e}")
+
+    async def publish_library(self, request: Request) -> Response:
+        if self.publish is None:
+            return _problem(503, "this node has no IPFS to publish to (ipfs.api_url)")
+        data = await _body(request, self.max_library_bytes)
+        if data is None:
+            return _problem(
+                413, f"a library is at most {self.max_library_bytes} bytes (ipfs.max_library_bytes)"
+            )
+        try:
+            library, cid = await asyncio.to_thread(drafts.publishable, data)
+        except ValidationError as e:
+            return _problem(400, f"not a library's canonical bytes: {e}", getattr(e, "field", None))
+        if not self._admin(request):
+            named = await self.proposed_cids() if self.proposed_cids is not None else set()
+            if cid not in named:
+                return _problem(
+                    403,
+                    f"no library proposal on chain names {cid}: propose it first (the wallet signs), then "
+                    "publish, or send the admin token",
+                )
+        try:
+            published = await self.publish(data)
+        except ZooError as e:
+            return _problem(502, f"IPFS did not take it: {e}")
+        log.info("web app published a library", cid=published, version=library.version)
+        return _json({"cid": published, "version": library.version, "size": len(library.experiences)})
+
+    def _admin(self, request: Request) -> bool:
+        token = self.admin_token() if self.admin_token is not None else ""
+        given = request.headers.get("authorization", "")
+        scheme, _, value = given.partition(" ")
+        return bool(token) and scheme.lower() == "bearer" and hmac.compare_digest(value.strip(), token)
+
+
+async def _body(request: Request, limit: int) -> bytes | None:
+    """The body's bytes; None past `limit`."""
+    data = bytearray()
+    async for piece in request.stream():
+        data += piece
+        if len(data) > limit:
+            return None
+    return bytes(data)
+
+
+def _problem(status: int, message: str, field: str | None = None) -> Response:
+    return _json({"error": {"message": message, "field": field}}, status)
 
 
 def _headers(cache: str = "no-store") -> dict[str, str]:

@@ -1,9 +1,11 @@
 // The web app's entry: reads the node's config, draws the header (pages and wallet) and routes by the URL's
-// hash: #/ proposals, #/proposal/ID one proposal, #/library the current version, #/status the node.
+// hash: #/ proposals, #/proposal/ID one proposal, #/library the current version, #/draft a contributor's
+// draft, #/status the node.
 
 import { isAddress } from "viem";
 import { Chain } from "./chain.js";
 import { h, replace, short } from "./dom.js";
+import { draftPage } from "./draft.js";
 import { holderBox, libraryPage, proposalPage, proposalsPage, statusPage } from "./views.js";
 
 const main = document.getElementById("main");
@@ -72,25 +74,30 @@ async function act(what, send) {
 
 const actions = { run: (fn, args) => act(fn, () => chain.send(fn, args)) };
 
+// Each route renders into a view of its own, put in place at once: a slower page still loading (the
+// proposals' reads) then writes into a view no longer shown, never over the page the user went to.
 async function route() {
   clearInterval(statusTimer);
   const hash = window.location.hash || "#/";
   for (const a of nav.querySelectorAll("a")) a.classList.toggle("here", hash === a.getAttribute("href") || (a.getAttribute("href") === "#/" && hash.startsWith("#/proposal")));
+  const view = h("div", { class: "view" });
+  replace(main, view);
   try {
     if (hash === "#/status") {
-      if (await statusPage(main)) statusTimer = setInterval(() => statusPage(main).catch(() => {}), 2000);
+      if (await statusPage(view)) statusTimer = setInterval(() => statusPage(view).catch(() => {}), 2000);
       return;
     }
     if (!chain) {
-      replace(main, h("h1", {}, "No chain"), h("p", {}, "This node follows no chain: only its status is shown."));
+      replace(view, h("h1", {}, "No chain"), h("p", {}, "This node follows no chain: only its status is shown."));
       return;
     }
     const proposal = hash.match(/^#\/proposal\/(0x[0-9a-fA-F]{1,64}|[0-9]{1,78})$/);
-    if (proposal) await proposalPage(main, chain, proposal[1], actions);
-    else if (hash === "#/library") await libraryPage(main, chain);
-    else await proposalsPage(main, chain);
+    if (proposal) await proposalPage(view, chain, proposal[1], actions);
+    else if (hash === "#/library") await libraryPage(view, chain);
+    else if (hash === "#/draft") await draftPage(view, chain, say);
+    else await proposalsPage(view, chain);
   } catch (e) {
-    replace(main, h("h1", {}, "Could not show this page"), h("p", { class: "verdict bad" }, e.shortMessage ?? e.message));
+    replace(view, h("h1", {}, "Could not show this page"), h("p", { class: "verdict bad" }, e.shortMessage ?? e.message));
   }
 }
 
@@ -99,7 +106,7 @@ async function start() {
   if (config.chain) chain = new Chain(config);
   replace(
     nav,
-    config.chain ? [h("a", { href: "#/" }, "Proposals"), h("a", { href: "#/library" }, "Library")] : null,
+    config.chain ? [h("a", { href: "#/" }, "Proposals"), h("a", { href: "#/library" }, "Library"), h("a", { href: "#/draft" }, "Draft")] : null,
     config.status ? h("a", { href: "#/status" }, "Node") : null,
   );
   window.addEventListener("hashchange", route);

@@ -93,7 +93,7 @@ function experience(e, cls = "") {
     { class: `experience ${cls}`, "data-id": e.id },
     h("span", { class: "domain" }, e.domain),
     " ",
-    h("span", { class: "kind" }, e.kind === "example" ? "example" : "lesson"),
+    h("span", { class: "kind" }, `${e.kind === "example" ? "example" : "lesson"} · confidence ${e.confidence}`),
     h("p", { class: "text" }, e.text),
     e.answer ? h("p", { class: "answer" }, `Answer: ${e.answer}`) : null,
   );
@@ -273,7 +273,7 @@ export function holderBox(info) {
     h("span", { id: "balance" }, `${formatUnits(info.balance, info.decimals)} KEEPER`),
     h("span", { id: "votes" }, `${votes} votes`),
     h("span", { id: "power", title: "quadratic voting power: √ of your votes in token units, as the registry counts it" }, `power ${info.power}`),
-    h("span", { id: "delegate" }, info.delegate === "0x0000000000000000000000000000000000000000" ? "not delegated" : `delegated to ${short(info.delegate)}`),
+    h("span", { id: "delegate", title: info.delegate }, info.delegate === "0x0000000000000000000000000000000000000000" ? "not delegated" : `delegated to ${short(info.delegate)}`),
   ];
 }
 

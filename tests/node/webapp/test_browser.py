@@ -62,8 +62,8 @@ def test_delegate_vote_execute_and_see_the_new_version(light_node) -> None:
         page.fill("#delegatee", dev_address(6))
         page.click("#delegate-button")
         wait_text(page, "#notice", "delegate: done")
-        wait_text(page, "#delegate", "delegated to")
-        assert page.inner_text("#votes") == "0 votes"
+        wait_text(page, "#votes", "0 votes")  # dev5's votes are dev6's now
+        assert page.get_attribute("#delegate", "title") == dev_address(6)
         warp(w3, 1)  # the delegation is in the past of the next proposals' snapshot
 
         # Two library proposals: one whose content is what it claims (with a hostile experience text), one
@@ -138,3 +138,53 @@ def test_delegate_vote_execute_and_see_the_new_version(light_node) -> None:
 def _state_of(page, pid: str) -> str:
     open_proposal(page, pid)
     return page.inner_text("#state")
+
+
+def test_a_contributor_drafts_and_proposes_through_the_wallet(light_node) -> None:
+    info = Devnet(light_node.data_dir).info()
+    base = str(light_node.info["http"])
+    wallet = DevWallet(info.rpc_url, dev_address(2))
+    with browser_page(base, wallet) as page:
+        page.click("#connect")
+        wait_text(page, "#balance", "KEEPER")
+        page.goto(base + "/#/draft")
+        page.click("#start-draft")
+        page.wait_for_selector("#draft-experiences li")
+        before = page.locator("#draft-experiences li").count()
+        removed = page.locator("#draft-experiences li").first.get_attribute("data-id")
+        page.locator("#draft-experiences li").first.locator("button.remove").click()
+        wait_text(page, "#notice", f"Removed {removed}")
+        # A lesson the node refuses (no trigger) says why; then one it takes.
+        page.fill("#add-lesson textarea", "Drafts are checked by the node.")
+        page.fill("#add-lesson input[name=domain]", "web.drafts")
+        page.click("#add-lesson button")
+        wait_text(page, "#notice", "text:")
+        assert len(page.problems) == 2 and "400" in page.problems[0]  # that refusal, in the console too
+        page.problems.clear()
+        page.fill("#add-lesson textarea", "When a contributor drafts in a browser, the node checks each lesson.")
+        page.fill("#add-lesson input[name=domain]", "web.drafts")
+        page.click("#add-lesson button")
+        wait_text(page, "#notice", "Added exp-")
+        wait_text(page, "#draft-change", "1 added, 1 removed")
+        assert page.locator("#draft-experiences li").count() == before
+        # An edit of a lesson's confidence keeps its id (the id is its domain and text): edited, not replaced.
+        edited = page.locator("#draft-experiences li").nth(1)
+        edited_id = edited.get_attribute("data-id")
+        edited.locator("button.edit").click()
+        edited.locator("input[name=confidence]").fill("0.55")
+        edited.locator("form button").click()
+        wait_text(page, "#draft-change", "1 added, 1 removed, 1 edited")
+        screenshot(page, "draft")
+        page.click("#build")
+        page.wait_for_selector("#propose")
+        page.click("#propose")
+        wait_text(page, "#notice", "Proposed and published", timeout_s=60)
+        page.wait_for_selector("#root-check.good")
+        assert page.locator("#added li").count() == 1 and page.locator("#removed li").count() == 1
+        assert "the node checks each lesson" in page.inner_text("#added")
+        assert page.locator("#removed li").get_attribute("data-id") == removed
+        assert page.locator("#edited li").count() == 2  # before and after
+        assert "0.550000" in page.locator(f'#edited li[data-id="{edited_id}"]').last.inner_text()
+        assert "eth_sendTransaction" in wallet.sent
+        screenshot(page, "draft-proposed")
+        assert page.problems == [], page.problems

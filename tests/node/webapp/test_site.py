@@ -1,18 +1,30 @@
 """The web app as the node serves it, over a real socket (a light node on a real devnet): its pages carry a
 strict Content-Security-Policy, its assets nothing but themselves, no answer a secret; the chain relay lets
 reads through and refuses everything else in JSON-RPC's words; library bytes come checked against their
-CID; the operator status can be switched off, and the whole app too."""
+CID; the operator status can be switched off, and the whole app too; contributors' drafts are validated and
+built exactly as the CLI builds a library, and only bytes a proposal on chain names are published (or with
+the admin token)."""
 
 from __future__ import annotations
 
 import json
 
 import httpx
+import msgspec
 import pytest
+from web3 import Web3
 
+from tests.node.approve import next_version
 from tests.node.webapp.conftest import start_light_devnet_node
+from zoo.devnet.genesis import genesis_library
 from zoo.devnet.manager import Devnet
 from zoo.node.webapp.site import CSP
+from zoo.registry.canonical import decode_library, encode_library
+from zoo.registry.chain import RegistryClient
+from zoo.registry.experience import Experience
+from zoo.registry.ipfs import local_cid
+from zoo.registry.keys import dev_account, dev_address
+from zoo.registry.merkle import library_root
 
 
 def rpc(base: str, body: object) -> object:
@@ -101,3 +113,78 @@ def test_status_and_the_app_can_be_switched_off(tmp_path) -> None:
 def test_the_relay_answers_any_body_in_json_rpc(light_node, body: bytes) -> None:
     r = httpx.post(str(light_node.info["http"]) + "/app/chain", content=body, timeout=30)
     assert r.status_code == 200 and "error" in r.json(), r.text
+
+
+def post(base: str, path: str, body: object, **kwargs: object) -> httpx.Response:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    r = httpx.post(base + path, content=data, timeout=60, **kwargs)
+    assert r.headers["content-security-policy"] == CSP
+    return r
+
+
+def test_drafts_are_validated_and_built_as_the_cli_builds_them(light_node) -> None:
+    base = str(light_node.info["http"])
+    lesson = {
+        "text": "When a draft is built, its root covers every experience.",
+        "domain": "web.drafts",
+        "confidence": 0.7,
+        "author": dev_address(2),
+        "base_model": "HuggingFaceTB/SmolLM2-135M-Instruct",
+    }
+    r = post(base, "/app/draft/experience", lesson)
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    made = Experience.create(**{**lesson, "created_at": doc["provenance"]["created_at"]})
+    assert doc == json.loads(msgspec.json.encode(made)) and doc["id"].startswith("exp-")
+    refused = post(base, "/app/draft/experience", {**lesson, "text": "A rule without its trigger."})
+    assert refused.status_code == 400 and refused.json()["error"]["field"] == "text"
+    assert (
+        post(base, "/app/draft/experience", {**lesson, "colour": "red"}).json()["error"]["field"] == "colour"
+    )
+    assert post(base, "/app/draft/experience", b"{nope").status_code == 400
+
+    genesis = genesis_library()
+    root = "0x" + library_root(genesis).hex()
+    documents = [json.loads(msgspec.json.encode(e)) for e in genesis.experiences] + [doc]
+    draft = {"version": 2, "parent_root": root, "base_model": genesis.base_model, "experiences": documents}
+    r = post(base, "/app/draft/build", draft)
+    assert r.status_code == 200, r.text
+    built = r.json()
+    expected = decode_library(built["document"].encode())
+    assert (
+        built["root"] == "0x" + library_root(expected).hex() and built["size"] == len(genesis.experiences) + 1
+    )
+    assert built["cid"] == local_cid(built["document"].encode())
+    forged = {**doc, "text": "When the text changes, the id must change too."}
+    r = post(base, "/app/draft/build", {**draft, "experiences": [forged]})
+    assert r.status_code == 400 and "experiences[0]" in r.json()["error"]["message"], r.text
+    assert post(base, "/app/draft/build", {**draft, "version": "2"}).status_code == 400
+    assert post(base, "/app/draft/build", [1, 2]).status_code == 400
+
+
+def test_only_what_a_proposal_names_is_published_without_the_admin_token(light_node) -> None:
+    base = str(light_node.info["http"])
+    genesis = genesis_library()
+    lesson = ("web.publish", "When nobody proposed a library, the node does not pin it.")
+    library = next_version(genesis, "0x" + library_root(genesis).hex(), lesson)
+    data = encode_library(library)
+    cid = local_cid(data)
+    r = post(base, "/app/publish", data)
+    assert r.status_code == 403 and cid in r.json()["error"]["message"]
+    assert httpx.get(base + f"/app/ipfs/{cid}", timeout=60).status_code != 200  # nothing was pinned
+    assert post(base, "/app/publish", data + b" ").status_code == 400  # not the canonical bytes
+    wrong = post(base, "/app/publish", data, headers={"authorization": "Bearer wrong"})
+    assert wrong.status_code == 403
+    # Proposed on chain, the same bytes are published for anyone.
+    info = Devnet(light_node.data_dir).info()
+    w3 = Web3(Web3.HTTPProvider(info.rpc_url, request_kwargs={"timeout": 60}))
+    RegistryClient(w3, info.registry_address, dev_account(3)).propose(
+        library_root(library), cid, tree_size=len(library.experiences)
+    )
+    r = post(base, "/app/publish", data)
+    assert r.status_code == 200 and r.json()["cid"] == cid, r.text
+    assert httpx.get(base + f"/app/ipfs/{cid}", timeout=60).content == data
+    lesson = ("web.publish", "When an operator publishes, the token is enough.")
+    other = encode_library(next_version(library, "0x" + library_root(library).hex(), lesson))
+    admin = post(base, "/app/publish", other, headers={"authorization": f"Bearer {light_node.admin_token}"})
+    assert admin.status_code == 200 and admin.json()["cid"] == local_cid(other)
