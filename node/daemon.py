@@ -40,7 +40,6 @@ from zoo.node.components.wiring import (
     onchain_roots,
     router,
     spend_check,
-    web_app,
 )
 from zoo.node.config import NodeConfig, parse_listen
 from zoo.node.credits.book import CreditBook
@@ -52,6 +51,7 @@ from zoo.node.endpoints import EndpointsUnavailable, Wiring, wire
 from zoo.node.logs import configure_logging, get_logger
 from zoo.node.metrics import NodeMetrics
 from zoo.node.provenance.receipts import Notary
+from zoo.node.webapp.wiring import web_app
 from zoo.registry.errors import ZooError
 from zoo.v1 import inference_pb2_grpc, jobs_pb2_grpc, library_pb2_grpc, node_pb2_grpc
 
@@ -275,7 +275,9 @@ class NodeRun:
             identify=self.identify,
             model_sha256=self.model_sha256,
             adapter_sha256=self._adapter_sha256,
-            webapp=web_app(cfg, self.wiring, self.parts, self._status_document, lambda: self.admin_token)
+            webapp=web_app(
+                cfg, self.wiring, self.parts, self._status_document, lambda: self.admin_token, self.model_id
+            )
             if cfg.http.app
             else None,
         )

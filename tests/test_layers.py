@@ -34,8 +34,14 @@ MAY_IMPORT = {
     "trainer": {"inference", "registry", "contracts"},
     "node": {"trainer", "devnet", "inference", "registry", "contracts"},
 }
-# Inside zoo.node: who may import the top (the front doors and the daemon's wiring).
-NODE_TOP = {"api": {"api", "cli", "daemon"}, "cli": {"cli"}, "daemon": {"cli", "daemon"}}
+# Inside zoo.node: who may import the top (the front doors: the APIs, the CLI, the web app; and the daemon's
+# wiring). The HTTP API mounts the web app, and the web app answers errors by the API's status table.
+NODE_TOP = {
+    "api": {"api", "cli", "daemon", "webapp"},
+    "cli": {"cli"},
+    "daemon": {"cli", "daemon"},
+    "webapp": {"webapp", "api", "daemon"},
+}
 # Inside zoo.trainer: the jobs' sub-packages each of them may import (besides its own modules): the LoRA
 # jobs (gspo; sft, rft and distill in sft) the LoRA core they share (lora), never each other; the core
 # neither of them, and training-free GRPO (tfgrpo) none of them.

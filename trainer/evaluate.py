@@ -132,3 +132,19 @@ def paired_difference(a: Sequence[TaskScore], b: Sequence[TaskScore]) -> dict[st
         "better": sum(d > 0 for d in diffs),
         "worse": sum(d < 0 for d in diffs),
     }
+
+
+def report(runs: Sequence[tuple[dict[str, Any], Sequence[TaskScore], float]]) -> dict[str, Any]:
+    """What `zoo-node eval` reports of its runs, each (configuration, scores, wall seconds): the first run's
+    summary, and with a second one "compare" (its summary) and the paired "difference" (B - A)."""
+    (configuration, scores, wall_s), *others = runs
+    result: dict[str, Any] = {**summary(scores), "configuration": configuration, "wall_s": round(wall_s, 3)}
+    if others:
+        other_configuration, other_scores, other_wall_s = others[0]
+        result["compare"] = {
+            **summary(other_scores),
+            "configuration": other_configuration,
+            "wall_s": round(other_wall_s, 3),
+        }
+        result["difference"] = paired_difference(scores, other_scores)
+    return result

@@ -104,7 +104,7 @@ async def evaluate(
     "compare" and "difference"."""
     from zoo.inference.adapters import AdapterLoadError
     from zoo.inference.backend_protocol import BackendError
-    from zoo.trainer.evaluate import Scorer, paired_difference, summary
+    from zoo.trainer.evaluate import Scorer, report
     from zoo.trainer.prompting import PromptPath
     from zoo.trainer.tasks.loading import load_jsonl
     from zoo.trainer.tfgrpo.llm import LLM
@@ -142,24 +142,11 @@ async def evaluate(
                 raise EvalError(f"--adapter {c.adapter}: {e}") from None
             except BackendError as e:
                 raise EvalError(f"the model did not answer ({ident}): {e}") from None
-            runs.append((c, what, scores, time.perf_counter() - started))
+            configuration = {"library": what, "adapter": c.adapter, "model": ident}
+            runs.append((configuration, scores, time.perf_counter() - started))
     finally:
         await backend.close()
-    first = runs[0]
-    result: dict[str, Any] = {
-        **summary(first[2]),
-        "configuration": {"library": first[1], "adapter": first[0].adapter, "model": ident},
-        "wall_s": round(first[3], 3),
-    }
-    if len(runs) > 1:
-        second = runs[1]
-        result["compare"] = {
-            **summary(second[2]),
-            "configuration": {"library": second[1], "adapter": second[0].adapter, "model": ident},
-            "wall_s": round(second[3], 3),
-        }
-        result["difference"] = paired_difference(first[2], second[2])
-    return result
+    return report(runs)
 
 
 def backend_concurrency(backend: Any) -> int:

@@ -11,6 +11,7 @@
     POST /app/draft/build        a draft as canonical library bytes, root, size and CID (drafts.py)
     POST /app/publish            canonical library bytes pinned to this node's IPFS, once a proposal on
                                  chain names their CID (or with the admin token)
+    POST /app/effect             a library proposal's measured effect on a shipped task file (effect.py)
 
 Every answer carries a Content-Security-Policy that lets the page run its own scripts and styles and
 connect to its own origin only: no inline script, no other origin, no framing. The page never holds a
@@ -33,6 +34,7 @@ from fastapi.responses import JSONResponse, Response
 from zoo.node.logs import get_logger
 from zoo.node.webapp import drafts
 from zoo.node.webapp.chain_proxy import MAX_REQUEST_BYTES, ChainProxy, too_large
+from zoo.node.webapp.effect import Effects, task_files
 from zoo.registry.errors import ValidationError, ZooError
 
 log = get_logger(__name__)
@@ -74,6 +76,7 @@ class WebApp:
     publish: Callable[[bytes], Awaitable[str]] | None = None  # pins bytes to IPFS, returns their CID
     admin_token: Callable[[], str] | None = None  # publishes without a proposal (never sent to a page)
     max_library_bytes: int = 64 * 1024 * 1024
+    effects: Effects | None = None  # None: this node measures no effects (it serves no model)
     dist: Path = DIST
     _proxy: ChainProxy | None = field(default=None, init=False, repr=False)
     _abis: dict[str, Any] | None = field(default=None, init=False, repr=False)
@@ -89,6 +92,7 @@ class WebApp:
             ("POST", "/app/draft/experience", self.draft_experience),
             ("POST", "/app/draft/build", self.draft_build),
             ("POST", "/app/publish", self.publish_library),
+            ("POST", "/app/effect", self.effect),
         ]
         for method, path, handler in routes:
             app.add_api_route(path, handler, methods=[method], response_model=None, include_in_schema=False)
@@ -124,6 +128,7 @@ class WebApp:
                 "ledger": self.ledger_address,
                 "abi": self._abis if self.rpc_url else {},
                 "status": self.status is not None,
+                "tasks": task_files() if self.effects is not None else [],
             }
         )
 
@@ -207,6 +212,33 @@ class WebApp:
             return _problem(502, f"IPFS did not take it: {e}")
         log.info("web app published a library", cid=published, version=library.version)
         return _json({"cid": published, "version": library.version, "size": len(library.experiences)})
+
+    async def effect(self, request: Request) -> Response:
+        from zoo.node.api.status_codes import HTTP, status_for
+        from zoo.registry import untrusted_json
+
+        if self.effects is None:
+            return _problem(404, "this node measures no effects: it serves no model (a light node)")
+        try:
+            body = untrusted_json.loads(await _body(request, 4096) or b"")
+        except (ValueError, UnicodeDecodeError) as e:
+            return _problem(400, f"the body is not JSON: {e}")
+        try:
+            fields = ("parent_cid", "cid", "task")
+            if not isinstance(body, dict) or not all(isinstance(body.get(k), str) for k in fields):
+                raise ValidationError("body", 'must be {"parent_cid": CID or "", "cid": CID, "task": NAME}')
+            for field in ("parent_cid", "cid"):
+                if body[field] and not CID_TEXT.fullmatch(body[field]):
+                    raise ValidationError(field, f"{body[field][:80]!r} is not a CID")
+            return _json(await self.effects.measure(body["parent_cid"], body["cid"], body["task"]))
+        except ZooError as e:
+            known = status_for(e)
+            if known is not None:
+                return _problem(HTTP[known[0]][0], str(e), getattr(e, "field", None))
+            log.error("measuring a proposal's effect failed", exc_info=e)
+        except Exception as e:  # the model failed mid-evaluation: said, logged, the node goes on
+            log.error("measuring a proposal's effect failed", exc_info=e)
+        return _problem(500, "the evaluation failed (the node's log says why)")
 
     def _admin(self, request: Request) -> bool:
         token = self.admin_token() if self.admin_token is not None else ""

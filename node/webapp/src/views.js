@@ -154,6 +154,45 @@ async function libraryCheck(chain, p) {
   return { section, fill };
 }
 
+function score(d) {
+  return `${d.score.toFixed(3)} [${d.ci95[0].toFixed(3)}, ${d.ci95[1].toFixed(3)}]`;
+}
+
+// The proposal's measured effect (dao review --eval): A the parent version, B the proposed one, scored on a
+// task file this node ships through its own model, with the paired difference and its interval.
+function effectSection(chain, p) {
+  const tasks = chain.config.tasks ?? [];
+  const section = h("section", { id: "effect" }, h("h2", {}, "Measured effect"));
+  if (tasks.length === 0) {
+    section.append(h("p", { class: "muted" }, "This node serves no model, so it measures no effects: open a full node's web app, or run zoo-node dao review --eval."));
+    return section;
+  }
+  const select = h("select", { id: "effect-task" }, tasks.map((t) => h("option", { value: t }, t)));
+  const out = h("div", { id: "effect-result" });
+  const measure = async () => {
+    replace(out, h("p", {}, `Scoring the parent version and this one on ${select.value} with this node's model …`));
+    try {
+      const parentCid = p.parentVersion > 0n ? (await chain.version(p.parentVersion)).cid : "";
+      const r = await fetch("/app/effect", { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ parent_cid: parentCid, cid: p.cid, task: select.value }) });
+      const e = await r.json();
+      if (!r.ok) throw new Error(e.error?.message ?? `HTTP ${r.status}`);
+      const d = e.difference;
+      replace(
+        out,
+        h("table", { class: "facts" }, h("tbody", {},
+          h("tr", {}, h("th", {}, "A: parent version"), h("td", {}, score(e))),
+          h("tr", {}, h("th", {}, "B: this proposal"), h("td", {}, score(e.compare))),
+        )),
+        h("p", { id: "effect-difference" }, `B - A: ${d.difference >= 0 ? "+" : ""}${d.difference.toFixed(3)}, 95% interval [${d.ci95[0].toFixed(3)}, ${d.ci95[1].toFixed(3)}] (paired bootstrap over ${d.n} tasks; B better on ${d.better}, worse on ${d.worse}; model ${e.configuration.model})`),
+      );
+    } catch (err) {
+      replace(out, h("p", { class: "verdict bad" }, `Not measured: ${err.message}`));
+    }
+  };
+  section.append(h("p", {}, "Task file ", select, " ", h("button", { id: "measure", onclick: measure }, "Measure")), out);
+  return section;
+}
+
 export async function proposalPage(main, chain, id, actions) {
   const [p, params, now] = await Promise.all([chain.proposal(BigInt(id)), chain.parameters(), chain.now()]);
   if (!p) {
@@ -199,6 +238,7 @@ export async function proposalPage(main, chain, id, actions) {
     progress(p, params),
     buttons,
     content?.section,
+    p.kind === "library" ? effectSection(chain, p) : null,
   );
   sizeBars(main);
   await content?.fill();

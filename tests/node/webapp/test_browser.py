@@ -161,7 +161,9 @@ def test_a_contributor_drafts_and_proposes_through_the_wallet(light_node) -> Non
         wait_text(page, "#notice", "text:")
         assert len(page.problems) == 2 and "400" in page.problems[0]  # that refusal, in the console too
         page.problems.clear()
-        page.fill("#add-lesson textarea", "When a contributor drafts in a browser, the node checks each lesson.")
+        page.fill(
+            "#add-lesson textarea", "When a contributor drafts in a browser, the node checks each lesson."
+        )
         page.fill("#add-lesson input[name=domain]", "web.drafts")
         page.click("#add-lesson button")
         wait_text(page, "#notice", "Added exp-")

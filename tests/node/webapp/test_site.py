@@ -188,3 +188,10 @@ def test_only_what_a_proposal_names_is_published_without_the_admin_token(light_n
     other = encode_library(next_version(library, "0x" + library_root(library).hex(), lesson))
     admin = post(base, "/app/publish", other, headers={"authorization": f"Bearer {light_node.admin_token}"})
     assert admin.status_code == 200 and admin.json()["cid"] == local_cid(other)
+
+
+def test_a_light_node_measures_no_effects(light_node) -> None:
+    base = str(light_node.info["http"])
+    assert httpx.get(base + "/app/config.json", timeout=30).json()["tasks"] == []
+    r = post(base, "/app/effect", {"parent_cid": "", "cid": "bafkreie", "task": "families/habitats-test"})
+    assert r.status_code == 404 and "serves no model" in r.json()["error"]["message"]
