@@ -12,6 +12,8 @@
     POST /app/publish            canonical library bytes pinned to this node's IPFS, once a proposal on
                                  chain names their CID (or with the admin token)
     POST /app/effect             a library proposal's measured effect on a shipped task file (effect.py)
+    GET  /app/jobs.json          the node's learning jobs         } the admin token only, sent by the
+    POST /app/jobs/ID/cancel     cancel one                       } operator's browser, never served
 
 Every answer carries a Content-Security-Policy that lets the page run its own scripts and styles and
 connect to its own origin only: no inline script, no other origin, no framing. The page never holds a
@@ -77,6 +79,7 @@ class WebApp:
     admin_token: Callable[[], str] | None = None  # publishes without a proposal (never sent to a page)
     max_library_bytes: int = 64 * 1024 * 1024
     effects: Effects | None = None  # None: this node measures no effects (it serves no model)
+    jobs: Any = None  # the node's JobRunner (admin only)
     dist: Path = DIST
     _proxy: ChainProxy | None = field(default=None, init=False, repr=False)
     _abis: dict[str, Any] | None = field(default=None, init=False, repr=False)
@@ -93,6 +96,8 @@ class WebApp:
             ("POST", "/app/draft/build", self.draft_build),
             ("POST", "/app/publish", self.publish_library),
             ("POST", "/app/effect", self.effect),
+            ("GET", "/app/jobs.json", self.list_jobs),
+            ("POST", "/app/jobs/{job_id}/cancel", self.cancel_job),
         ]
         for method, path, handler in routes:
             app.add_api_route(path, handler, methods=[method], response_model=None, include_in_schema=False)
@@ -240,6 +245,36 @@ class WebApp:
             log.error("measuring a proposal's effect failed", exc_info=e)
         return _problem(500, "the evaluation failed (the node's log says why)")
 
+    # -- operators ---------------------------------------------------------------------------------
+
+    async def list_jobs(self, request: Request) -> Response:
+        if not self._admin(request):
+            return _unauthorized()
+        records = await asyncio.to_thread(self.jobs.store.list, limit=100) if self.jobs is not None else []
+        return _json({"jobs": [self._job(r) for r in records]})
+
+    async def cancel_job(self, request: Request, job_id: str) -> Response:
+        from zoo.node.api.status_codes import HTTP, status_for
+
+        if not self._admin(request):
+            return _unauthorized()
+        if self.jobs is None:
+            return _problem(404, "this node runs no jobs")
+        try:
+            return _json(self._job(await asyncio.to_thread(self.jobs.cancel, job_id)))
+        except ZooError as e:
+            known = status_for(e)
+            return _problem(HTTP[known[0]][0] if known else 500, str(e), getattr(e, "field", None))
+
+    def _job(self, record: Any) -> dict[str, Any]:
+        from google.protobuf.json_format import MessageToDict
+
+        from zoo.node.api.job_service import job_message
+
+        message = job_message(record, str(self.jobs.jobs_dir / record.id))
+        job = MessageToDict(message, preserving_proto_field_name=True)
+        return {**job, "state": record.state.value.upper()}  # RUNNING, not JOB_STATE_RUNNING
+
     def _admin(self, request: Request) -> bool:
         token = self.admin_token() if self.admin_token is not None else ""
         given = request.headers.get("authorization", "")
@@ -255,6 +290,12 @@ async def _body(request: Request, limit: int) -> bytes | None:
         if len(data) > limit:
             return None
     return bytes(data)
+
+
+def _unauthorized() -> Response:
+    message = "the admin token is needed: send 'Authorization: Bearer <token>' (DATA_DIR/admin.token)"
+    body = {"error": {"message": message, "field": None}}
+    return JSONResponse(body, status_code=401, headers={**_headers(), "WWW-Authenticate": "Bearer"})
 
 
 def _problem(status: int, message: str, field: str | None = None) -> Response:

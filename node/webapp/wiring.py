@@ -101,4 +101,5 @@ def web_app(
         admin_token=admin_token,
         max_library_bytes=limit,
         effects=effects,
+        jobs=parts.jobs,
     )

@@ -84,7 +84,8 @@ async function route() {
   replace(main, view);
   try {
     if (hash === "#/status") {
-      if (await statusPage(view)) statusTimer = setInterval(() => statusPage(view).catch(() => {}), 2000);
+      const refresh = await statusPage(view);
+      if (refresh) statusTimer = setInterval(() => refresh().catch(() => {}), 2000);
       return;
     }
     if (!chain) {

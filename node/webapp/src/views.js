@@ -264,23 +264,25 @@ function table(rows) {
   return h("table", { class: "facts" }, h("tbody", {}, rows.map(([k, v]) => h("tr", {}, h("th", {}, k), h("td", {}, v)))));
 }
 
-export async function statusPage(main) {
+async function drawStatus(box) {
   const r = await fetch("/app/status.json");
   if (!r.ok) {
-    replace(main, h("h1", {}, "Node"), h("p", {}, (await r.text()).trim()));
+    replace(box, h("p", {}, (await r.text()).trim()));
     return false;
   }
   const s = await r.json();
   const serving = s.serving ?? {};
   replace(
-    main,
-    h("h1", {}, "Node"),
+    box,
     h("p", { class: "muted" }, `zoo-node ${s.node_version}, up ${duration(s.uptime_seconds)} (${s.role}); updates every 2 s.`),
     h("h2", {}, "Components"),
     h(
       "table",
       { id: "components" },
-      h("tbody", {}, (s.components ?? []).map((c) => h("tr", { "data-component": c.name }, h("th", {}, c.name), h("td", { class: `state ${c.state}` }, c.state), h("td", {}, c.detail)))),
+      h("tbody", {}, (s.components ?? []).map((c) => {
+        const state = String(c.state).replace("COMPONENT_STATE_", "");
+        return h("tr", { "data-component": c.name }, h("th", {}, c.name), h("td", { class: `state ${state}` }, state), h("td", {}, c.detail));
+      })),
     ),
     h("h2", {}, "Serving"),
     table([
@@ -305,6 +307,76 @@ export async function statusPage(main) {
     ]),
   );
   return true;
+}
+
+// The operator's jobs: only with the admin token, which the operator types here and which stays in this
+// browser tab (sessionStorage); the node never puts it in a page.
+const TOKEN = "zoo-admin-token";
+
+async function drawJobs(box, redraw) {
+  const token = sessionStorage.getItem(TOKEN);
+  if (!token) {
+    const input = h("input", { id: "admin-token", type: "password", autocomplete: "off", size: 48, placeholder: "the node's admin token (DATA_DIR/admin.token)" });
+    replace(box, h("p", {}, input, " ", h("button", { id: "show-jobs", onclick: () => { sessionStorage.setItem(TOKEN, input.value.trim()); redraw(); } }, "Show jobs")));
+    return;
+  }
+  const auth = { authorization: `Bearer ${token}` };
+  const r = await fetch("/app/jobs.json", { headers: auth });
+  const forget = h("button", { id: "forget-token", onclick: () => { sessionStorage.removeItem(TOKEN); redraw(); } }, "Forget the token");
+  if (!r.ok) {
+    const e = await r.json().catch(() => ({}));
+    replace(box, h("p", { class: "verdict bad", id: "jobs-refused" }, e.error?.message ?? `HTTP ${r.status}`), forget);
+    return;
+  }
+  const { jobs } = await r.json();
+  const cancel = async (id) => {
+    const c = await fetch(`/app/jobs/${encodeURIComponent(id)}/cancel`, { method: "POST", headers: auth });
+    if (!c.ok) box.prepend(h("p", { class: "verdict bad" }, (await c.json()).error?.message ?? `HTTP ${c.status}`));
+    await redraw();
+  };
+  replace(
+    box,
+    jobs.length === 0
+      ? h("p", { id: "no-jobs" }, "No jobs on this node.")
+      : h(
+          "table",
+          { id: "jobs" },
+          h("thead", {}, h("tr", {}, ["job", "kind", "state", "step", "created", "error", ""].map((t) => h("th", {}, t)))),
+          h(
+            "tbody",
+            {},
+            jobs.map((j) =>
+              h(
+                "tr",
+                { "data-job": j.id },
+                h("td", { class: "mono" }, j.id),
+                h("td", {}, j.kind),
+                h("td", { class: `state ${j.state}` }, j.state),
+                h("td", { class: "num" }, String(j.step ?? 0)),
+                h("td", {}, j.created_at ?? ""),
+                h("td", {}, j.error ?? ""),
+                h("td", {}, ["QUEUED", "RUNNING"].includes(j.state) && !j.cancel_requested ? h("button", { class: "cancel-job", onclick: () => cancel(j.id) }, "Cancel") : null),
+              ),
+            ),
+          ),
+        ),
+    forget,
+  );
+}
+
+// The node page: its status, refreshed every 2 s, and the operator's jobs below it (refreshed with it
+// once the token is given; the token field itself is never redrawn while typed into).
+export async function statusPage(main) {
+  const statusBox = h("div", { id: "node-status" });
+  const jobsBox = h("div", { id: "node-jobs" });
+  replace(main, h("h1", {}, "Node"), statusBox, h("h2", {}, "Jobs (operator)"), jobsBox);
+  const redrawJobs = () => drawJobs(jobsBox, redrawJobs).catch((e) => replace(jobsBox, h("p", { class: "verdict bad" }, e.message)));
+  if (!(await drawStatus(statusBox))) return null;
+  await redrawJobs();
+  return async () => {
+    await drawStatus(statusBox);
+    if (sessionStorage.getItem(TOKEN)) await redrawJobs();
+  };
 }
 
 export function holderBox(info) {

@@ -131,6 +131,15 @@ def test_delegate_vote_execute_and_see_the_new_version(light_node) -> None:
         page.goto(base + "/#/status")
         wait_text(page, "main", "experiences")
         wait_text(page, "#components", "library")
+        # Jobs only with the admin token, which the operator types in; a wrong one is refused in words.
+        page.fill("#admin-token", "not-the-token")
+        page.click("#show-jobs")
+        wait_text(page, "#jobs-refused", "admin token")
+        page.click("#forget-token")
+        page.fill("#admin-token", light_node.admin_token)
+        page.click("#show-jobs")
+        wait_text(page, "#no-jobs", "No jobs")
+        page.problems[:] = [x for x in page.problems if "401" not in x]  # the refusal above, as expected
         screenshot(page, "status")
         assert page.problems == [], page.problems  # no script error, no CSP violation
 

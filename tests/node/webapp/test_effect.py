@@ -18,6 +18,7 @@ from tests.node.webapp.browser import browser_page, screenshot
 from tests.node.webapp.test_browser import open_proposal, wait_text
 from zoo.devnet.genesis import genesis_library
 from zoo.devnet.manager import Devnet
+from zoo.node.client import NodeClient
 from zoo.registry.canonical import encode_library
 from zoo.registry.chain import RegistryClient, format_proposal_id
 from zoo.registry.ipfs import IpfsClient
@@ -73,3 +74,21 @@ def test_the_page_shows_a_proposals_measured_effect(tmp_path) -> None:
         d = figures["difference"]
         assert f"B - A: {d['difference']:+.3f}" in shown
         assert d["ci95"][0] <= d["difference"] <= d["ci95"][1]
+
+        # The operator cancels a learning job from the page, with the admin token typed into it.
+        with NodeClient(node.address, admin_token=node.admin_token) as client:
+            job = client.submit_job(
+                "tf-grpo", {"dataset": str(DATA_DIR / "families" / "habitats-train.jsonl")}
+            )
+        with browser_page(base) as page:
+            page.goto(base + "/#/status")
+            page.fill("#admin-token", node.admin_token)
+            page.click("#show-jobs")
+            row = page.locator(f'#jobs tr[data-job="{job.id}"]')
+            row.locator("button.cancel-job").click()
+            state = f'#jobs tr[data-job="{job.id}"] .state'
+            page.wait_for_function(
+                "(s) => document.querySelector(s)?.textContent === 'CANCELLED'", arg=state, timeout=120_000
+            )
+            screenshot(page, "status-jobs")
+            assert page.problems == [], page.problems

@@ -195,3 +195,16 @@ def test_a_light_node_measures_no_effects(light_node) -> None:
     assert httpx.get(base + "/app/config.json", timeout=30).json()["tasks"] == []
     r = post(base, "/app/effect", {"parent_cid": "", "cid": "bafkreie", "task": "families/habitats-test"})
     assert r.status_code == 404 and "serves no model" in r.json()["error"]["message"]
+
+
+def test_jobs_need_the_admin_token(light_node) -> None:
+    base = str(light_node.info["http"])
+    for headers in ({}, {"authorization": "Bearer not-the-token"}, {"authorization": light_node.admin_token}):
+        r = httpx.get(base + "/app/jobs.json", headers=headers, timeout=30)
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", (headers, r.text)
+        assert post(base, "/app/jobs/job-000000000000/cancel", b"", headers=headers).status_code == 401
+    admin = {"authorization": f"Bearer {light_node.admin_token}"}
+    r = httpx.get(base + "/app/jobs.json", headers=admin, timeout=30)
+    assert r.status_code == 200 and r.json() == {"jobs": []}  # a light node runs none
+    assert post(base, "/app/jobs/job-000000000000/cancel", b"", headers=admin).status_code == 404
+    assert post(base, "/app/jobs/nonsense/cancel", b"", headers=admin).status_code == 400
