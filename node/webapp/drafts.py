@@ -5,8 +5,8 @@ A draft lives in the contributor's browser as a list of canonical experience doc
 each new or edited experience its document (`experience`: Experience.create's rules and content-derived
 id, every problem named by field), builds a draft into its canonical library bytes with their root, size
 and CID (`build`), and, once a proposal on chain names that CID (the proposer paid for it with the proposal
-threshold's KEEPER, so nobody pins arbitrary bytes through an open port) or the admin token is sent,
-publishes them to its IPFS, pinned (`publishable`). Nothing here signs anything.
+threshold's KEEPER in votes, so an open port pins nothing no KEEPER holder proposed) or the admin token is
+sent, publishes them to its IPFS, pinned (`publishable`). Nothing here signs anything.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from zoo.registry.library import Library
 from zoo.registry.merkle import library_root
 
 MAX_DRAFT_EXPERIENCES = 100_000
+MAX_EXPERIENCE_BODY = 256 * 1024  # a new experience's request (one experience is at most 256 KiB encoded)
 _EXPERIENCE = msgspec.json.Decoder(Experience)
 
 EXPERIENCE_FIELDS = frozenset(
@@ -52,7 +53,7 @@ def experience(body: Any) -> dict[str, Any]:
         reasoning=body.get("reasoning"),
         author=body.get("author"),
         base_model=body.get("base_model"),
-        examples=tuple(body.get("examples") or ()),
+        examples=body.get("examples", ()),
     )
     return msgspec.json.decode(msgspec.json.encode(made))
 
@@ -92,6 +93,6 @@ def build(body: Any) -> dict[str, Any]:
     }
 
 
-def publishable(data: bytes) -> tuple[Library, str]:
-    """The library in `data` (its one canonical encoding, else ValidationError) and its CID."""
-    return decode_library(data), local_cid(data)
+def publishable(data: bytes) -> Library:
+    """The library in `data`: its one canonical encoding, else ValidationError."""
+    return decode_library(data, max_size=len(data))

@@ -2,9 +2,11 @@
 parent version (A) and the proposed one (B) scored on one of the task files this node ships, through this
 node's own model and prompt path (trainer/evaluate.py), with the paired difference B - A and its interval.
 
-It costs the node's model time, so anyone may ask but the work is bounded: task files are the shipped ones
-only (named, never uploaded), one evaluation runs at a time, and each result is kept by (parent CID,
-proposed CID, task file), so one proposal's effect on one task file is computed once.
+It costs the node's model time, so the work is bounded: it is asked for by proposal id (the CIDs are read
+from the chain, never taken from the request), task files are the shipped ones only (named, never
+uploaded), one evaluation runs at a time, and each result is kept by (parent CID, proposed CID, task file),
+so one proposal's effect on one task file is computed once; with server.api_key set, only holders of the
+key may ask (site.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from zoo.registry.errors import NotFound, Overloaded, ValidationError
 from zoo.trainer.tasks.schema import DATA_DIR
 
 TASK_NAME = re.compile(r"[a-z0-9_-]+(/[a-z0-9_-]+)?")
+PROPOSAL_ID = re.compile(r"0x[0-9a-fA-F]{64}")
 MAX_TOKENS = 128  # per answer: the shipped tasks answer in a few words or a short function
 MAX_KEPT = 256  # results remembered
 
@@ -39,18 +42,25 @@ class Effects:
         serving: Any,
         model_id: str,
         fetch_cid: Callable[[str], Awaitable[bytes]],
+        library_cids: Callable[[int], Awaitable[tuple[str, str]]],
     ) -> None:
         self.backend, self.embedder, self.serving, self.model_id = backend, embedder, serving, model_id
         self.fetch_cid = fetch_cid
+        self.library_cids = library_cids  # a library proposal's (parent CID or "", CID), from the chain
         self._lock = asyncio.Lock()
         self._kept: dict[tuple[str, str, str], dict[str, Any]] = {}
 
-    async def measure(self, parent_cid: str, cid: str, task: str) -> dict[str, Any]:
-        """B - A on `task` (a name of task_files()); parent_cid "" for a proposal on version 0 (none)."""
+    async def measure(self, proposal: str, task: str) -> dict[str, Any]:
+        """B - A of library proposal `proposal` (0x + 64 hex) on `task` (a name of task_files())."""
         if not TASK_NAME.fullmatch(task) or task not in task_files():
             raise ValidationError(
                 "task", f"{task[:80]!r} is not a task file this node ships ({task_files()})"
             )
+        if not PROPOSAL_ID.fullmatch(proposal):
+            raise ValidationError(
+                "proposal", f"{proposal[:80]!r} is not a proposal id (0x and 64 hex digits)"
+            )
+        parent_cid, cid = await self.library_cids(int(proposal, 16))
         key = (parent_cid, cid, task)
         if key in self._kept:
             return self._kept[key]
@@ -75,7 +85,8 @@ class Effects:
         tasks = await asyncio.to_thread(load_jsonl, DATA_DIR / f"{task}.jsonl")
         sides = []
         for which in (parent_cid, cid):
-            experiences = decode_library(await self.fetch_cid(which)).experiences if which else ()
+            data = await self.fetch_cid(which) if which else b""
+            experiences = (await asyncio.to_thread(decode_library, data)).experiences if which else ()
             sides.append((which or "none", experiences))
         embedder = self.embedder()
         if embedder is None and any(experiences for _, experiences in sides):
@@ -89,4 +100,4 @@ class Effects:
             started = time.perf_counter()
             scores = await scorer.score_tasks(tasks, experiences)
             runs.append(({"library": which, "model": self.model_id}, scores, time.perf_counter() - started))
-        return {"task": task, **report(runs)}
+        return {"task": task, "parent_cid": parent_cid, "cid": cid, **report(runs)}

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import re
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,7 @@ from zoo.node.webapp import drafts
 from zoo.node.webapp.chain_proxy import MAX_REQUEST_BYTES, ChainProxy, too_large
 from zoo.node.webapp.effect import Effects, task_files
 from zoo.registry.errors import ValidationError, ZooError
+from zoo.registry.ipfs import local_cid
 
 log = get_logger(__name__)
 
@@ -62,6 +64,7 @@ CONTENT_TYPES = {
     ".map": "application/json",
 }
 CID_TEXT = re.compile(r"[A-Za-z0-9]{10,128}")
+NAMED_TTL_S = 3.0  # how long the CIDs proposals name are kept before the chain is read again
 
 
 @dataclass
@@ -75,14 +78,20 @@ class WebApp:
     fetch_cid: Callable[[str], Awaitable[bytes]] | None = None  # bytes checked against the CID
     status: Callable[[], Awaitable[dict[str, Any]]] | None = None  # None: http.app_status is off
     proposed_cids: Callable[[], Awaitable[set[str]]] | None = None  # CIDs library proposals on chain name
+    held: Callable[[str], bool] = lambda _cid: False  # whether this node's store holds a CID's bytes
     publish: Callable[[bytes], Awaitable[str]] | None = None  # pins bytes to IPFS, returns their CID
     admin_token: Callable[[], str] | None = None  # publishes without a proposal (never sent to a page)
     max_library_bytes: int = 64 * 1024 * 1024
     effects: Effects | None = None  # None: this node measures no effects (it serves no model)
     jobs: Any = None  # the node's JobRunner (admin only)
+    api_key: str | None = None  # server.api_key: what the model's time costs (effects) needs, when set
+    from_block: int = 0  # where the registry's history starts (chain.from_block)
     dist: Path = DIST
     _proxy: ChainProxy | None = field(default=None, init=False, repr=False)
     _abis: dict[str, Any] | None = field(default=None, init=False, repr=False)
+    _named: tuple[float, set[str]] = field(default=(0.0, set()), init=False, repr=False)
+    _named_lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
+    _heavy: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(2), init=False, repr=False)
 
     def add_routes(self, app: FastAPI) -> None:
         routes: list[tuple[str, str, Callable[..., Awaitable[Response]]]] = [
@@ -124,24 +133,41 @@ class WebApp:
     # -- data ----------------------------------------------------------------------------------------
 
     async def config(self) -> Response:
-        if self._abis is None:
-            self._abis = await asyncio.to_thread(self.abis)
+        if self._abis is None and self.rpc_url:
+            try:
+                self._abis = await asyncio.to_thread(self.abis)
+            except Exception as e:  # solc's output unreadable: the pages say so, the status page still works
+                log.error("the web app could not read the contracts' ABIs", exc_info=e)
         return _json(
             {
-                "chain": self.rpc_url is not None,
+                "chain": self.rpc_url is not None and self._abis is not None,
                 "registry": self.registry_address,
                 "ledger": self.ledger_address,
-                "abi": self._abis if self.rpc_url else {},
+                "from_block": self.from_block,
+                "abi": self._abis or {},
                 "status": self.status is not None,
                 "tasks": task_files() if self.effects is not None else [],
             }
         )
 
+    async def named(self, fresh: bool = False) -> set[str]:
+        """The CIDs library proposals on chain name (normalised), read at most every NAMED_TTL_S (`fresh`:
+        read now, as when a proposal was just made)."""
+        if self.proposed_cids is None:
+            return set()
+        async with self._named_lock:
+            at, cids = self._named
+            if fresh or time.monotonic() - at > NAMED_TTL_S:
+                cids = await self.proposed_cids()
+                self._named = (time.monotonic(), cids)
+        return cids
+
     async def chain(self, request: Request) -> Response:
         if self.rpc_url is None:
             return _json(_rpc_error("this node follows no chain"), 404)
         if self._proxy is None:
-            self._proxy = ChainProxy(self.rpc_url)
+            others = {self.ledger_address} if self.ledger_address else set()
+            self._proxy = ChainProxy(self.rpc_url, str(self.registry_address), others)
         body = await _body(request, MAX_REQUEST_BYTES)
         if body is None:
             return _json(too_large())
@@ -155,14 +181,28 @@ class WebApp:
         if self.fetch_cid is None:
             return _text(404, "this node reaches no library content (no IPFS, no peers)")
         try:
-            data = await self.fetch_cid(cid)
+            if not await asyncio.to_thread(self.held, cid) and _normal(cid) not in await self.named():
+                return _text(
+                    404, f"no library proposal on chain names {cid}: this node relays no other content"
+                )
+            if self._heavy.locked():
+                return _text(429, "this node is fetching other content: ask again in a moment")
+            async with self._heavy:
+                data = await self.fetch_cid(cid)
         except IntegrityError as e:
             return _text(502, f"the content found for {cid} does not match it: {e}")
         except ZooError as e:
             from zoo.node.api.status_codes import HTTP, status_for
 
             known = status_for(e)
-            return _text(HTTP[known[0]][0] if known else 502, f"{cid}: {e}")
+            if known is None:
+                log.error("the web app could not fetch content", cid=cid, exc_info=e)
+            return _text(
+                HTTP[known[0]][0] if known else 502, f"{cid}: {known[1] if known else 'not fetched'}"
+            )
+        except Exception as e:  # the chain could not be read: said, logged
+            log.error("the web app could not fetch content", cid=cid, exc_info=e)
+            return _text(502, f"{cid}: not fetched (the node's log says why)")
         return Response(data, media_type="application/octet-stream", headers=_headers("no-cache"))
 
     async def node_status(self) -> Response:
@@ -173,19 +213,24 @@ class WebApp:
     # -- contributors ------------------------------------------------------------------------------
 
     async def draft_experience(self, request: Request) -> Response:
-        return await self._validated(request, drafts.experience)
+        return await self._validated(request, drafts.experience, drafts.MAX_EXPERIENCE_BODY)
 
     async def draft_build(self, request: Request) -> Response:
-        return await self._validated(request, drafts.build)
+        return await self._validated(request, drafts.build, self.max_library_bytes)
 
-    async def _validated(self, request: Request, make: Callable[[Any], dict[str, Any]]) -> Response:
+    async def _validated(
+        self, request: Request, make: Callable[[Any], dict[str, Any]], limit: int
+    ) -> Response:
         from zoo.registry import untrusted_json
 
-        data = await _body(request, self.max_library_bytes * 2)
+        data = await _body(request, limit)
         if data is None:
-            return _problem(413, f"the body is over {self.max_library_bytes * 2} bytes")
+            return _problem(413, f"the body is over {limit} bytes")
+        if self._heavy.locked():
+            return _problem(429, "this node is building other drafts: ask again in a moment")
         try:
-            return _json(await asyncio.to_thread(lambda: make(untrusted_json.loads(data))))
+            async with self._heavy:
+                return _json(await asyncio.to_thread(lambda: make(untrusted_json.loads(data))))
         except ValidationError as e:
             return _problem(400, str(e), getattr(e, "field", None))
         except (ValueError, UnicodeDecodeError) as e:
@@ -199,22 +244,32 @@ class WebApp:
             return _problem(
                 413, f"a library is at most {self.max_library_bytes} bytes (ipfs.max_library_bytes)"
             )
-        try:
-            library, cid = await asyncio.to_thread(drafts.publishable, data)
-        except ValidationError as e:
-            return _problem(400, f"not a library's canonical bytes: {e}", getattr(e, "field", None))
-        if not self._admin(request):
-            named = await self.proposed_cids() if self.proposed_cids is not None else set()
-            if cid not in named:
+        if self._heavy.locked():
+            return _problem(429, "this node is publishing other content: ask again in a moment")
+        async with self._heavy:
+            cid = await asyncio.to_thread(local_cid, data)  # a hash: checked before anything costly
+            try:
+                allowed = self._admin(request) or cid in await self.named() or cid in await self.named(True)
+            except Exception as e:
+                log.error("the web app could not read the proposals", exc_info=e)
+                return _problem(503, "this node cannot read the chain's proposals now")
+            if not allowed:
                 return _problem(
                     403,
                     f"no library proposal on chain names {cid}: propose it first (the wallet signs), then "
                     "publish, or send the admin token",
                 )
-        try:
-            published = await self.publish(data)
-        except ZooError as e:
-            return _problem(502, f"IPFS did not take it: {e}")
+            try:
+                library = await asyncio.to_thread(drafts.publishable, data)
+            except ValidationError as e:
+                return _problem(400, f"not a library's canonical bytes: {e}", getattr(e, "field", None))
+            try:
+                published = await self.publish(data)
+            except Exception as e:
+                log.error("the web app could not publish", cid=cid, exc_info=e)
+                return _problem(502, "IPFS did not take it (the node's log says why)")
+        if _normal(published) != cid:
+            return _problem(502, f"IPFS named the bytes {published}, not {cid}")
         log.info("web app published a library", cid=published, version=library.version)
         return _json({"cid": published, "version": library.version, "size": len(library.experiences)})
 
@@ -224,18 +279,23 @@ class WebApp:
 
         if self.effects is None:
             return _problem(404, "this node measures no effects: it serves no model (a light node)")
+        if self.api_key and not _bearer(request, self.api_key):
+            return _unauthorized("the API key is needed (server.api_key): measuring uses the model")
+        data = await _body(request, 4096)
+        if data is None:
+            return _problem(413, "the body is over 4096 bytes")
         try:
-            body = untrusted_json.loads(await _body(request, 4096) or b"")
+            body = untrusted_json.loads(data)
         except (ValueError, UnicodeDecodeError) as e:
             return _problem(400, f"the body is not JSON: {e}")
         try:
-            fields = ("parent_cid", "cid", "task")
-            if not isinstance(body, dict) or not all(isinstance(body.get(k), str) for k in fields):
-                raise ValidationError("body", 'must be {"parent_cid": CID or "", "cid": CID, "task": NAME}')
-            for field in ("parent_cid", "cid"):
-                if body[field] and not CID_TEXT.fullmatch(body[field]):
-                    raise ValidationError(field, f"{body[field][:80]!r} is not a CID")
-            return _json(await self.effects.measure(body["parent_cid"], body["cid"], body["task"]))
+            if (
+                not isinstance(body, dict)
+                or not isinstance(body.get("proposal"), str)
+                or not isinstance(body.get("task"), str)
+            ):
+                raise ValidationError("body", 'must be {"proposal": "0x…", "task": NAME}')
+            return _json(await self.effects.measure(body["proposal"], body["task"]))
         except ZooError as e:
             known = status_for(e)
             if known is not None:
@@ -261,7 +321,7 @@ class WebApp:
         if self.jobs is None:
             return _problem(404, "this node runs no jobs")
         try:
-            return _json(self._job(await asyncio.to_thread(self.jobs.cancel, job_id)))
+            return _json(self._job(self.jobs.cancel(job_id)))  # on the loop: it wakes the job's task
         except ZooError as e:
             known = status_for(e)
             return _problem(HTTP[known[0]][0] if known else 500, str(e), getattr(e, "field", None))
@@ -277,9 +337,25 @@ class WebApp:
 
     def _admin(self, request: Request) -> bool:
         token = self.admin_token() if self.admin_token is not None else ""
-        given = request.headers.get("authorization", "")
-        scheme, _, value = given.partition(" ")
-        return bool(token) and scheme.lower() == "bearer" and hmac.compare_digest(value.strip(), token)
+        return bool(token) and _bearer(request, token)
+
+
+def _bearer(request: Request, secret: str) -> bool:
+    """Whether the request sends `Authorization: Bearer <secret>` (compared as bytes, in constant time)."""
+    for name, value in request.scope["headers"]:
+        if name == b"authorization":
+            scheme, _, token = value.partition(b" ")
+            return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), secret.encode())
+    return False
+
+
+def _normal(cid: str) -> str:
+    from zoo.registry.ipfs import normalise_cid
+
+    try:
+        return normalise_cid(cid)
+    except ValueError:
+        return cid
 
 
 async def _body(request: Request, limit: int) -> bytes | None:
@@ -292,8 +368,9 @@ async def _body(request: Request, limit: int) -> bytes | None:
     return bytes(data)
 
 
-def _unauthorized() -> Response:
-    message = "the admin token is needed: send 'Authorization: Bearer <token>' (DATA_DIR/admin.token)"
+def _unauthorized(
+    message: str = "the admin token is needed: send 'Authorization: Bearer <token>' (DATA_DIR/admin.token)",
+) -> Response:
     body = {"error": {"message": message, "field": None}}
     return JSONResponse(body, status_code=401, headers={**_headers(), "WWW-Authenticate": "Bearer"})
 

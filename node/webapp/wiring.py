@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +15,7 @@ from zoo.node.config import NodeConfig
 from zoo.node.endpoints import Wiring
 from zoo.node.webapp.effect import Effects
 from zoo.node.webapp.site import WebApp
-from zoo.registry.errors import NotFound
+from zoo.registry.errors import NotFound, ValidationError
 
 
 def web_app(
@@ -53,14 +54,19 @@ def web_app(
     async def fetch_cid(cid: str) -> bytes:
         return await asyncio.to_thread(fetch, cid)
 
-    def named() -> set[str]:
+    @functools.cache
+    def registry() -> Any:
         from web3 import Web3
 
         from zoo.registry.chain import RegistryClient
-        from zoo.registry.ipfs import normalise_cid
 
         w3 = Web3(Web3.HTTPProvider(wiring.rpc_url, request_kwargs={"timeout": 15}))
-        events = RegistryClient(w3, str(wiring.registry_address)).proposal_created_events(wiring.from_block)
+        return RegistryClient(w3, str(wiring.registry_address))
+
+    def named() -> set[str]:
+        from zoo.registry.ipfs import normalise_cid
+
+        events = registry().proposal_created_events(wiring.from_block)
         found = set()
         for e in events:
             with contextlib.suppress(ValueError):  # a CID the node cannot read names nothing it publishes
@@ -76,6 +82,18 @@ def web_app(
     async def proposed_cids() -> set[str]:
         return await asyncio.to_thread(named)
 
+    def cids_of(proposal_id: int) -> tuple[str, str]:
+        found = registry().proposal(proposal_id)
+        if found is None:
+            raise NotFound(f"no proposal {proposal_id:#066x} on this chain")
+        if found.is_call:
+            raise ValidationError("proposal", "is a call proposal: it changes no library")
+        parent = registry().version_at(found.parent_version).cid if found.parent_version > 0 else ""
+        return parent, found.cid
+
+    async def library_cids(proposal_id: int) -> tuple[str, str]:
+        return await asyncio.to_thread(cids_of, proposal_id)
+
     async def publish(data: bytes) -> str:
         return await asyncio.to_thread(pin, data)
 
@@ -88,6 +106,7 @@ def web_app(
             cfg.inference.serving_defaults(),
             model_id,
             fetch_cid,
+            library_cids,
         )
     return WebApp(
         rpc_url=wiring.rpc_url,
@@ -97,9 +116,12 @@ def web_app(
         fetch_cid=fetch_cid,
         status=status if cfg.http.app_status else None,
         proposed_cids=proposed_cids if wiring.rpc_url and wiring.registry_address else None,
+        held=lambda cid: store.bytes_for_cid(cid) is not None,
         publish=publish if ipfs_api else None,
         admin_token=admin_token,
         max_library_bytes=limit,
         effects=effects,
         jobs=parts.jobs,
+        api_key=cfg.server.api_key.get_secret_value() if cfg.server.api_key else None,
+        from_block=wiring.from_block,
     )

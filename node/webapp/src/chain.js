@@ -57,7 +57,7 @@ export class Chain {
     const abi = this.abi.ExperienceRegistry;
     const [libraries, calls] = await Promise.all(
       ["ProposalCreated", "CallProposed"].map((eventName) =>
-        this.client.getContractEvents({ address: this.registry, abi, eventName, fromBlock: 0n }),
+        this.client.getContractEvents({ address: this.registry, abi, eventName, fromBlock: BigInt(this.config.from_block ?? 0) }),
       ),
     );
     const all = [
@@ -144,10 +144,23 @@ export class Chain {
   // A transaction the wallet signs and sends; resolves once it is mined (its receipt), rejects on revert.
   async send(functionName, args, { address = this.registry, abi = this.abi.ExperienceRegistry } = {}) {
     if (!this.account) throw new Error("connect a wallet first");
+    await this.sameChain();
     const hash = await this.wallet.writeContract({ account: this.account, address, abi, functionName, args, chain: null });
-    const receipt = await this.client.waitForTransactionReceipt({ hash, pollingInterval: 300 });
+    const receipt = await this.client.waitForTransactionReceipt({ hash, pollingInterval: 300, timeout: 180_000 });
     if (receipt.status !== "success") throw new Error(`${functionName} reverted (transaction ${hash})`);
     return receipt;
+  }
+
+  // The wallet must send to the chain this node follows: asked to switch if it is on another, refused else.
+  async sameChain() {
+    const [ours, theirs] = await Promise.all([this.client.getChainId(), this.wallet.getChainId()]);
+    if (ours === theirs) return;
+    try {
+      await this.wallet.switchChain({ id: ours });
+    } catch {
+      throw new Error(`the wallet is on chain ${theirs}; this node follows chain ${ours}: switch the wallet's network`);
+    }
+    if ((await this.wallet.getChainId()) !== ours) throw new Error(`the wallet did not switch to chain ${ours}`);
   }
 
   async delegateTo(address) {

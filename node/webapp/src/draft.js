@@ -132,7 +132,9 @@ export async function draftPage(main, chain, say) {
     h("h2", {}, "Add a worked example"),
     h("div", { id: "add-example" }, editor({ kind: "example" }, (v) => make(v), "Add example")),
     h("h2", {}, "Propose"),
-    built
+    draft.proposed
+      ? h("div", { id: "proposed" }, h("p", {}, `Proposed as ${draft.proposed}; its bytes are not published yet.`), h("button", { id: "publish", onclick: () => publish(draft, say) }, "Publish"))
+      : built
       ? h(
           "div",
           { id: "built" },
@@ -161,6 +163,8 @@ export async function draftPage(main, chain, say) {
   );
 }
 
+// Propose through the wallet, then publish. A proposal mined is recorded in the draft at once, so a failed
+// publish is retried on its own (never a second proposal).
 async function propose(chain, draft, say) {
   const built = draft.built;
   const salt = `0x${[...crypto.getRandomValues(new Uint8Array(32))].map((b) => b.toString(16).padStart(2, "0")).join("")}`;
@@ -168,11 +172,25 @@ async function propose(chain, draft, say) {
   try {
     const receipt = await chain.send("propose", [built.root, BigInt(built.size), built.cid, BigInt(draft.parentVersion), salt]);
     const [created] = parseEventLogs({ abi: chain.abi.ExperienceRegistry, eventName: "ProposalCreated", logs: receipt.logs });
-    await post("/app/publish", built.document);
-    localStorage.removeItem(KEY);
-    say(`Proposed and published: proposal ${proposalId(created.args.proposalId)}.`, "ok");
-    window.location.hash = `#/proposal/${proposalId(created.args.proposalId)}`;
+    if (!created) throw new Error(`the transaction ${receipt.transactionHash} made no proposal`);
+    draft.proposed = proposalId(created.args.proposalId);
+    save(draft);
   } catch (e) {
     say(`propose failed: ${e.shortMessage ?? e.message}`, "error");
+    return;
   }
+  await publish(draft, say);
+}
+
+async function publish(draft, say) {
+  try {
+    await post("/app/publish", draft.built.document);
+  } catch (e) {
+    say(`Proposed as ${draft.proposed}, but the node did not publish its bytes: ${e.message}. Publish again.`, "error");
+    window.dispatchEvent(new HashChangeEvent("hashchange"));
+    return;
+  }
+  localStorage.removeItem(KEY);
+  say(`Proposed and published: proposal ${draft.proposed}.`, "ok");
+  window.location.hash = `#/proposal/${draft.proposed}`;
 }

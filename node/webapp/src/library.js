@@ -13,6 +13,7 @@ const NODE = new Uint8Array([1]);
 export function canonical(value) {
   if (value === null || typeof value === "boolean") return JSON.stringify(value);
   if (typeof value === "string") {
+    if (!value.isWellFormed()) throw new Error("a string with a lone surrogate (not Unicode text)");
     if (value.normalize("NFC") !== value) throw new Error(`a string that is not in Unicode NFC: ${JSON.stringify(value.slice(0, 40))}`);
     return JSON.stringify(value);
   }
@@ -46,7 +47,7 @@ export function merkleRoot(leaves) {
 export function readLibrary(bytes) {
   let text;
   try {
-    text = new TextDecoder("utf-8", { fatal: true }).decode(bytes);
+    text = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true }).decode(bytes); // a BOM stays, and fails
   } catch {
     return { problems: ["the content is not UTF-8 text"] };
   }
@@ -67,8 +68,22 @@ export function readLibrary(bytes) {
     return { problems: [e.message] };
   }
   if (encoded !== text) problems.push("the bytes are not the library's canonical encoding (another CID could hold the same library)");
-  if (typeof library.schema !== "string" || !library.schema.startsWith("zoo.experience-library/")) {
+  if (!["zoo.experience-library/1", "zoo.experience-library/2", "zoo.experience-library/3", "zoo.experience-library/4"].includes(library.schema)) {
     problems.push(`unknown format ${JSON.stringify(String(library.schema)).slice(0, 60)}`);
+  }
+  // One id once, in ascending order (as every node requires): else two experiences could share an id, and
+  // a page matching by id would show one while the root covers both.
+  let previous = "";
+  for (const e of library.experiences) {
+    if (!e || typeof e !== "object" || typeof e.id !== "string") {
+      problems.push("an experience without an id");
+      break;
+    }
+    if (e.id <= previous) {
+      problems.push(e.id === previous ? `experience id ${e.id} occurs more than once` : `experiences are not sorted by id (${e.id} after ${previous})`);
+      break;
+    }
+    previous = e.id;
   }
   const root = merkleRoot(library.experiences.map((e) => utf8.encode(canonical(e))));
   return { library, root, problems };

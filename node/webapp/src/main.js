@@ -85,7 +85,7 @@ async function route() {
   try {
     if (hash === "#/status") {
       const refresh = await statusPage(view);
-      if (refresh) statusTimer = setInterval(() => refresh().catch(() => {}), 2000);
+      if (refresh && view.isConnected) statusTimer = setInterval(() => refresh().catch(() => {}), 2000); // still the page shown
       return;
     }
     if (!chain) {

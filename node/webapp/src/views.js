@@ -18,12 +18,13 @@ function percent(part, whole) {
   return whole > 0n ? Number((part * 10000n) / whole) / 100 : 0;
 }
 
-function bar(label, value, goal, { line } = {}) {
+// `met`: decided by the contract's own rule, in integers (the percentage is only what is drawn).
+function bar(label, value, met, { line } = {}) {
   const width = Math.min(100, value);
   return h(
     "div",
     { class: "bar", title: `${label}: ${value.toFixed(1)} %${line ? ` (line at ${line.toFixed(1)} %)` : ""}` },
-    h("div", { class: value >= goal ? "fill met" : "fill", style: null, "data-width": width.toFixed(1) }),
+    h("div", { class: met ? "fill met" : "fill", "data-width": width.toFixed(1) }),
     line ? h("div", { class: "line", "data-left": line.toFixed(1) }) : null,
     h("span", {}, `${label} ${value.toFixed(1)} %`),
   );
@@ -43,8 +44,8 @@ function progress(p, params) {
   return h(
     "div",
     { class: "progress" },
-    bar("quorum", quorum, 100),
-    bar("for", share, 66.67, { line: 66.67 }),
+    bar("quorum", quorum, p.forWeight >= params.quorum),
+    bar("for", share, p.forWeight > 2n * p.againstWeight, { line: 66.67 }), // the registry: for > 2 x against
   );
 }
 
@@ -119,6 +120,7 @@ async function libraryCheck(chain, p) {
     let parent = null;
     if (read.library && p.parentVersion > 0n) {
       const v = await chain.version(p.parentVersion);
+      if (BigInt(read.library.version) !== p.parentVersion + 1n) problems.push(`the content is version ${read.library.version}, the proposal builds version ${p.parentVersion + 1n}`);
       if (read.library.parent_root !== v.root) problems.push(`the content names parent root ${read.library.parent_root || "(none)"}, version ${p.parentVersion} has ${v.root}`);
       try {
         parent = readLibrary(await fetchBytes(v.cid)).library ?? null;
@@ -172,8 +174,7 @@ function effectSection(chain, p) {
   const measure = async () => {
     replace(out, h("p", {}, `Scoring the parent version and this one on ${select.value} with this node's model …`));
     try {
-      const parentCid = p.parentVersion > 0n ? (await chain.version(p.parentVersion)).cid : "";
-      const r = await fetch("/app/effect", { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ parent_cid: parentCid, cid: p.cid, task: select.value }) });
+      const r = await fetch("/app/effect", { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ proposal: proposalId(p.id), task: select.value }) });
       const e = await r.json();
       if (!r.ok) throw new Error(e.error?.message ?? `HTTP ${r.status}`);
       const d = e.difference;

@@ -62,8 +62,8 @@ def test_delegate_vote_execute_and_see_the_new_version(light_node) -> None:
         page.fill("#delegatee", dev_address(6))
         page.click("#delegate-button")
         wait_text(page, "#notice", "delegate: done")
-        wait_text(page, "#votes", "0 votes")  # dev5's votes are dev6's now
-        assert page.get_attribute("#delegate", "title") == dev_address(6)
+        page.wait_for_selector(f'#delegate[title="{dev_address(6)}"]')
+        assert page.inner_text("#votes") == "0 votes"  # dev5's votes are dev6's now
         warp(w3, 1)  # the delegation is in the past of the next proposals' snapshot
 
         # Two library proposals: one whose content is what it claims (with a hostile experience text), one

@@ -48,9 +48,10 @@ def test_the_page_shows_a_proposals_measured_effect(tmp_path) -> None:
         def ask(body: object) -> httpx.Response:
             return httpx.post(base + "/app/effect", content=json.dumps(body).encode(), timeout=600)
 
-        refused = ask({"parent_cid": info.genesis["cid"], "cid": cid, "task": "../../etc/passwd"})
+        refused = ask({"proposal": pid, "task": "../../etc/passwd"})
         assert refused.status_code == 400 and refused.json()["error"]["field"] == "task"
-        assert ask({"parent_cid": info.genesis["cid"], "cid": "not a cid", "task": TASK}).status_code == 400
+        assert ask({"proposal": "0x12", "task": TASK}).json()["error"]["field"] == "proposal"
+        assert ask({"proposal": "0x" + "ab" * 32, "task": TASK}).status_code == 404  # no such proposal
         assert ask({"cid": cid}).status_code == 400
         with browser_page(base) as page:
             open_proposal(page, pid)
@@ -63,8 +64,9 @@ def test_the_page_shows_a_proposals_measured_effect(tmp_path) -> None:
         tasks = len((DATA_DIR / f"{TASK}.jsonl").read_text().splitlines())
         assert f"over {tasks} tasks" in shown, shown
         started = time.monotonic()
-        again = ask({"parent_cid": info.genesis["cid"], "cid": cid, "task": TASK})
+        again = ask({"proposal": pid, "task": TASK})
         assert again.status_code == 200 and time.monotonic() - started < 5  # kept, not measured again
+        assert again.json()["parent_cid"] == info.genesis["cid"] and again.json()["cid"] == cid  # from chain
         figures = again.json()
         assert figures["n"] == figures["compare"]["n"] == figures["difference"]["n"] == tasks
         assert (
