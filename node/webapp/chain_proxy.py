@@ -3,11 +3,12 @@ they only read, and only the node's own contracts.
 
 A page reaches the chain through the node (same origin, so its Content-Security-Policy allows nothing but
 'self', and a browser far from the node's RPC endpoint still reads the chain). Only the methods below pass:
-nothing that sends, signs or changes the endpoint's state (a wallet sends through its own RPC). `eth_call`
-and `eth_getLogs` must name the registry, its KEEPER token or the ledger, so the operator's RPC endpoint
-(perhaps a paid one) is not an open one. A request that is not JSON-RPC 2.0, names another method or
-contract, or exceeds the limits is answered with a JSON-RPC error and never forwarded; the answers of one
-request (a batch included) share one byte budget, and at most MAX_UPSTREAM reads are in flight at once.
+nothing that sends, signs or changes the endpoint's state (a wallet sends through its own RPC). `eth_call`,
+`eth_estimateGas` and `eth_getLogs` must name the registry, its KEEPER token or the ledger, so the
+operator's RPC endpoint (perhaps a paid one) is not an open one. A request that is not JSON-RPC 2.0, names
+another method or contract, or exceeds the limits is answered with a JSON-RPC error and never forwarded;
+the answers of one request (a batch included) share one byte budget, and at most MAX_UPSTREAM reads are in
+flight at once.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ READ_METHODS = frozenset(
         "eth_blockNumber",
         "eth_call",
         "eth_chainId",
+        "eth_estimateGas",
         "eth_getBalance",
         "eth_getBlockByNumber",
         "eth_getCode",
@@ -33,7 +35,7 @@ READ_METHODS = frozenset(
         "net_version",
     }
 )
-ON_CONTRACTS = frozenset({"eth_call", "eth_getLogs"})  # must name one of the node's contracts
+ON_CONTRACTS = frozenset({"eth_call", "eth_estimateGas", "eth_getLogs"})  # must name a node's contract
 MAX_BATCH = 64  # requests in one JSON-RPC batch (a page's proposal list batches its reads)
 MAX_REQUEST_BYTES = 256 * 1024
 MAX_ANSWER_BYTES = 8 * 1024 * 1024  # all the answers to one request (a batch's together)
@@ -85,7 +87,7 @@ class ChainProxy:
             return None
         params = request.get("params", [])
         query = params[0] if params and isinstance(params[0], dict) else {}
-        named = query.get("to") if request["method"] == "eth_call" else query.get("address")
+        named = query.get("address") if request["method"] == "eth_getLogs" else query.get("to")
         addresses = named if isinstance(named, list) else [named]
         contracts = await self.contracts()
         if addresses and all(isinstance(a, str) and a.lower() in contracts for a in addresses):

@@ -145,7 +145,11 @@ export class Chain {
   async send(functionName, args, { address = this.registry, abi = this.abi.ExperienceRegistry } = {}) {
     if (!this.account) throw new Error("connect a wallet first");
     await this.sameChain();
-    const hash = await this.wallet.writeContract({ account: this.account, address, abi, functionName, args, chain: null });
+    // The gas, estimated here with a quarter more: a wallet that sends exactly its own estimate (anvil's
+    // does) runs out when the block it lands in differs a little (a proposal's state a second later).
+    const estimate = await this.client.estimateContractGas({ account: this.account, address, abi, functionName, args });
+    const gas = estimate + estimate / 4n + 10_000n;
+    const hash = await this.wallet.writeContract({ account: this.account, address, abi, functionName, args, gas, chain: null });
     const receipt = await this.client.waitForTransactionReceipt({ hash, pollingInterval: 300, timeout: 180_000 });
     if (receipt.status !== "success") throw new Error(`${functionName} reverted (transaction ${hash})`);
     return receipt;

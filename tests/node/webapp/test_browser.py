@@ -1,7 +1,8 @@
 """The web app in a real headless browser (Debian's chromium, driven by Playwright) against a light node on a
 real devnet, its transactions signed by a test wallet (tests/node/webapp/browser.py) forwarding to anvil's
-dev accounts: a holder delegates; two accounts vote for a library proposal from its page; the devnet warps;
-the proposal is executed from the page; the node syncs it and the library page shows the new version. On
+dev accounts: a holder delegates; a library change is drafted and proposed from the page; two accounts
+vote for it from its page; the devnet warps; the proposal is executed from the page; the node syncs it and
+the library page shows the new version. On
 the way: a call proposal shown decoded, the content's Merkle root rebuilt in the browser (green), a proposal
 whose CID holds other bytes shown red with the reason, and an experience holding `<script>` rendered as
 text. Screenshots of each page go to tests/.artifacts/webapp/."""
@@ -66,24 +67,35 @@ def test_delegate_vote_execute_and_see_the_new_version(light_node) -> None:
         assert page.inner_text("#votes") == "0 votes"  # dev5's votes are dev6's now
         warp(w3, 1)  # the delegation is in the past of the next proposals' snapshot
 
-        # Two library proposals: one whose content is what it claims (with a hostile experience text), one
-        # whose CID holds other bytes than its root commits to.
+        # A proposal whose CID holds other bytes than its root commits to (made outside the page: the page
+        # proposes only what it built).
         current = genesis_library()
         genesis_root = "0x" + library_root(current).hex()
-        proposed = next_version(
-            current, genesis_root, ("web.safety", f"When a page shows {SCRIPT}, show it.")
-        )
+        claimed = next_version(current, genesis_root, ("web.safety", "When a lesson is claimed, check it."))
         other = next_version(
             current, genesis_root, ("web.safety", "When a lesson differs, so does its root.")
         )
         with IpfsClient(info.ipfs_api) as ipfs:
-            cid, other_cid = ipfs.add(encode_library(proposed)), ipfs.add(encode_library(other))
+            other_cid = ipfs.add(encode_library(other))
         proposer = RegistryClient(w3, info.registry_address, dev_account(0))
-        size = len(proposed.experiences)
-        root = library_root(proposed)
-        good = format_proposal_id(proposer.propose(root, cid, tree_size=size).proposal_id)
-        tampered = format_proposal_id(proposer.propose(root, other_cid, tree_size=size).proposal_id)
-        warp(w3, 1)
+        tampered = format_proposal_id(
+            proposer.propose(library_root(claimed), other_cid, tree_size=len(claimed.experiences)).proposal_id
+        )
+
+        # dev6 (holding dev5's votes too) drafts a library change with a hostile experience text and
+        # proposes it through the wallet; the node publishes its bytes.
+        wallet.use(page, dev_address(6))
+        page.goto(base + "/#/draft")
+        page.click("#start-draft")
+        page.fill("#add-lesson textarea", f"When a page shows {SCRIPT}, show it.")
+        page.fill("#add-lesson input[name=domain]", "web.safety")
+        page.click("#add-lesson button")
+        wait_text(page, "#notice", "Added exp-")
+        page.click("#build")
+        page.click("#propose")
+        wait_text(page, "#notice", "Proposed and published", timeout_s=60)
+        good = page.url.split("#/proposal/")[1]
+        warp(w3, 1)  # voting opens the second after a proposal
 
         open_proposal(page, tampered)
         page.wait_for_selector("#root-check.bad")
@@ -96,8 +108,7 @@ def test_delegate_vote_execute_and_see_the_new_version(light_node) -> None:
         assert page.locator("#added li").count() == 1
         assert SCRIPT in page.inner_text("#added li .text")
         assert page.evaluate("window.pwned") is None and page.locator("main script, main img").count() == 0
-        wallet.use(page, dev_address(6))  # holds dev5's votes too: √(2 * 10**24)
-        wait_text(page, ".actions", "Your weight on this proposal: 1414213562373")
+        wait_text(page, ".actions", "Your weight on this proposal: 1414213562373")  # √(2 * 10**24)
         page.click("#vote-for")
         wait_text(page, "#notice", "vote: done")
         wallet.use(page, dev_address(1))
@@ -196,6 +207,10 @@ def test_a_contributor_drafts_and_proposes_through_the_wallet(light_node) -> Non
         assert page.locator("#removed li").get_attribute("data-id") == removed
         assert page.locator("#edited li").count() == 2  # before and after
         assert "0.550000" in page.locator(f'#edited li[data-id="{edited_id}"]').last.inner_text()
+        # Its proposer may cancel it before its vote ends: the wallet signs.
+        page.click("#cancel")
+        wait_text(page, "#notice", "cancel: done")
+        wait_text(page, "#state", "Canceled")
         assert "eth_sendTransaction" in wallet.sent
         screenshot(page, "draft-proposed")
         assert page.problems == [], page.problems
