@@ -19,6 +19,7 @@ from typing import Any
 
 from zoo.registry.canonical import decode_library
 from zoo.registry.errors import NotFound, Overloaded, ValidationError
+from zoo.registry.ipfs import local_cid
 from zoo.trainer.tasks.schema import DATA_DIR
 
 TASK_NAME = re.compile(r"[a-z0-9_-]+(/[a-z0-9_-]+)?")
@@ -32,6 +33,11 @@ def task_files() -> list[str]:
     return sorted(str(p.relative_to(DATA_DIR).with_suffix("")) for p in DATA_DIR.rglob("*.jsonl"))
 
 
+def _check_task(task: str) -> None:
+    if not TASK_NAME.fullmatch(task) or task not in task_files():
+        raise ValidationError("task", f"{task[:80]!r} is not a task file this node ships ({task_files()})")
+
+
 class Effects:
     """Measures and remembers proposals' effects on this node's model (None while it serves none)."""
 
@@ -43,24 +49,35 @@ class Effects:
         model_id: str,
         fetch_cid: Callable[[str], Awaitable[bytes]],
         library_cids: Callable[[int], Awaitable[tuple[str, str]]],
+        current_cid: Callable[[], Awaitable[str]],
     ) -> None:
         self.backend, self.embedder, self.serving, self.model_id = backend, embedder, serving, model_id
         self.fetch_cid = fetch_cid
         self.library_cids = library_cids  # a library proposal's (parent CID or "", CID), from the chain
+        self.current_cid = current_cid  # the current version's CID ("" before the first), from the chain
         self._lock = asyncio.Lock()
         self._kept: dict[tuple[str, str, str], dict[str, Any]] = {}
 
     async def measure(self, proposal: str, task: str) -> dict[str, Any]:
         """B - A of library proposal `proposal` (0x + 64 hex) on `task` (a name of task_files())."""
-        if not TASK_NAME.fullmatch(task) or task not in task_files():
-            raise ValidationError(
-                "task", f"{task[:80]!r} is not a task file this node ships ({task_files()})"
-            )
+        _check_task(task)
         if not PROPOSAL_ID.fullmatch(proposal):
             raise ValidationError(
                 "proposal", f"{proposal[:80]!r} is not a proposal id (0x and 64 hex digits)"
             )
         parent_cid, cid = await self.library_cids(int(proposal, 16))
+        return await self._kept_or_measured(parent_cid, cid, task)
+
+    async def measure_draft(self, document: bytes, task: str) -> dict[str, Any]:
+        """B - A of a contributor's draft (its canonical bytes) against the current version on `task`: what
+        its proposal would measure, before it is made (the same result once it is, kept by the same CIDs)."""
+        _check_task(task)
+        await asyncio.to_thread(decode_library, document, max_size=len(document))  # a library, else 400
+        return await self._kept_or_measured(await self.current_cid(), local_cid(document), task, document)
+
+    async def _kept_or_measured(
+        self, parent_cid: str, cid: str, task: str, document: bytes | None = None
+    ) -> dict[str, Any]:
         key = (parent_cid, cid, task)
         if key in self._kept:
             return self._kept[key]
@@ -70,13 +87,15 @@ class Effects:
         if self._lock.locked():
             raise Overloaded("another proposal's effect is being measured: ask again in a minute")
         async with self._lock:
-            result = await self._measure(backend, parent_cid, cid, task)
+            result = await self._measure(backend, parent_cid, cid, task, document)
         if len(self._kept) >= MAX_KEPT:
             self._kept.pop(next(iter(self._kept)))
         self._kept[key] = result
         return result
 
-    async def _measure(self, backend: Any, parent_cid: str, cid: str, task: str) -> dict[str, Any]:
+    async def _measure(
+        self, backend: Any, parent_cid: str, cid: str, task: str, document: bytes | None
+    ) -> dict[str, Any]:
         from zoo.trainer.evaluate import Scorer, report
         from zoo.trainer.prompting import PromptPath
         from zoo.trainer.tasks.loading import load_jsonl
@@ -85,7 +104,8 @@ class Effects:
         tasks = await asyncio.to_thread(load_jsonl, DATA_DIR / f"{task}.jsonl")
         sides = []
         for which in (parent_cid, cid):
-            data = await self.fetch_cid(which) if which else b""
+            data = document if which == cid and document is not None else b""
+            data = data or (await self.fetch_cid(which) if which else b"")
             experiences = (await asyncio.to_thread(decode_library, data)).experiences if which else ()
             sides.append((which or "none", experiences))
         embedder = self.embedder()

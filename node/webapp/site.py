@@ -11,7 +11,7 @@
     POST /app/draft/build        a draft as canonical library bytes, root, size and CID (drafts.py)
     POST /app/publish            canonical library bytes pinned to this node's IPFS, once a proposal on
                                  chain names their CID (or with the admin token)
-    POST /app/effect             a library proposal's measured effect on a shipped task file (effect.py)
+    POST /app/effect             a library proposal's (or a draft's) measured effect on a shipped task file
     GET  /app/jobs.json          the node's learning jobs         } the admin token only, sent by the
     POST /app/jobs/ID/cancel     cancel one                       } operator's browser, never served
 
@@ -281,20 +281,21 @@ class WebApp:
             return _problem(404, "this node measures no effects: it serves no model (a light node)")
         if self.api_key and not _bearer(request, self.api_key):
             return _unauthorized("the API key is needed (server.api_key): measuring uses the model")
-        data = await _body(request, 4096)
+        data = await _body(request, self.max_library_bytes + 4096)
         if data is None:
-            return _problem(413, "the body is over 4096 bytes")
+            return _problem(413, f"the body is over {self.max_library_bytes + 4096} bytes")
         try:
             body = untrusted_json.loads(data)
         except (ValueError, UnicodeDecodeError) as e:
             return _problem(400, f"the body is not JSON: {e}")
         try:
-            if (
-                not isinstance(body, dict)
-                or not isinstance(body.get("proposal"), str)
-                or not isinstance(body.get("task"), str)
-            ):
-                raise ValidationError("body", 'must be {"proposal": "0x…", "task": NAME}')
+            shape = 'must be {"proposal": "0x…", "task": NAME} or {"draft": LIBRARY, "task": NAME}'
+            if not isinstance(body, dict) or not isinstance(body.get("task"), str):
+                raise ValidationError("body", shape)
+            if isinstance(body.get("draft"), str):
+                return _json(await self.effects.measure_draft(body["draft"].encode(), body["task"]))
+            if not isinstance(body.get("proposal"), str):
+                raise ValidationError("body", shape)
             return _json(await self.effects.measure(body["proposal"], body["task"]))
         except ZooError as e:
             known = status_for(e)

@@ -94,6 +94,9 @@ def web_app(
     async def library_cids(proposal_id: int) -> tuple[str, str]:
         return await asyncio.to_thread(cids_of, proposal_id)
 
+    async def current_cid() -> str:
+        return await asyncio.to_thread(registry().current_cid)
+
     async def publish(data: bytes) -> str:
         return await asyncio.to_thread(pin, data)
 
@@ -107,6 +110,7 @@ def web_app(
             model_id,
             fetch_cid,
             library_cids,
+            current_cid,
         )
     return WebApp(
         rpc_url=wiring.rpc_url,

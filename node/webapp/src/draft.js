@@ -8,6 +8,7 @@ import { parseEventLogs } from "viem";
 import { proposalId } from "./chain.js";
 import { h, replace, short } from "./dom.js";
 import { diff, readLibrary } from "./library.js";
+import { effectForm } from "./views.js";
 
 const KEY = "zoo-draft";
 
@@ -140,6 +141,10 @@ export async function draftPage(main, chain, say) {
           { id: "built" },
           h("dl", {}, [["root", built.root], ["experiences", String(built.size)], ["CID", built.cid]].map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])),
           h("button", { id: "propose", onclick: () => propose(chain, draft, say) }, "Propose (the wallet signs)"),
+          h("h2", {}, "Measured effect"),
+          (chain.config.tasks ?? []).length
+            ? effectForm(chain.config.tasks, { draft: built.document }, [`A: version ${draft.parentVersion}`, "B: this draft"])
+            : h("p", { class: "muted" }, "This node serves no model, so it measures no effects (a full node's web app does)."),
         )
       : h("button", {
           id: "build",

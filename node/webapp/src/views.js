@@ -169,20 +169,27 @@ function effectSection(chain, p) {
     section.append(h("p", { class: "muted" }, "This node serves no model, so it measures no effects: open a full node's web app, or run zoo-node dao review --eval."));
     return section;
   }
+  section.append(...effectForm(tasks, { proposal: proposalId(p.id) }, ["A: parent version", "B: this proposal"]));
+  return section;
+}
+
+// A task file to choose, a Measure button, and the figures once the node has scored A and B (`request`:
+// the proposal, or a draft's bytes); shared by a proposal's page and the draft page.
+export function effectForm(tasks, request, [a, b]) {
   const select = h("select", { id: "effect-task" }, tasks.map((t) => h("option", { value: t }, t)));
   const out = h("div", { id: "effect-result" });
   const measure = async () => {
-    replace(out, h("p", {}, `Scoring the parent version and this one on ${select.value} with this node's model …`));
+    replace(out, h("p", {}, `Scoring A and B on ${select.value} with this node's model …`));
     try {
-      const r = await fetch("/app/effect", { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ proposal: proposalId(p.id), task: select.value }) });
+      const r = await fetch("/app/effect", { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ ...request, task: select.value }) });
       const e = await r.json();
       if (!r.ok) throw new Error(e.error?.message ?? `HTTP ${r.status}`);
       const d = e.difference;
       replace(
         out,
         h("table", { class: "facts" }, h("tbody", {},
-          h("tr", {}, h("th", {}, "A: parent version"), h("td", {}, score(e))),
-          h("tr", {}, h("th", {}, "B: this proposal"), h("td", {}, score(e.compare))),
+          h("tr", {}, h("th", {}, a), h("td", {}, score(e))),
+          h("tr", {}, h("th", {}, b), h("td", {}, score(e.compare))),
         )),
         h("p", { id: "effect-difference" }, `B - A: ${d.difference >= 0 ? "+" : ""}${d.difference.toFixed(3)}, 95% interval [${d.ci95[0].toFixed(3)}, ${d.ci95[1].toFixed(3)}] (paired bootstrap over ${d.n} tasks; B better on ${d.better}, worse on ${d.worse}; model ${e.configuration.model})`),
       );
@@ -190,8 +197,7 @@ function effectSection(chain, p) {
       replace(out, h("p", { class: "verdict bad" }, `Not measured: ${err.message}`));
     }
   };
-  section.append(h("p", {}, "Task file ", select, " ", h("button", { id: "measure", onclick: measure }, "Measure")), out);
-  return section;
+  return [h("p", {}, "Task file ", select, " ", h("button", { id: "measure", onclick: measure }, "Measure")), out];
 }
 
 export async function proposalPage(main, chain, id, actions) {

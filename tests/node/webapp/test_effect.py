@@ -1,7 +1,8 @@
 """A library proposal's measured effect in the web app, on a full node (the bundled model on llama.cpp, a
 real devnet): the page asks the node to score the parent version and the proposal on a shipped task file
 through its own model, and shows both scores with their intervals and the paired difference; the same
-figures come again from the node's memory; bad requests are refused by field; a light node says it
+figures come again from the node's memory, for the proposal and for a draft of the same bytes; bad
+requests are refused by field; a light node says it
 measures nothing (tests/node/webapp/test_site.py)."""
 
 from __future__ import annotations
@@ -73,6 +74,10 @@ def test_the_page_shows_a_proposals_measured_effect(tmp_path) -> None:
             figures["configuration"]["library"] == info.genesis["cid"]
             and figures["compare"]["configuration"]["library"] == cid
         )
+        # A draft of the same bytes, before any proposal, measures the same: kept by the same CIDs.
+        draft = ask({"draft": encode_library(proposed).decode(), "task": TASK})
+        assert draft.status_code == 200 and draft.json() == figures, draft.text
+        assert ask({"draft": "{}", "task": TASK}).status_code == 400
         d = figures["difference"]
         assert f"B - A: {d['difference']:+.3f}" in shown
         assert d["ci95"][0] <= d["difference"] <= d["ci95"][1]
