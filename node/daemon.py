@@ -51,6 +51,7 @@ from zoo.node.endpoints import EndpointsUnavailable, Wiring, wire
 from zoo.node.logs import configure_logging, get_logger
 from zoo.node.metrics import NodeMetrics
 from zoo.node.provenance.receipts import Notary
+from zoo.node.webapp.site import WebApp
 from zoo.node.webapp.wiring import web_app
 from zoo.registry.errors import ZooError
 from zoo.v1 import inference_pb2_grpc, jobs_pb2_grpc, library_pb2_grpc, node_pb2_grpc
@@ -112,6 +113,7 @@ class NodeRun:
         # Installed later, such a signal met asyncio.run's own handler, which cancelled this task mid-start
         # and left the servers undrained (or the process stuck on a thread it never stopped).
         self.cfg, self.data_dir, self.wiring = cfg, data_dir, wiring
+        self.webapp: WebApp | None = None  # the governance web app beside the HTTP API (serve_http)
         self.loop = asyncio.get_running_loop()
         self.stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -261,8 +263,16 @@ class NodeRun:
         return self.admission
 
     async def serve_http(self) -> None:
-        """The OpenAI-compatible HTTP API, serving at once (none when http.enabled is false)."""
+        """The OpenAI-compatible HTTP API, serving at once (none when http.enabled is false), and the web
+        app beside it (http.app)."""
         cfg = self.cfg
+        self.webapp = (
+            web_app(
+                cfg, self.wiring, self.parts, self._status_document, lambda: self.admin_token, self.model_id
+            )
+            if cfg.http.app
+            else None
+        )
         deps = ApiDeps(
             self.rules,
             self.admission,
@@ -275,11 +285,7 @@ class NodeRun:
             identify=self.identify,
             model_sha256=self.model_sha256,
             adapter_sha256=self._adapter_sha256,
-            webapp=web_app(
-                cfg, self.wiring, self.parts, self._status_document, lambda: self.admin_token, self.model_id
-            )
-            if cfg.http.app
-            else None,
+            webapp=self.webapp,
         )
         self.http = None
         if cfg.http.enabled:
@@ -293,12 +299,13 @@ class NodeRun:
             self.servicer.http_address = lambda: http_url + "/v1"
 
     async def _status_document(self) -> dict[str, Any]:
-        """GetStatus as JSON (the web app's operator page): what `zoo-node status` shows."""
+        """GetStatus as JSON (the web app's operator page): what `zoo-node status` shows, but the data dir."""
         from google.protobuf.json_format import MessageToDict
 
         from zoo.v1 import node_pb2
 
         status = await self.servicer.GetStatus(node_pb2.GetStatusRequest(), None)  # type: ignore[arg-type]
+        status.ClearField("data_dir")  # a path on the operator's machine: nothing a page needs to show
         return MessageToDict(
             status, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
         )
@@ -367,6 +374,8 @@ class NodeRun:
         grace = self.cfg.server.grace_period_s
         http = self.http
         await asyncio.gather(self.server.stop(grace), *([http.stop(grace)] if http is not None else []))
+        if self.webapp is not None:
+            await self.webapp.close()
         if self.rules.router is not None:
             await self.rules.router.close()
         await self.supervisor.stop()

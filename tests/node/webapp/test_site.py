@@ -53,6 +53,8 @@ def test_pages_and_assets_carry_a_strict_policy_and_no_secret(light_node) -> Non
     assert config["registry"] == info.registry_address and config["chain"] and config["status"]
     assert {"ExperienceRegistry", "KeeperToken", "UsageLedger"} <= set(config["abi"])
     secret = light_node.admin_token
+    status = httpx.get(base + "/app/status.json", timeout=30).json()
+    assert int(status["library"]["version"]) >= 1 and "data_dir" not in status  # no path of the operator's
     for answer in (page.text, script.text, json.dumps(config), httpx.get(base + "/app/status.json").text):
         assert secret not in answer
 
