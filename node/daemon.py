@@ -305,10 +305,11 @@ class NodeRun:
         from zoo.v1 import node_pb2
 
         status = await self.servicer.GetStatus(node_pb2.GetStatusRequest(), None)  # type: ignore[arg-type]
-        status.ClearField("data_dir")  # a path on the operator's machine: nothing a page needs to show
-        return MessageToDict(
+        document = MessageToDict(
             status, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
         )
+        document.pop("data_dir")  # a path on the operator's machine: nothing a page needs to show
+        return document
 
     def join_p2p(self) -> None:
         """What the p2p component advertises to peers (it joins the network once the supervisor starts it)."""
