@@ -15,9 +15,10 @@
     GET  /app/jobs.json          the node's learning jobs         } the admin token only, sent by the
     POST /app/jobs/ID/cancel     cancel one                       } operator's browser, never served
 
-Every answer carries a Content-Security-Policy that lets the page run its own scripts and styles and
-connect to its own origin only: no inline script, no other origin, no framing. The page never holds a
-key and no answer here contains a secret (the admin token is never read by this module).
+Every answer of these routes carries a Content-Security-Policy that lets the page run its own scripts and
+styles and connect to its own origin only: no inline script, no other origin, no framing. The page never
+holds a key and no answer here contains a secret (the admin token is only compared with what a request
+sends). Domain errors take their status from the API's one table (api_error_for).
 """
 
 from __future__ import annotations
@@ -34,11 +35,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from zoo.node.api.http.error_bodies import api_error_for
 from zoo.node.logs import get_logger
 from zoo.node.webapp import drafts
 from zoo.node.webapp.chain_proxy import MAX_REQUEST_BYTES, ChainProxy, too_large
 from zoo.node.webapp.effect import Effects, task_files
-from zoo.registry.errors import ValidationError, ZooError
+from zoo.registry.errors import IntegrityError, ValidationError, ZooError
 from zoo.registry.ipfs import local_cid
 
 log = get_logger(__name__)
@@ -174,8 +176,6 @@ class WebApp:
         return _json(await self._proxy.answer(body))
 
     async def ipfs(self, cid: str) -> Response:
-        from zoo.registry.errors import IntegrityError
-
         if not CID_TEXT.fullmatch(cid):
             return _text(400, f"{cid[:128]!r} is not a CID")
         if self.fetch_cid is None:
@@ -192,13 +192,11 @@ class WebApp:
         except IntegrityError as e:
             return _text(502, f"the content found for {cid} does not match it: {e}")
         except ZooError as e:
-            from zoo.node.api.status_codes import HTTP, status_for
-
-            known = status_for(e)
-            if known is None:
-                log.error("the web app could not fetch content", cid=cid, exc_info=e)
-            return _text(
-                HTTP[known[0]][0] if known else 502, f"{cid}: {known[1] if known else 'not fetched'}"
+            error = api_error_for(e)  # one not in the table is logged, and said as not fetched
+            return (
+                _text(502, f"{cid}: not fetched")
+                if error.status == 500
+                else _text(error.status, f"{cid}: {e}")
             )
         except Exception as e:  # the chain could not be read: said, logged
             log.error("the web app could not fetch content", cid=cid, exc_info=e)
@@ -274,7 +272,6 @@ class WebApp:
         return _json({"cid": published, "version": library.version, "size": len(library.experiences)})
 
     async def effect(self, request: Request) -> Response:
-        from zoo.node.api.status_codes import HTTP, status_for
         from zoo.registry import untrusted_json
 
         if self.effects is None:
@@ -298,10 +295,7 @@ class WebApp:
                 raise ValidationError("body", shape)
             return _json(await self.effects.measure(body["proposal"], body["task"]))
         except ZooError as e:
-            known = status_for(e)
-            if known is not None:
-                return _problem(HTTP[known[0]][0], str(e), getattr(e, "field", None))
-            log.error("measuring a proposal's effect failed", exc_info=e)
+            return _domain_problem(e)
         except Exception as e:  # the model failed mid-evaluation: said, logged, the node goes on
             log.error("measuring a proposal's effect failed", exc_info=e)
         return _problem(500, "the evaluation failed (the node's log says why)")
@@ -315,8 +309,6 @@ class WebApp:
         return _json({"jobs": [self._job(r) for r in records]})
 
     async def cancel_job(self, request: Request, job_id: str) -> Response:
-        from zoo.node.api.status_codes import HTTP, status_for
-
         if not self._admin(request):
             return _unauthorized()
         if self.jobs is None:
@@ -324,8 +316,7 @@ class WebApp:
         try:
             return _json(self._job(self.jobs.cancel(job_id)))  # on the loop: it wakes the job's task
         except ZooError as e:
-            known = status_for(e)
-            return _problem(HTTP[known[0]][0] if known else 500, str(e), getattr(e, "field", None))
+            return _domain_problem(e)
 
     def _job(self, record: Any) -> dict[str, Any]:
         from google.protobuf.json_format import MessageToDict
@@ -374,6 +365,12 @@ def _unauthorized(
 ) -> Response:
     body = {"error": {"message": message, "field": None}}
     return JSONResponse(body, status_code=401, headers={**_headers(), "WWW-Authenticate": "Bearer"})
+
+
+def _domain_problem(e: ZooError) -> Response:
+    """A domain error in the web app's shape, its status from the API's table (one not in it: logged, 500)."""
+    error = api_error_for(e)
+    return _problem(error.status, error.message, error.param)
 
 
 def _problem(status: int, message: str, field: str | None = None) -> Response:
