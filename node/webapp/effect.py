@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from zoo.registry.canonical import decode_library
 from zoo.registry.errors import NotFound, Overloaded, ValidationError
+from zoo.registry.experience import Experience
 from zoo.registry.ipfs import local_cid
+from zoo.registry.library import Library
 from zoo.trainer.tasks.schema import DATA_DIR
 
 TASK_NAME = re.compile(r"[a-z0-9_-]+(/[a-z0-9_-]+)?")
@@ -72,11 +74,11 @@ class Effects:
         """B - A of a contributor's draft (its canonical bytes) against the current version on `task`: what
         its proposal would measure, before it is made (the same result once it is, kept by the same CIDs)."""
         _check_task(task)
-        await asyncio.to_thread(decode_library, document, max_size=len(document))  # a library, else 400
-        return await self._kept_or_measured(await self.current_cid(), local_cid(document), task, document)
+        draft = await asyncio.to_thread(decode_library, document, max_size=len(document))  # else 400
+        return await self._kept_or_measured(await self.current_cid(), local_cid(document), task, draft)
 
     async def _kept_or_measured(
-        self, parent_cid: str, cid: str, task: str, document: bytes | None = None
+        self, parent_cid: str, cid: str, task: str, draft: Library | None = None
     ) -> dict[str, Any]:
         key = (parent_cid, cid, task)
         if key in self._kept:
@@ -87,14 +89,14 @@ class Effects:
         if self._lock.locked():
             raise Overloaded("another proposal's effect is being measured: ask again in a minute")
         async with self._lock:
-            result = await self._measure(backend, parent_cid, cid, task, document)
+            result = await self._measure(backend, parent_cid, cid, task, draft)
         if len(self._kept) >= MAX_KEPT:
             self._kept.pop(next(iter(self._kept)))
         self._kept[key] = result
         return result
 
     async def _measure(
-        self, backend: Any, parent_cid: str, cid: str, task: str, document: bytes | None
+        self, backend: Any, parent_cid: str, cid: str, task: str, draft: Library | None
     ) -> dict[str, Any]:
         from zoo.trainer.evaluate import Scorer, report
         from zoo.trainer.prompting import PromptPath
@@ -102,12 +104,13 @@ class Effects:
         from zoo.trainer.tfgrpo.llm import LLM
 
         tasks = await asyncio.to_thread(load_jsonl, DATA_DIR / f"{task}.jsonl")
-        sides = []
-        for which in (parent_cid, cid):
-            data = document if which == cid and document is not None else b""
-            data = data or (await self.fetch_cid(which) if which else b"")
-            experiences = (await asyncio.to_thread(decode_library, data)).experiences if which else ()
-            sides.append((which or "none", experiences))
+        sides: list[tuple[str, Sequence[Experience]]] = []
+        for which, given in ((parent_cid, None), (cid, draft)):
+            if not which:  # a proposal on version 0: A is the model with no library
+                sides.append(("none", ()))
+                continue
+            library = given or await asyncio.to_thread(decode_library, await self.fetch_cid(which))
+            sides.append((which, library.experiences))
         embedder = self.embedder()
         if embedder is None and any(experiences for _, experiences in sides):
             raise NotFound("this node's embedder is still loading: ask again in a minute")

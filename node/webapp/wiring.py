@@ -32,16 +32,19 @@ def web_app(
     on a node that serves a model, proposals' measured effects through it."""
     store, ipfs_api, limit = parts.library.store, wiring.ipfs_api, cfg.ipfs.max_library_bytes
 
+    def ipfs() -> Any:
+        from zoo.registry.ipfs import IpfsClient
+
+        return IpfsClient(str(ipfs_api), timeout=cfg.ipfs.timeout_s)
+
     def fetch(cid: str) -> bytes:
         stored = store.bytes_for_cid(cid)
         if stored is not None:
             return stored
         if not ipfs_api:
             raise NotFound(f"this node holds no content for {cid} and reaches no IPFS")
-        from zoo.registry.ipfs import IpfsClient
-
-        with IpfsClient(str(ipfs_api), timeout=cfg.ipfs.timeout_s) as ipfs:
-            return ipfs.fetch_verified(cid, max_size=limit)
+        with ipfs() as client:
+            return client.fetch_verified(cid, max_size=limit)
 
     def abis() -> dict[str, Any]:
         from zoo.contracts.build import build
@@ -74,10 +77,8 @@ def web_app(
         return found
 
     def pin(data: bytes) -> str:
-        from zoo.registry.ipfs import IpfsClient
-
-        with IpfsClient(str(ipfs_api), timeout=cfg.ipfs.timeout_s) as ipfs:
-            return ipfs.add(data, pin=True)
+        with ipfs() as client:
+            return client.add(data, pin=True)
 
     async def proposed_cids() -> set[str]:
         return await asyncio.to_thread(named)
