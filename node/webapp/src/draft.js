@@ -8,7 +8,7 @@ import { parseEventLogs } from "viem";
 import { proposalId } from "./chain.js";
 import { h, replace, short } from "./dom.js";
 import { diff, readLibrary } from "./library.js";
-import { effectForm } from "./views.js";
+import { effectForm, experience, fetchBytes } from "./views.js";
 
 const KEY = "zoo-draft";
 
@@ -33,9 +33,7 @@ async function post(path, body) {
 
 async function start(chain) {
   const [version, root, , cid] = await chain.read("currentLibrary");
-  const r = await fetch(`/app/ipfs/${encodeURIComponent(cid)}`);
-  if (!r.ok) throw new Error(`the node could not give version ${version}'s content: ${(await r.text()).trim()}`);
-  const read = readLibrary(new Uint8Array(await r.arrayBuffer()));
+  const read = readLibrary(await fetchBytes(cid));
   if (!read.library || read.root !== root || read.problems.length) throw new Error(`version ${version}'s content does not match its root`);
   const lib = read.library;
   const draft = {
@@ -101,14 +99,8 @@ export async function draftPage(main, chain, say) {
     await redraw();
   };
   const items = lib.experiences.map((e) => {
-    const li = h(
-      "li",
-      { class: "experience", "data-id": e.id },
-      h("span", { class: "domain" }, e.domain),
-      " ",
-      h("span", { class: "kind" }, `${e.kind ?? "lesson"} · confidence ${e.confidence}`),
-      h("p", { class: "text" }, e.text),
-      e.answer ? h("p", { class: "answer" }, `Answer: ${e.answer}`) : null,
+    const li = experience(e);
+    li.append(
       h("button", { class: "edit", onclick: () => li.append(editor(e, (v) => make(v, e.id), "Save")) }, "Edit"),
       h("button", {
         class: "remove",

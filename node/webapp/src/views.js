@@ -8,7 +8,8 @@ import { diff, readLibrary } from "./library.js";
 
 const ZERO_ROOT = `0x${"0".repeat(64)}`;
 
-async function fetchBytes(cid) {
+// A CID's bytes through the node (checked against the CID there; the root is checked by the caller).
+export async function fetchBytes(cid) {
   const r = await fetch(`/app/ipfs/${encodeURIComponent(cid)}`);
   if (!r.ok) throw new Error(`the node could not give ${cid}: ${(await r.text()).trim()}`);
   return new Uint8Array(await r.arrayBuffer());
@@ -88,7 +89,8 @@ export async function proposalsPage(main, chain) {
   sizeBars(main);
 }
 
-function experience(e, cls = "") {
+// One experience as a list item, as text (the draft page adds its buttons to it).
+export function experience(e, cls = "") {
   return h(
     "li",
     { class: `experience ${cls}`, "data-id": e.id },
