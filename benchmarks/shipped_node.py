@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import statistics
@@ -31,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -164,28 +166,34 @@ def wait_serving(node: NodeProcess) -> str:
     return url
 
 
-def measure(rounds: int, runs: int, overrides: dict[str, str], node_env: dict[str, str]) -> None:
+@contextlib.contextmanager
+def shipped_node(overrides: dict[str, str], node_env: dict[str, str]) -> Iterator[tuple[NodeProcess, str]]:
+    """The node on its embedded defaults in a scratch directory, serving: (its process, its chat URL)."""
     # The test helpers make OpenMP wait passively; a user's shell does not.
     os.environ.pop("OMP_WAIT_POLICY", None)
-    base_env = dict(os.environ)
-    rows: list[tuple[float, float, float, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
         where = Path(tmp)
         node = launch(shipped_config(where, overrides), where / "data", env=node_env)
         try:
-            url = wait_serving(node)
-            print(f"   the idle node, its devnet and peers keep {idle_load(node):.2f} cores busy", flush=True)
-            for r in range(rounds):
-                llama = {t: llama_rate(t, runs, base_env) for t in ((1, 2) if r % 2 == 0 else (2, 1))}
-                single, many = node_rates(url, runs)
-                rows.append((single, many, llama[1], llama[2]))
-                print(
-                    f"   round {r + 1}: node {single:6.1f} tok/s single, {many:6.1f} at {CLIENTS} clients; "
-                    f"llama-cpp-python {llama[1]:6.1f} (1 thread) {llama[2]:6.1f} (2 threads)",
-                    flush=True,
-                )
+            yield node, wait_serving(node)
         finally:
             node.stop()
+
+
+def measure(rounds: int, runs: int, overrides: dict[str, str], node_env: dict[str, str]) -> None:
+    rows: list[tuple[float, float, float, float]] = []
+    with shipped_node(overrides, node_env) as (node, url):
+        base_env = dict(os.environ)
+        print(f"   the idle node, its devnet and peers keep {idle_load(node):.2f} cores busy", flush=True)
+        for r in range(rounds):
+            llama = {t: llama_rate(t, runs, base_env) for t in ((1, 2) if r % 2 == 0 else (2, 1))}
+            single, many = node_rates(url, runs)
+            rows.append((single, many, llama[1], llama[2]))
+            print(
+                f"   round {r + 1}: node {single:6.1f} tok/s single, {many:6.1f} at {CLIENTS} clients; "
+                f"llama-cpp-python {llama[1]:6.1f} (1 thread) {llama[2]:6.1f} (2 threads)",
+                flush=True,
+            )
     single, many, l1, l2 = (statistics.median(x) for x in zip(*rows, strict=True))
     best = max(l1, l2)
     shown = ", ".join(f"{k}={v}" for k, v in {**overrides, **node_env}.items()) or "none"
@@ -200,28 +208,21 @@ def measure(rounds: int, runs: int, overrides: dict[str, str], node_env: dict[st
 
 def measure_proofs(rounds: int, runs: int, overrides: dict[str, str], node_env: dict[str, str]) -> None:
     """Tokens per second of the shipped node with and without proofs of inference, alternating rounds."""
-    os.environ.pop("OMP_WAIT_POLICY", None)
     plain, proving = {"proof": False}, {"proof": True}
     rows: list[tuple[float, float, float, float]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        where = Path(tmp)
-        node = launch(shipped_config(where, overrides), where / "data", env=node_env)
-        try:
-            url = wait_serving(node)
-            ask(url, proving)  # warm the proving path too
-            for r in range(rounds):
-                if r % 2 == 0:
-                    (s0, m0), (s1, m1) = node_rates(url, runs, plain), node_rates(url, runs, proving)
-                else:
-                    (s1, m1), (s0, m0) = node_rates(url, runs, proving), node_rates(url, runs, plain)
-                rows.append((s0, m0, s1, m1))
-                print(
-                    f"   round {r + 1}: without proofs {s0:6.1f} tok/s single, {m0:6.1f} at {CLIENTS}; "
-                    f"with {s1:6.1f} single, {m1:6.1f} at {CLIENTS}",
-                    flush=True,
-                )
-        finally:
-            node.stop()
+    with shipped_node(overrides, node_env) as (_node, url):
+        ask(url, proving)  # warm the proving path too
+        for r in range(rounds):
+            if r % 2 == 0:
+                (s0, m0), (s1, m1) = node_rates(url, runs, plain), node_rates(url, runs, proving)
+            else:
+                (s1, m1), (s0, m0) = node_rates(url, runs, proving), node_rates(url, runs, plain)
+            rows.append((s0, m0, s1, m1))
+            print(
+                f"   round {r + 1}: without proofs {s0:6.1f} tok/s single, {m0:6.1f} at {CLIENTS}; "
+                f"with {s1:6.1f} single, {m1:6.1f} at {CLIENTS}",
+                flush=True,
+            )
     s0, m0, s1, m1 = (statistics.median(x) for x in zip(*rows, strict=True))
     print(f"   the node as ./zoo start runs it, experiences on, {TOKENS} new tokens, medians of rounds:")
     print(f"     1 stream     {s0:6.1f} tok/s without proofs, {s1:6.1f} with: cost {s0 / s1:.2f}x")
