@@ -11,6 +11,7 @@ never as a verdict on the on-chain version.
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -53,6 +54,11 @@ def content_verifier(ipfs: Any = None) -> Callable[[str, bytes], None]:
 # lookup saying nobody held it yet, was most of the slowest node's 2.4 s (docs/network.md).
 HOLDER_WAIT_S = 2.0
 BUSY_RETRIES = 10  # times a peer that answered "busy" is asked again, 0.1 s apart at least
+# A peer that has not served within HEDGE_S is joined by the next one (a hedged request), instead of being
+# given up on: at N = 24 on two cores a stream open alone took longer than the 5 s that used to skip a
+# peer, so every holder was skipped. Each ask keeps the fetch's whole deadline; the first verified answer
+# wins. Hedging by hand (threads over the host's blocking calls): no library here does it for libp2p.
+HEDGE_S = 2.0
 
 
 class PeerContent:
@@ -64,6 +70,7 @@ class PeerContent:
         max_peers: int = 4,
         timeout_s: float = 20.0,
         holder_wait_s: float = HOLDER_WAIT_S,
+        hedge_s: float = HEDGE_S,
     ) -> None:
         self.host = host
         self.book = book
@@ -71,6 +78,7 @@ class PeerContent:
         self.max_peers = max_peers
         self.timeout_s = timeout_s
         self.holder_wait_s = holder_wait_s
+        self.hedge_s = hedge_s
 
     def fetch_verified(self, cid: str, *, timeout: float | None = None, max_size: int = 64 << 20) -> bytes:
         parse_cid(cid)  # a CID that does not parse is the chain's problem, not a peer's (ValidationError)
@@ -87,9 +95,8 @@ class PeerContent:
             r.peer_id for r in self.book.records() if r.peer_id in connected and r.peer_id not in ranked
         ]
         candidates = [p for p in ranked + sorted(connected - set(ranked)) if not self.book.banned(p)]
-        for peer in candidates[: self.max_peers]:
-            if (data := fetch.ask(peer)) is not None:
-                return data
+        if (data := first_served(fetch.ask, candidates[: self.max_peers], self.hedge_s)) is not None:
+            return data
         # A peer asked before it had the version (it said "no content") is asked again once it announces it.
         fetch.asked_holders = fetch.asked.intersection(holders)
         if (data := self._beyond_connected(fetch)) is not None:
@@ -110,22 +117,18 @@ class PeerContent:
         deadline = time.monotonic() + self.timeout_s
         providers_asked = False
         while True:
-            for peer in self.book.holders(fetch.cid):
-                if peer not in fetch.asked_holders and not self.book.banned(peer):
-                    fetch.asked_holders.add(peer)
-                    if (data := fetch.ask(peer)) is not None:
-                        return data
-            for peer in fetch.busy_to_retry():
-                if (data := fetch.ask(peer)) is not None:
-                    return data
+            announced = [p for p in self.book.holders(fetch.cid) if p not in fetch.asked_holders]
+            announced = [p for p in announced if not self.book.banned(p)]
+            fetch.asked_holders.update(announced)
+            if (data := first_served(fetch.ask, announced + fetch.busy_to_retry(), self.hedge_s)) is not None:
+                return data
             if not providers_asked and lookup.done():
                 providers_asked = True
-                for peer, addrs in _providers(lookup, fetch.problems):
-                    if len(fetch.asked) >= 2 * self.max_peers:
-                        break
-                    fresh = peer not in fetch.asked and not self.book.banned(peer) and addrs
-                    if fresh and (data := fetch.ask(peer, addrs)) is not None:
-                        return data
+                found = _providers(lookup, fetch.problems)
+                fresh = [(p, a) for p, a in found if a and p not in fetch.asked and not self.book.banned(p)]
+                fresh = fresh[: max(0, 2 * self.max_peers - len(fetch.asked))]
+                if (data := first_served(lambda h: fetch.ask(*h), fresh, self.hedge_s)) is not None:
+                    return data
             now = time.monotonic()
             if providers_asked and ((now >= listen_until and not fetch.busy) or now >= deadline):
                 return None
@@ -201,6 +204,41 @@ class _Fetch:
                 problem = f"{peer[:16]}… (a holder not connected): {e}"
         self.problems.append(problem)
         return False
+
+
+def first_served(ask: Callable[[T], bytes | None], peers: Sequence[T], hedge_s: float) -> bytes | None:
+    """The first verified answer of `ask` over `peers`, asked one at a time, the next one as soon as one
+    fails or after `hedge_s` without an answer (so several slow peers run at once). None when all fail.
+    Asks still running when one answers end on their own deadline; what they bring is dropped."""
+    done: queue.SimpleQueue[tuple[bytes | None, BaseException | None]] = queue.SimpleQueue()
+    waiting, running = iter(peers), 0
+
+    def one(peer: T) -> None:
+        try:
+            done.put((ask(peer), None))
+        except BaseException as e:  # handed to the caller's thread, raised there
+            done.put((None, e))
+
+    def start_next() -> None:
+        nonlocal running
+        if (peer := next(waiting, None)) is not None:
+            threading.Thread(target=one, args=(peer,), name="zoo-p2p-fetch", daemon=True).start()
+            running += 1
+
+    start_next()
+    while running:
+        try:
+            data, error = done.get(timeout=hedge_s)
+        except queue.Empty:
+            start_next()
+            continue
+        running -= 1
+        if error is not None:
+            raise error
+        if data is not None:
+            return data
+        start_next()
+    return None
 
 
 class FirstThatServes:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import free_port
-from zoo.node.p2p.content import FirstThatServes, PeerContent, content_verifier
+from zoo.node.p2p.content import FirstThatServes, PeerContent, content_verifier, first_served
 from zoo.node.p2p.host import P2PError, P2PHost, load_identity
 from zoo.node.p2p.peers import PeerBook
 from zoo.registry.errors import IntegrityError
@@ -190,3 +190,50 @@ def test_a_peer_that_answers_busy_is_asked_again(hosts, tmp_path: Path, monkeypa
     monkeypatch.setattr("zoo.node.p2p.content.BUSY_RETRIES", 0)  # what the fetch did before
     refused = [r for r in five_at_once() if r != BYTES]
     assert refused and all("busy" in str(r) for r in refused)
+
+
+def test_a_peer_slow_to_answer_is_waited_for_within_the_fetch_deadline(hosts, tmp_path: Path) -> None:
+    """The only holder takes 7 s to begin its answer (a starved process): the fetch waits for it, up to its
+    own deadline. It used to give up on any peer after 5 s without an answer header, and at N = 24 on two
+    cores that skipped every holder of a node restarted under churn."""
+    slow = hosts("slow", lambda cid: (time.sleep(7), BYTES)[1] if cid == CID else None)
+    me = hosts("me", lambda _cid: None)
+    me.connect(slow.addrs[0])
+    source = PeerContent(lambda: me, PeerBook(tmp_path / "peers.json"), content_verifier(), timeout_s=20)
+    assert source.fetch_verified(CID, timeout=20) == BYTES
+
+
+def test_a_slow_peer_is_joined_by_the_next_and_the_first_answer_wins(hosts, tmp_path: Path) -> None:
+    """A hedged request: the best-scored peer takes 15 s, so after HEDGE_S the next one is asked beside it,
+    and its answer ends the fetch long before the slow one would have (asked in turn, 15 s or more)."""
+    slow = hosts("slow", lambda cid: (time.sleep(15), BYTES)[1] if cid == CID else None)
+    quick = hosts("quick", lambda cid: BYTES if cid == CID else None)
+    me = hosts("me", lambda _cid: None)
+    for other in (slow, quick):
+        me.connect(other.addrs[0])
+    book = PeerBook(tmp_path / "peers.json")
+    for _ in range(5):
+        book.reward(slow.peer_id)  # asked first
+    source = PeerContent(lambda: me, book, content_verifier(), timeout_s=20, hedge_s=1.0)
+    started = time.monotonic()
+    assert source.fetch_verified(CID, timeout=20) == BYTES
+    # An ordering bound, not a speed one: 1 s of hedge plus a loopback fetch, against the slow peer's 15 s.
+    assert time.monotonic() - started < 10
+    assert book.score(quick.peer_id) == 1  # the bytes came from the quick one
+
+
+def test_first_served_asks_in_turn_and_hands_back_what_an_ask_raises() -> None:
+    asked: list[str] = []
+
+    def ask(peer: str) -> bytes | None:
+        asked.append(peer)
+        if peer == "bad":
+            raise P2PError("cannot check content")
+        return b"bytes" if peer == "holder" else None
+
+    assert first_served(ask, ["a", "b", "holder", "c"], hedge_s=5) == b"bytes"
+    assert asked == ["a", "b", "holder"]  # each failed at once: the next asked at once, none after
+    assert first_served(ask, ["a", "b"], hedge_s=5) is None
+    assert first_served(ask, [], hedge_s=5) is None
+    with pytest.raises(P2PError, match="cannot check"):
+        first_served(ask, ["a", "bad"], hedge_s=5)
