@@ -146,6 +146,7 @@ class P2PComponent(Component):
             grpc_target=self.grpc_target,
             target_peers=s.target_peers,
             max_peers=s.max_peers,
+            on_offence=self.book.penalise,
         )
         await asyncio.to_thread(host.start)
         self.host = host

@@ -35,6 +35,7 @@ import trio
 from multiaddr import Multiaddr
 
 from zoo.node.logs import get_logger
+from zoo.node.p2p.dht_guard import guarded
 from zoo.node.p2p.limits import GRACE_S
 from zoo.node.p2p.relay import Relaying
 from zoo.node.p2p.sockets import KEEPALIVE_IDLE_S, USER_TIMEOUT_S, UnacknowledgedGiveUp
@@ -120,8 +121,10 @@ class P2PHost:
         keepalive_idle_s: int = KEEPALIVE_IDLE_S,
         target_peers: int = 8,
         max_peers: int = 0,
+        on_offence: Callable[[str, str], Any] = lambda _peer, _offence: None,
     ) -> None:
         self.seed = seed
+        self.on_offence = on_offence  # (peer id, offence): the peer book's penalise, on the trio thread
         self.target_peers, self.max_peers = target_peers, max_peers
         self.sockets = UnacknowledgedGiveUp(user_timeout_s, keepalive_idle_s)
         self.listen = listen
@@ -189,6 +192,7 @@ class P2PHost:
     async def _main(self) -> None:
         from libp2p import new_host
         from libp2p.crypto.ed25519 import create_new_key_pair
+        from libp2p.kad_dht.common import PROTOCOL_ID as DHT_PROTOCOL
         from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
         from libp2p.network.config import ConnectionConfig
         from libp2p.pubsub.gossipsub import GossipSub
@@ -230,6 +234,7 @@ class P2PHost:
         # Random walks are this node's to schedule (the component's discovery loop), not the library's
         # two-minute timer; values are off: a peer cannot make this node store anything but provider records.
         dht = KadDHT(host, DHTMode.SERVER, enable_random_walk=False, enable_values=False)
+        host.set_stream_handler(DHT_PROTOCOL, guarded(dht.handle_stream, self.on_offence))
         relay = self.relaying.attach(host)
         async with host.run(listen_addrs=[Multiaddr(self.listen)]), trio.open_nursery() as nursery:
             host.set_stream_handler(CONTENT_PROTOCOL, self._serve_content)

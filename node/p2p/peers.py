@@ -31,6 +31,7 @@ PENALTIES = {
     "wrong_root": -10.0,
     "wrong_model": -20.0,  # a routed answer whose proof names other weights than advertised, or fails
     "malformed": -2.0,  # not JSON, or over the size limit
+    "dht_garbage": -2.0,  # a DHT message the library's handler refused (dht_guard)
 }
 RECOVERY_PER_S = 1 / 600  # a negative score recovers one point every ten minutes: bans do not last forever
 REWARD_GOOD_CONTENT = 1.0
