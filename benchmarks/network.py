@@ -16,6 +16,7 @@ Usage (as root): ./zoo bench network --nodes 8 [--versions 5] [--poll 2.0] [--sk
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import random
 import signal
@@ -482,6 +483,9 @@ def rogue_host(directory: Path) -> P2PHost:
                    validator=lambda *_: True, on_message=lambda *_: None,
                    content=lambda cid: b"tampered " + cid.encode(), max_content_bytes=1 << 20)  # fmt: skip
     host.start()
+    # The honest nodes reset and drop the rogue's connections; py-libp2p's log of each (thousands of lines
+    # of tracebacks in the bench's own process) is the point of the figure, not something to print.
+    logging.getLogger("libp2p").setLevel(logging.CRITICAL + 1)
     return host
 
 
