@@ -5,9 +5,11 @@ protobuf, a message cut short: it resets the stream) and serves at most 12 strea
 neither how long a stream may stay open nor tells anyone who sent the garbage. So a peer that opens DHT
 streams and says nothing holds the handler's slots for good, and one that sends garbage costs nothing.
 `guarded` wraps the handler: a stream still open after `DHT_STREAM_S` is reset (no penalty: a slow peer is
-not a liar), and a stream the handler reset after reading from it carried something it refused: its peer
-loses score (`on_offence(peer, "dht_garbage")`, the peer book's penalty, as for garbage gossip). A stream
-reset before anything was read is the handler turning it away when full, which is nobody's offence.
+not a liar), and a stream the handler read from, answered nothing on and reset carried something it
+refused: its peer loses score (`on_offence(peer, "dht_garbage")`, the peer book's penalty, as for garbage
+gossip). Not the other resets: before anything was read the handler is turning a stream away when full,
+and after an answer it resets an honest stream at its end too (py-libp2p reads the client's close as an
+error), which is nobody's offence.
 
 Written by hand: the library has no hook for either, and this is the narrowest wrap that adds both.
 """
@@ -34,6 +36,7 @@ class _Witnessed:
     def __init__(self, stream: Any) -> None:
         self._stream = stream
         self.bytes_read = 0
+        self.answered = False
         self.reset_by_handler = False
 
     def __getattr__(self, name: str) -> Any:
@@ -43,6 +46,10 @@ class _Witnessed:
         data = await self._stream.read(n)
         self.bytes_read += len(data)
         return data
+
+    async def write(self, data: bytes) -> None:
+        self.answered = True
+        await self._stream.write(data)
 
     async def reset(self) -> None:
         self.reset_by_handler = True
@@ -67,7 +74,7 @@ def guarded(
             log.info("DHT stream reset after its deadline", peer=peer, seconds=deadline_s_)
             with contextlib.suppress(Exception):
                 await stream.reset()
-        elif witnessed.reset_by_handler and witnessed.bytes_read:
+        elif witnessed.reset_by_handler and witnessed.bytes_read and not witnessed.answered:
             on_offence(peer, OFFENCE)
 
     return serve

@@ -60,6 +60,7 @@ def test_dht_garbage_costs_its_sender_score_and_the_node_serves_on(make_host, pa
     third, _ = make_host("third")
     rogue.connect(node.addrs[0])
     third.connect(node.addrs[0])
+    third.discover(4.0)  # its query puts it in the node's routing table
     stream = open_dht_stream(rogue, node, payload)
     assert answer_of(rogue, stream) == "closed"
     wait_until(lambda: offences == [(rogue.peer_id, "dht_garbage")])
@@ -79,6 +80,7 @@ def test_silent_dht_streams_are_reset_after_their_deadline_not_scored(make_host,
     third, _ = make_host("third")
     rogue.connect(node.addrs[0])
     third.connect(node.addrs[0])
+    third.discover(4.0)  # its query puts it in the node's routing table
     streams = [open_dht_stream(rogue, node, b"") for _ in range(13)]
     assert answer_of(rogue, streams[-1]) == "closed"  # the 13th: the handler is full
     assert [answer_of(rogue, s) for s in streams[:12]] == ["closed"] * 12  # at 2 s, not held for good
@@ -105,6 +107,7 @@ def test_garbage_answers_to_the_node_s_own_walk_neither_crash_nor_stall_it(make_
 
     liar._call(install)
     third.connect(honest.addrs[0])
+    third.discover(4.0)
     node.connect(liar.addrs[0])
     node.connect(honest.addrs[0])
     for _ in range(3):
