@@ -57,21 +57,17 @@ class _Witnessed:
 
 
 def guarded(
-    handle: Callable[[Any], Awaitable[None]],
-    on_offence: Callable[[str, str], Any],
-    deadline_s: float | None = None,
+    handle: Callable[[Any], Awaitable[None]], on_offence: Callable[[str, str], Any]
 ) -> Callable[[Any], Awaitable[None]]:
-    """`handle` (py-libp2p's `KadDHT.handle_stream`) with a deadline per stream (DHT_STREAM_S unless
-    given) and garbage scored."""
+    """`handle` (py-libp2p's `KadDHT.handle_stream`) with a deadline per stream and garbage scored."""
 
     async def serve(stream: Any) -> None:
         peer = stream.muxed_conn.peer_id.to_base58()
         witnessed = _Witnessed(stream)
-        deadline_s_ = deadline_s or DHT_STREAM_S
-        with trio.move_on_after(deadline_s_) as scope:
+        with trio.move_on_after(DHT_STREAM_S) as scope:
             await handle(witnessed)
         if scope.cancelled_caught:
-            log.info("DHT stream reset after its deadline", peer=peer, seconds=deadline_s_)
+            log.info("DHT stream reset after its deadline", peer=peer, seconds=DHT_STREAM_S)
             with contextlib.suppress(Exception):
                 await stream.reset()
         elif witnessed.reset_by_handler and witnessed.bytes_read and not witnessed.answered:
