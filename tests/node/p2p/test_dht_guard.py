@@ -20,10 +20,14 @@ TOO_LARGE = encode_uvarint(5 << 20) + b"\x08\x04"  # announces 5 MiB, over py-li
 
 
 def open_dht_stream(sender: P2PHost, to: P2PHost, payload: bytes) -> Any:
-    """`sender` opens a DHT stream to `to` and writes `payload`; the stream is left open."""
+    """`sender` opens a DHT stream to `to` and writes `payload`; the stream is left open. None when `to`
+    reset it before the protocol negotiation ended (a full handler resets a stream at once)."""
 
     async def go() -> Any:
-        stream = await sender._host.new_stream(ID.from_base58(to.peer_id), [PROTOCOL_ID])
+        try:
+            stream = await sender._host.new_stream(ID.from_base58(to.peer_id), [PROTOCOL_ID])
+        except Exception:  # py-libp2p's StreamFailure
+            return None
         if payload:
             await stream.write(payload)
         return stream
@@ -35,6 +39,8 @@ def answer_of(sender: P2PHost, stream: Any) -> str:
     """What comes back on the stream within 5 s: "bytes", "closed" (reset or EOF), or "nothing"."""
 
     async def go() -> str:
+        if stream is None:
+            return "closed"
         with trio.move_on_after(5):
             try:
                 data = await stream.read(1024)
@@ -46,13 +52,13 @@ def answer_of(sender: P2PHost, stream: Any) -> str:
     return sender._call(go)
 
 
-def learns_through(host: P2PHost, other: P2PHost) -> bool:
-    host.discover(4.0)
-    return other.peer_id in {peer for peer, _ in host.routing_peers()}
+Lab = tuple[P2PHost, P2PHost, P2PHost, P2PHost, list[tuple[str, str]]]
 
 
-@pytest.mark.parametrize("payload", [GARBAGE, TOO_LARGE], ids=["not-protobuf", "over-4-MiB"])
-def test_dht_garbage_costs_its_sender_score_and_the_node_serves_on(make_host, payload: bytes) -> None:  # noqa: F811
+@pytest.fixture
+def lab(make_host) -> Lab:  # noqa: F811
+    """The node (its offences recorded), a rogue connected to it, an honest host not yet connected, and a
+    third host in the node's routing table (its walk put it there): whom the honest one should learn of."""
     offences: list[tuple[str, str]] = []
     node, _ = make_host("node", on_offence=lambda peer, offence: offences.append((peer, offence)))
     rogue, _ = make_host("rogue")
@@ -60,7 +66,18 @@ def test_dht_garbage_costs_its_sender_score_and_the_node_serves_on(make_host, pa
     third, _ = make_host("third")
     rogue.connect(node.addrs[0])
     third.connect(node.addrs[0])
-    third.discover(4.0)  # its query puts it in the node's routing table
+    third.discover(4.0)
+    return node, rogue, honest, third, offences
+
+
+def learns_through(host: P2PHost, other: P2PHost) -> bool:
+    host.discover(4.0)
+    return other.peer_id in {peer for peer, _ in host.routing_peers()}
+
+
+@pytest.mark.parametrize("payload", [GARBAGE, TOO_LARGE], ids=["not-protobuf", "over-4-MiB"])
+def test_dht_garbage_costs_its_sender_score_and_the_node_serves_on(lab: Lab, payload: bytes) -> None:
+    node, rogue, honest, third, offences = lab
     stream = open_dht_stream(rogue, node, payload)
     assert answer_of(rogue, stream) == "closed"
     wait_until(lambda: offences == [(rogue.peer_id, "dht_garbage")])
@@ -69,18 +86,11 @@ def test_dht_garbage_costs_its_sender_score_and_the_node_serves_on(make_host, pa
     assert learns_through(honest, third)  # the node still answers FIND_NODE
 
 
-def test_silent_dht_streams_are_reset_after_their_deadline_not_scored(make_host, monkeypatch) -> None:  # noqa: F811
+def test_silent_dht_streams_are_reset_after_their_deadline_not_scored(lab: Lab, monkeypatch) -> None:
     """py-libp2p serves 12 inbound DHT streams at once and resets the rest. Thirteen streams that say
     nothing used to hold its slots for good: nobody could walk the DHT through the node again."""
     monkeypatch.setattr("zoo.node.p2p.dht_guard.DHT_STREAM_S", 2.0)
-    offences: list[tuple[str, str]] = []
-    node, _ = make_host("node", on_offence=lambda peer, offence: offences.append((peer, offence)))
-    rogue, _ = make_host("rogue")
-    honest, _ = make_host("honest")
-    third, _ = make_host("third")
-    rogue.connect(node.addrs[0])
-    third.connect(node.addrs[0])
-    third.discover(4.0)  # its query puts it in the node's routing table
+    node, rogue, honest, third, offences = lab
     streams = [open_dht_stream(rogue, node, b"") for _ in range(13)]
     assert answer_of(rogue, streams[-1]) == "closed"  # the 13th: the handler is full
     assert [answer_of(rogue, s) for s in streams[:12]] == ["closed"] * 12  # at 2 s, not held for good
