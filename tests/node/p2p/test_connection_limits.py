@@ -90,7 +90,9 @@ def test_surplus_connections_are_closed_after_their_grace_keeping_the_bootstrap(
         wait_until(lambda: len(connected()) <= settings.max_peers, 15, "the excess closed")
         assert time.monotonic() - t0 >= 2.5 and a.peer_id in connected()
         closed = [host for host in others if host.peer_id not in connected()]
-        assert len(closed) == 2 and all(hub_id not in host.connected() for host in closed)
+        assert len(closed) == 2
+        # The far side learns of the close when its read ends: not at once on a loaded machine.
+        wait_until(lambda: all(hub_id not in host.connected() for host in closed), 10, "both ends closed")
         time.sleep(1.0)  # and nothing more goes: at max_peers the node keeps what it has
         assert len(connected()) == 2
     finally:

@@ -74,6 +74,17 @@ def activate(node: NodeProcess, library: Library) -> str:
     return root
 
 
+def served_under(c: NodeClient, root: str) -> pb.InferResponse:
+    """The first answer served under `root`: the index of a version swaps in after the status names it
+    active (a loaded fresh clone took over a second between the two), and an answer names the root it
+    was served under."""
+    deadline = time.monotonic() + 90
+    while (answer := infer(c, prompt=GEOMETRY, k=3, sampling={"max_tokens": 2})).library_root != root:
+        assert time.monotonic() < deadline, f"answers still under {answer.library_root}, not {root}"
+        time.sleep(0.2)
+    return answer
+
+
 def test_a_library_for_other_weights_stays_out_of_prompts(node: NodeProcess) -> None:
     served = file_sha256(bundled_gguf())
     genesis = genesis_library()
@@ -94,9 +105,9 @@ def test_a_library_for_other_weights_stays_out_of_prompts(node: NodeProcess) -> 
     )
     other_root = activate(node, other)
     with NodeClient(node.address) as c:
-        answer = infer(c, prompt=GEOMETRY, k=3, sampling={"max_tokens": 2})
+        answer = served_under(c, other_root)
         # The answer names the version it was asked under, and carries none of its experiences.
-        assert answer.library_root == other_root and list(answer.experiences) == []
+        assert list(answer.experiences) == []
         # An older version pinned by root is still used: the binding is per version.
         pinned = infer(c, prompt=GEOMETRY, k=3, library_root=genesis_root, sampling={"max_tokens": 2})
         assert pinned.experiences
@@ -120,13 +131,8 @@ def test_a_library_for_other_weights_stays_out_of_prompts(node: NodeProcess) -> 
         served,
     )
     mine_root = activate(node, mine)
-    deadline = time.monotonic() + 90
     with NodeClient(node.address) as c:
-        while (
-            answer := infer(c, prompt=GEOMETRY, k=3, sampling={"max_tokens": 2})
-        ).library_root != mine_root:
-            assert time.monotonic() < deadline  # the index of the new version swaps in after its activation
-            time.sleep(0.2)
+        answer = served_under(c, mine_root)
     assert answer.experiences and {e.id for e in answer.experiences} <= {e.id for e in mine.experiences}
     wait = time.monotonic() + 30
     while retrieval(node)[0] != "SERVING" and time.monotonic() < wait:
@@ -263,6 +269,7 @@ def test_a_grpc_answer_carries_a_proof_that_the_node_accepts_and_cheats_it_rejec
         streamed = list(c.inference.InferStream(request, timeout=120))[-1].final
         plain = c.inference.Infer(pb.InferRequest(prompt=GEOMETRY, sampling=pb.SamplingParams(max_tokens=2)))
         assert plain.proof == ""  # only on request
+        assert answer.experiences, f"the claim below differs by its experiences ({answer.library_root})"
         for response in (answer, streamed):
             proof = answer_proof.parse(response.proof)
             assert proof.model == "0x" + st.model_sha256 and proof.temperature == 0
