@@ -284,7 +284,7 @@ async def score(path: Path, families: list[str], modes: list[str], tasks: int) -
     """Child: `zoo-node eval` on each family's test split with model.path = `path`, once per mode of `modes`:
     "library" (`--library FILE`, the family's lookup library) and "none" (`--library none`)."""
     from zoo.node.cli.eval import NONE, Configuration, evaluate
-    from zoo.node.config import load_config
+    from zoo.node.config_loading import load_config
 
     environ = {k: v for k, v in os.environ.items() if k == "ZOO_NODE_CACHE_DIR"}
     with tempfile.TemporaryDirectory() as data_dir:

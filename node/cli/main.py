@@ -227,7 +227,7 @@ def config_show(config: Path | None = ConfigOpt, data_dir: Path | None = DataDir
     """Print the effective configuration (file + environment + defaults) as TOML, secrets masked."""
     import tomli_w
 
-    from zoo.node.config import effective_config
+    from zoo.node.config_loading import effective_config
 
     cfg = load(config, data_dir=data_dir and str(data_dir))
     data = _drop_none(effective_config(cfg))

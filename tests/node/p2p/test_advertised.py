@@ -6,7 +6,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from zoo.node.components.wiring import capabilities
-from zoo.node.config import load_config
+from zoo.node.config_loading import load_config
 
 
 def test_a_node_advertises_its_model_only_while_its_model_component_can_answer(tmp_path: Path) -> None:
