@@ -106,7 +106,7 @@ class Network:
 
     def config(self, node: LabNode) -> str:
         i, ip = node.i, node.ip
-        ipfs = not self.p2p or i % 4 < 2  # half of each half of the partition has IPFS
+        ipfs = self.has_ipfs(i)
         cfg = {
             "data_dir": str(node.data_dir),
             "server": {"listen": f"{ip}:0", "grace_period_s": 2},
@@ -131,6 +131,11 @@ class Network:
         }
         return tomli_w.dumps(cfg)
 
+    def has_ipfs(self, i: int) -> bool:
+        """Node i reads library bytes from the devnet's IPFS; the others fetch them from peers. With p2p:
+        half of each half of the partition (i % 4 in 0, 1); without, every node."""
+        return not self.p2p or i % 4 < 2
+
     def start(self, nodes: list[LabNode] | None = None) -> float:
         """Start `nodes` (all by default) and wait until they listen; seconds it took."""
         t0 = time.monotonic()
@@ -151,11 +156,13 @@ class Network:
 
 
 def propagate(chain: Chain, net: Network, versions: int, on_execute: Callable[[], None] | None = None,
-              nodes: list[LabNode] | None = None, strict: bool = True) -> list[list[float]]:  # fmt: skip
+              nodes: list[LabNode] | None = None, strict: bool = True,
+              per_node: list[dict[int, float]] | None = None) -> list[list[float]]:  # fmt: skip
     """For each of `versions` new versions: seconds from its execution on chain to active, per node. When
     a node activated it is read from its own log ("library active", stamped by the node), so measuring does
     not load the nodes with status calls; one machine, one clock. A node that has not activated a version
-    180 s after its execution ends the run, or with strict=False counts as never (inf) and is reported."""
+    180 s after its execution ends the run, or with strict=False counts as never (inf) and is reported.
+    `per_node`, when given, also gets each version's times by node index."""
     rng = random.Random(0)
     out = []
     for _ in range(versions):
@@ -180,6 +187,8 @@ def propagate(chain: Chain, net: Network, versions: int, on_execute: Callable[[]
                 times.update({i: float("inf") for i in late})
             time.sleep(0.25)
         out.append(sorted(times.values()))
+        if per_node is not None:
+            per_node.append(times)
     return out
 
 
@@ -205,6 +214,16 @@ def spread(label: str, runs: list[list[float]], busy: float | None = None) -> st
         f"node median {med(firsts):.2f} s, the rest {med(rest):.2f} s "
         f"later ({len(runs)} versions{load})"
     )
+
+
+def by_content_source(net: Network, by_node: list[dict[int, float]]) -> str:
+    """The time to all, apart for the nodes that read the bytes from IPFS and those that fetch them from
+    peers: which of the two is the tail."""
+    parts = []
+    for label, want in (("nodes with IPFS", True), ("nodes fetching from peers", False)):
+        alls = [max(t for i, t in times.items() if net.has_ipfs(i) == want) for times in by_node]
+        parts.append(f"{label} median {med(alls):.2f} s, max {max(alls):.2f} s")
+    return "with gossip, execution -> active on all " + "; on all ".join(parts)
 
 
 def cpu_jiffies() -> tuple[int, int]:
@@ -288,14 +307,16 @@ def run_mesh(lab: Lab, info: DevnetInfo, forward: Forwarder, chain: Chain, args:
         time.sleep(idle_s)
         idle = [(b - a) * 60 / idle_s for a, b in zip(before, bytes_sent(net), strict=True)]
         before, t0 = bytes_sent(net), time.monotonic()
+        by_node: list[dict[int, float]] = []
         with machine_busy() as busy:
-            gossip = propagate(chain, net, args.versions)
+            gossip = propagate(chain, net, args.versions, per_node=by_node)
         window = time.monotonic() - t0
         per_version = [((b - a) - rate * window / 60) / args.versions
                        for a, b, rate in zip(before, bytes_sent(net), idle, strict=True)]  # fmt: skip
         say("  " + spread("with gossip (shipped)", gossip, busy[0]))
         ratio = med([max(r) for r in polling]) / med([max(r) for r in gossip])
         say(f"  polling / gossip, median time to all: {ratio:.2f}x")
+        say("  " + by_content_source(net, by_node))
         ideal = len(encode(Announcement(version=9, root="0x" + "ab" * 32, cid=status_cid(net),
                                         chain_id=31337, registry=info.registry_address)))  # fmt: skip
         kib = lambda xs: f"median {med(xs) / 1024:.1f} KiB, max {max(xs) / 1024:.1f} KiB"  # noqa: E731
