@@ -33,7 +33,6 @@ from zoo.inference.defaults import (
     LessonPosition,
     ServingDefaults,
 )
-from zoo.registry.errors import ZooError
 
 
 def default_data_dir() -> Path:
@@ -48,10 +47,6 @@ def default_cache_dir() -> Path:
         return Path(env).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "zoo-node"
-
-
-class ConfigError(ZooError):
-    """The configuration is invalid; the message names the key, the source and the fix."""
 
 
 class _Section(BaseModel):

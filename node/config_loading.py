@@ -15,7 +15,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from zoo.node.config import ConfigError, NodeConfig
+from zoo.node.config import NodeConfig
+from zoo.registry.errors import ZooError
 
 ENV_PREFIX = "ZOO_NODE_"
 # Variables under the prefix that are not config overrides: where caches and node_modules live, and
@@ -28,6 +29,10 @@ NOT_OVERRIDES = frozenset({
     "ZOO_NODE_CRITIC_API_KEY",
     "ZOO_NODE_BANNER",
 })  # fmt: skip
+
+
+class ConfigError(ZooError):
+    """The configuration is invalid; the message names the key, the source and the fix."""
 
 
 def _parse_env_value(raw: str) -> Any:

@@ -83,7 +83,7 @@ CODES: Mapping[str, grpc.StatusCode] = MappingProxyType(
         "zoo.node.endpoints.EndpointsUnavailable": _C.UNAVAILABLE,
         "zoo.node.client.NodeNotRunning": _C.UNAVAILABLE,
         "zoo.node.cli.eval.EvalError": _C.INVALID_ARGUMENT,
-        "zoo.node.config.ConfigError": _C.INTERNAL,
+        "zoo.node.config_loading.ConfigError": _C.INTERNAL,
         "zoo.node.datadir.DataDirLocked": _C.INTERNAL,
         "zoo.node.api.grpc_server.BindError": _C.INTERNAL,
         "zoo.node.daemon.StartupError": _C.INTERNAL,

@@ -20,8 +20,7 @@ from zoo.node.cli.console import err
 
 
 def load(config: Path | None, **overrides: Any) -> Any:
-    from zoo.node.config import ConfigError
-    from zoo.node.config_loading import load_config
+    from zoo.node.config_loading import ConfigError, load_config
 
     flat = {k: v for k, v in overrides.items() if v is not None}
     tree: dict[str, Any] = {}

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from zoo.node.config import ConfigError
-from zoo.node.config_loading import effective_config, load_config
+from zoo.node.config_loading import ConfigError, effective_config, load_config
 
 
 def test_defaults_need_no_file() -> None:

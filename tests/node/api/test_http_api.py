@@ -21,8 +21,7 @@ from tests.conftest import NodeProcess, devnet_serving_node
 from zoo.devnet.genesis import genesis_library
 from zoo.inference.bundled_models import bundled_gguf
 from zoo.node.client import NodeClient
-from zoo.node.config import ConfigError
-from zoo.node.config_loading import effective_config, load_config
+from zoo.node.config_loading import ConfigError, effective_config, load_config
 from zoo.registry.merkle import library_root
 from zoo.v1 import inference_pb2 as pb
 
